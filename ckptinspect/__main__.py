@@ -1,0 +1,3 @@
+from ckptinspect.cli import main
+
+main()

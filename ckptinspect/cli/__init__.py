@@ -1,0 +1,82 @@
+"""Command-line entry point.
+
+Each subcommand lives in its own module and is imported only when invoked, so
+``ckptinspect --help`` stays fast and ``report`` never pulls in torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import click
+
+# name -> (module:attribute, one-line help shown by `ckptinspect --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "report": ("ckptinspect.cli.report_cmd:report", "Inspect a checkpoint: tensors, quantization, MTP readiness."),
+    "diff": ("ckptinspect.cli.diff_cmd:diff", "Compare two checkpoints (e.g. BF16 original vs its quant)."),
+    "rules": ("ckptinspect.cli.rules_cmd:rules", "List, show and validate MTP family rule files."),
+    "plan": ("ckptinspect.cli.plan_cmd:plan", "Fit a checkpoint on GPUs and print SGLang / vLLM launch commands."),
+    "snapshot": ("ckptinspect.cli.snapshot_cmd:snapshot", "Save all metadata of a checkpoint into one .json.gz file."),
+    "probe": ("ckptinspect.cli.probe_cmd:probe", "Measure MTP draft acceptance on a GPU (needs the 'probe' extra)."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        target, _ = COMMANDS[cmd_name]
+        module_name, attr = target.split(":")
+        module = importlib.import_module(module_name)
+        return getattr(module, attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_text) for name, (_, help_text) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ckptinspect")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """ckptinspect: what is in an LLM checkpoint, is its MTP draft layer usable, how to launch it.
+
+    Exit codes: 0 the checkpoint was read; 1 a --fail-on gate tripped; 2 bad input, usage,
+    source or network error (one line on stderr; --debug shows the traceback).
+    """
+    ctx.obj = {"debug": debug or bool(os.environ.get("CKPTINSPECT_DEBUG"))}
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Run the CLI, turning library errors into one line on stderr and exit code 2."""
+    from ckptinspect.errors import CkptInspectError
+
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args or bool(os.environ.get("CKPTINSPECT_DEBUG"))
+    try:
+        return cli.main(args=args, prog_name="ckptinspect", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(2)
+    except CkptInspectError as exc:
+        if debug:
+            raise
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,63 @@
+"""Exception tree. The CLI maps every CkptInspectError to one stderr line and exit code 2.
+
+    CkptInspectError
+    ├── SourceError            a model reference that cannot be read
+    │   ├── NotFoundError      missing directory / repo / revision / file
+    │   ├── AccessError        gated or private repo (401 / 403)
+    │   └── NetworkError       timeouts, 5xx, resets, bad ranges after retries
+    ├── HeaderError            a safetensors header that violates the format
+    ├── ConfigError            config.json / hf_quant_config.json / index malformed
+    ├── RuleError              a rule file that fails its schema
+    ├── PlanError              impossible plan inputs (unknown GPU, no fit)
+    └── ProbeError             probe inputs that cannot work (no MTP, no memory)
+"""
+
+from __future__ import annotations
+
+
+class CkptInspectError(Exception):
+    """Base class: ``str(err)`` is the one line the CLI prints."""
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None) -> None:
+        self.path = path
+        self.hint = hint
+        text = f"{path}: {message}" if path else message
+        if hint:
+            text = f"{text} ({hint})"
+        super().__init__(text)
+
+
+class SourceError(CkptInspectError):
+    pass
+
+
+class NotFoundError(SourceError):
+    pass
+
+
+class AccessError(SourceError):
+    pass
+
+
+class NetworkError(SourceError):
+    pass
+
+
+class HeaderError(CkptInspectError):
+    pass
+
+
+class ConfigError(CkptInspectError):
+    pass
+
+
+class RuleError(CkptInspectError):
+    pass
+
+
+class PlanError(CkptInspectError):
+    pass
+
+
+class ProbeError(CkptInspectError):
+    pass
