@@ -97,6 +97,8 @@ class TensorGroup:
     sub_indices: frozenset[tuple[int, ...]]
     shards: frozenset[str]
     shapes_vary: bool = False  # True when members have different shapes
+    kind: str = ""  # attention: mla|gqa|mha|linear|sliding; routed_expert: per_expert|grouped
+    experts: int | None = None  # routed-expert weight groups: experts held (ids, or dim 0 when grouped)
 
     def name(self, *indices: int) -> str:
         """The concrete tensor name for ``indices`` (index first, then sub-indices)."""

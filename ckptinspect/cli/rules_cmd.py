@@ -1,0 +1,125 @@
+"""`ckptinspect rules list | show FAMILY | validate PATH...` — the MTP family rule files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+@click.group("rules")
+@click.option("--rules-dir", "rules_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Extra rule directory (repeatable); its families override built-ins with the same id.")
+@click.pass_context
+def rules(ctx: click.Context, rules_dirs: tuple[Path, ...]) -> None:
+    """List, show and validate MTP family rule files (rules/families/*.yaml)."""
+    ctx.ensure_object(dict)
+    ctx.obj["rules_dirs"] = rules_dirs
+
+
+def _ruleset(ctx: click.Context) -> Any:
+    from ckptinspect.readiness import load_rules
+
+    return load_rules(ctx.obj.get("rules_dirs", ()))
+
+
+def _origin(fam: Any) -> str:
+    return "built-in" if fam.origin == 0 else fam.source
+
+
+@rules.command("list")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--all", "show_all", is_flag=True, help="Include abstract base rules.")
+@click.pass_context
+def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
+    """One line per family: what it matches, where its MTP layer lives, each engine's draft model."""
+    ruleset = _ruleset(ctx)
+    families = ruleset.families if show_all else ruleset.concrete()
+    rows = []
+    for fam in families:
+        mtp = fam.mtp
+        rows.append({
+            "id": fam.id, "name": fam.name, "abstract": fam.abstract,
+            "architectures": list(fam.architectures), "model_types": list(fam.model_types),
+            "mtp": mtp.supported, "prefixes": list(fam.mtp_prefixes), "depth_keys": list(mtp.depth_keys),
+            "sglang": fam.engines["sglang"].draft_architecture if "sglang" in fam.engines else None,
+            "vllm": fam.engines["vllm"].draft_architecture if "vllm" in fam.engines else None,
+            "source": _origin(fam),
+        })
+    if fmt == "json":
+        click.echo(json.dumps({"families": rows}, indent=2))
+        return
+    from tabulate import tabulate
+
+    table = [[r["id"], ", ".join(r["architectures"]) or "-", r["prefixes"][0] if r["prefixes"] else "-",
+              r["depth_keys"][0] if r["depth_keys"] else "-", r["sglang"] or "-", r["vllm"] or "-",
+              r["source"]] for r in rows]
+    click.echo(tabulate(table, headers=["family", "architectures", "MTP prefix", "depth key", "SGLang draft",
+                                        "vLLM draft", "source"]))
+
+
+@rules.command("show")
+@click.argument("family")
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+@click.pass_context
+def show_cmd(ctx: click.Context, family: str, fmt: str) -> None:
+    """Print FAMILY's rule with everything it inherits (``extends``) resolved."""
+    from ckptinspect.errors import RuleError
+
+    ruleset = _ruleset(ctx)
+    fam = ruleset.get(family)
+    if fam is None:
+        known = ", ".join(f.id for f in ruleset.concrete())
+        raise RuleError(f"unknown family {family!r} (known: {known})")
+    doc = {k: v for k, v in fam.document.items() if k != "extends"}
+    doc["id"], doc["name"] = fam.id, fam.name
+    if fmt == "json":
+        click.echo(json.dumps({"source": fam.source, "extends": fam.extends, "rule": doc}, indent=2))
+        return
+    import yaml
+
+    head = f"# {fam.id}: {fam.source}"
+    if fam.extends:
+        head += f"\n# extends {fam.extends} (inherited entries merged below)"
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    click.echo(head + "\n" + yaml.dump(doc, Dumper=dumper, sort_keys=False, width=110, allow_unicode=True))
+
+
+@rules.command("validate")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.pass_context
+def validate_cmd(ctx: click.Context, paths: tuple[Path, ...]) -> None:
+    """Check rule files (or directories of them) against the schema and the built-in rules.
+
+    Prints one line per file; exits 2 when any file is invalid, naming the file, the path inside the
+    document and the schema message.
+    """
+    from ckptinspect.errors import RuleError
+    from ckptinspect.readiness.loader import load_rules, read_rule_file, rule_files
+
+    failures = 0
+    extra_dirs = ctx.obj.get("rules_dirs", ())
+    for path in paths:
+        files = rule_files(path) if path.is_dir() else [path]
+        for file in files:
+            try:
+                doc = read_rule_file(file)
+                # Resolve it together with the built-ins: catches unknown `extends`, claims that
+                # collide inside one layer, and families without engines or layout.
+                load_rules(extra_dirs, extra_files=[file])
+            except RuleError as exc:
+                failures += 1
+                click.echo(f"invalid: {exc}", err=True)
+                continue
+            click.echo(f"ok: {file} (family {doc['id']})")
+        if path.is_dir() and files:
+            try:
+                load_rules((*extra_dirs, path))
+            except RuleError as exc:
+                failures += 1
+                click.echo(f"invalid: {exc}", err=True)
+    if failures:
+        sys.exit(2)

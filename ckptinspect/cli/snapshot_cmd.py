@@ -1,0 +1,40 @@
+"""``ckptinspect snapshot MODEL -o FILE.json.gz``: save all metadata of a checkpoint into one file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("snapshot")
+@click.argument("model")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Snapshot file to write (.json.gz).")
+@click.option("--revision", default=None, help="Branch, tag or commit of a Hub repo (or use org/name@rev).")
+@click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hugging Face access token.")
+@click.option("--quiet", is_flag=True, help="No progress bar, no summary line.")
+@click.option("--verbose", is_flag=True, help="Print requests and bytes fetched (stderr).")
+def snapshot(model: str, output: Path, revision: str | None, token: str | None, quiet: bool,
+             verbose: bool) -> None:
+    """Write MODEL's config files, index and every shard header into one gzip JSON file.
+
+    MODEL is a directory, an org/name[@revision] Hub repo (only headers are fetched) or another
+    snapshot. `ckptinspect report FILE.json.gz` then works offline with the same result.
+    """
+    from ckptinspect.sources import open_source
+    from ckptinspect.sources.snapshot import write_snapshot
+
+    if not str(output).endswith(".json.gz"):
+        raise click.BadParameter("the snapshot file name must end with .json.gz", param_hint="--output")
+    raw = open_source(model, revision=revision, token=token, progress=not quiet)
+    write_snapshot(raw, output)
+    if verbose:
+        stats = raw.stats
+        click.echo(f"source: {raw.kind} {raw.location}; requests: {stats.get('requests', 0)}, "
+                   f"bytes fetched: {stats.get('bytes_fetched', 0):,}, retries: {stats.get('retries', 0)}, "
+                   f"wall: {stats.get('wall_s', 0)} s", err=True)
+    if not quiet:
+        size = output.stat().st_size
+        click.echo(f"wrote {output} ({len(raw.headers)} shard headers, {len(raw.json_files)} JSON files, "
+                   f"{size:,} bytes)")

@@ -1,0 +1,167 @@
+"""config.json -> ModelConfig.
+
+Multimodal wrappers keep every language-model key under a nested config (Qwen3.5 and Kimi-K2.5 use
+``text_config``); the top level keeps ``architectures`` and ``model_type``. Families name the same
+fact differently (``n_routed_experts`` / ``num_experts`` / ``num_local_experts`` / ``moe_num_experts``),
+so each fact is read from an ordered list of aliases.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ckptinspect.errors import ConfigError
+from ckptinspect.records import ModelConfig
+
+SOURCE = "config.json"
+NESTED_TEXT_KEYS = ("text_config", "llm_config", "language_config")
+
+# fact -> aliases, first present wins (None values are skipped).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden_size": ("hidden_size", "d_model", "n_embd"),
+    "vocab_size": ("vocab_size",),
+    "num_attention_heads": ("num_attention_heads", "n_head"),
+    "num_key_value_heads": ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"),
+    "head_dim": ("head_dim",),
+    "intermediate_size": ("intermediate_size", "ffn_hidden_size"),
+    "moe_intermediate_size": ("moe_intermediate_size", "expert_intermediate_size"),
+    "routed_experts": ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts"),
+    "experts_per_token": ("num_experts_per_tok", "moe_k", "moe_topk", "top_k", "num_experts_per_token"),
+    "shared_experts": ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts"),
+    "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
+    "first_dense_layers": ("first_k_dense_replace", "moe_layer_start_index", "first_k_dense"),
+    "kv_lora_rank": ("kv_lora_rank",),
+    "qk_rope_head_dim": ("qk_rope_head_dim",),
+    "qk_nope_head_dim": ("qk_nope_head_dim",),
+    "v_head_dim": ("v_head_dim",),
+    "max_position_embeddings": ("max_position_embeddings", "max_seq_len", "seq_length"),
+    "sliding_window": ("sliding_window",),
+}
+REQUIRED = ("num_hidden_layers", "hidden_size")
+
+
+def normalize_config(raw: Any, *, source: str = SOURCE) -> ModelConfig:
+    """Build a ModelConfig from a parsed config.json.
+
+    Raises:
+        ConfigError: not an object, a required key missing, or a key of the wrong type.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError("is not a JSON object", path=source)
+    text_path, text = "", raw
+    for key in NESTED_TEXT_KEYS:
+        nested = raw.get(key)
+        if isinstance(nested, dict) and any(k in nested for k in ALIASES["num_hidden_layers"]):
+            text_path, text = key, nested
+            break
+
+    values: dict[str, int | None] = {}
+    for fact, aliases in ALIASES.items():
+        values[fact] = _int_alias(text, aliases, text_path, source)
+    for fact in REQUIRED:
+        if values[fact] is None:
+            where = f"{text_path}." if text_path else ""
+            raise ConfigError(f"missing '{where}{ALIASES[fact][0]}'", path=source)
+
+    architectures = raw.get("architectures") or text.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ConfigError(f"'architectures' must be a list of strings, got {architectures!r}", path=source)
+    model_type = raw.get("model_type", "")
+    if not isinstance(model_type, str):
+        raise ConfigError(f"'model_type' must be a string, got {model_type!r}", path=source)
+    text_model_type = text.get("model_type") if text is not raw else None
+
+    layers = values["num_hidden_layers"] or 0
+    layer_types = _layer_types(text, layers, source)
+    routed = values["routed_experts"]
+    if routed is not None and routed <= 1:
+        routed = None  # a single "expert" is a dense MLP
+    shared = values["shared_experts"]
+    if routed is not None and shared is None:
+        sei = values["shared_expert_intermediate_size"]
+        shared = 1 if sei else 0
+    if routed is None:
+        shared = None
+    return ModelConfig(
+        architecture=architectures[0] if architectures else (model_type or "unknown"),
+        model_type=model_type,
+        text_model_type=text_model_type if isinstance(text_model_type, str) else None,
+        text_config_path=text_path,
+        num_hidden_layers=layers,
+        hidden_size=values["hidden_size"] or 0,
+        vocab_size=values["vocab_size"],
+        num_attention_heads=values["num_attention_heads"],
+        num_key_value_heads=values["num_key_value_heads"] or values["num_attention_heads"],
+        head_dim=values["head_dim"],
+        intermediate_size=values["intermediate_size"],
+        moe_intermediate_size=values["moe_intermediate_size"],
+        routed_experts=routed,
+        experts_per_token=values["experts_per_token"] if routed else None,
+        shared_experts=shared,
+        shared_expert_intermediate_size=values["shared_expert_intermediate_size"],
+        first_dense_layers=values["first_dense_layers"] or 0,
+        layer_types=layer_types,
+        attention_kind=_attention_kind(values, layer_types),
+        kv_lora_rank=values["kv_lora_rank"],
+        qk_rope_head_dim=values["qk_rope_head_dim"],
+        qk_nope_head_dim=values["qk_nope_head_dim"],
+        v_head_dim=values["v_head_dim"],
+        max_position_embeddings=values["max_position_embeddings"],
+        sliding_window=values["sliding_window"],
+        tie_word_embeddings=bool(text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))),
+        torch_dtype=_dtype(raw, text),
+        has_remote_code=isinstance(raw.get("auto_map"), dict),
+        has_vision=any(k in raw for k in ("vision_config", "visual", "vision_tower")),
+        raw=raw,
+        text=text,
+    )
+
+
+def _int_alias(text: Mapping[str, Any], aliases: tuple[str, ...], text_path: str, source: str) -> int | None:
+    for key in aliases:
+        value = text.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            where = f"{text_path}.{key}" if text_path else key
+            raise ConfigError(f"'{where}' must be an integer, got {value!r}", path=source)
+        if value < 0:
+            raise ConfigError(f"'{key}' must not be negative, got {value}", path=source)
+        return value
+    return None
+
+
+def _layer_types(text: Mapping[str, Any], layers: int, source: str) -> tuple[str, ...]:
+    declared = text.get("layer_types")
+    if declared is not None:
+        if not isinstance(declared, list) or not all(isinstance(t, str) for t in declared):
+            raise ConfigError("'layer_types' must be a list of strings", path=source)
+        return tuple(declared)
+    interval = text.get("full_attention_interval")
+    if isinstance(interval, int) and interval > 0:
+        # Qwen3-Next style hybrids: every interval-th layer is full attention, the rest linear.
+        return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers))
+    return ()
+
+
+def _attention_kind(values: Mapping[str, int | None], layer_types: tuple[str, ...]) -> str:
+    if values["kv_lora_rank"]:
+        return "mla"
+    if "linear_attention" in layer_types:
+        return "hybrid_linear"
+    if "sliding_attention" in layer_types:
+        return "sliding_hybrid"
+    heads, kv = values["num_attention_heads"], values["num_key_value_heads"]
+    if heads and kv and kv < heads:
+        return "gqa"
+    return "mha"
+
+
+def _dtype(raw: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:
+    for node in (raw, text):
+        for key in ("dtype", "torch_dtype"):
+            value = node.get(key)
+            if isinstance(value, str):
+                return value
+    return None

@@ -1,0 +1,196 @@
+"""Bounded, validating safetensors header parser (a pure function over bytes).
+
+File layout: ``[0:8)`` little-endian u64 N, ``[8:8+N)`` UTF-8 JSON object (space padded), then the
+data buffer that every ``data_offsets`` pair is relative to. The checks mirror the reference
+implementation's ``Metadata::validate`` (huggingface/safetensors, safetensors/src/tensor.rs): known
+dtype, ``numel * bits == 8 * (end - begin)``, offsets contiguous from 0 without holes or overlaps, and
+``8 + N + last_end == file size`` when the size is known. Sizes always come from ``data_offsets``,
+never from a dtype table, so packed formats (U8 nibble pairs, F4, E8M0) stay exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ckptinspect.errors import HeaderError
+
+# Bits per element of every dtype string the safetensors format defines (safetensors/src/tensor.rs
+# `enum Dtype`). Sub-byte types (F4, F6_*) are legal as long as the tensor's bit count is a whole
+# number of bytes.
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+
+# The reference reader refuses headers above 100,000,000 bytes (MAX_HEADER_SIZE in tensor.rs).
+MAX_HEADER_LENGTH = 100_000_000
+PREFIX_BYTES = 8
+
+
+@dataclass(frozen=True)
+class Header:
+    """A validated header. ``entries`` maps tensor name -> {"dtype", "shape", "data_offsets"}."""
+
+    length: int  # N
+    entries: Mapping[str, Mapping[str, Any]]  # name -> {"dtype", "shape", "data_offsets"}
+    # Columns in entry order, so consumers iterate once without re-reading the dicts.
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    sizes: list[int]  # bytes (end - begin)
+    numels: list[int]  # element count (scalars count 1)
+    metadata: Mapping[str, str]
+    data_bytes: int  # end of the last tensor
+
+
+def read_length_prefix(prefix: bytes, *, source: str, file_size: int | None = None,
+                       max_length: int = MAX_HEADER_LENGTH) -> int:
+    """Decode and bound-check the 8-byte header length N.
+
+    Raises:
+        HeaderError: the prefix is short, N < 2, N above ``max_length``, or 8 + N beyond the file.
+    """
+    if len(prefix) < PREFIX_BYTES:
+        raise HeaderError(f"file is {len(prefix)} bytes, shorter than the 8-byte header length prefix",
+                          path=source)
+    (length,) = struct.unpack("<Q", prefix[:PREFIX_BYTES])
+    if length < 2:
+        raise HeaderError(f"header length {length} is too small for a JSON object", path=source)
+    if length > max_length:
+        raise HeaderError(f"header length {length:,} exceeds the cap of {max_length:,} bytes", path=source)
+    if file_size is not None and PREFIX_BYTES + length > file_size:
+        raise HeaderError(f"header length {length:,} runs past the end of the {file_size:,}-byte file",
+                          path=source)
+    return length
+
+
+def parse_header(data: bytes, *, source: str, file_size: int | None = None) -> Header:
+    """Parse and validate the JSON header bytes ``data`` (the N bytes after the prefix).
+
+    Args:
+        data: exactly the header bytes (trailing spaces allowed).
+        source: file name used in error messages.
+        file_size: total file size, when known, to check the data buffer is covered exactly.
+
+    Returns:
+        The validated Header.
+
+    Raises:
+        HeaderError: invalid UTF-8 / JSON, duplicate names, unknown dtype, bad shape or offsets,
+        a size mismatch, holes or overlaps, or a data buffer that does not end at the file end.
+    """
+    length = len(data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HeaderError(f"header is not valid UTF-8 (byte {exc.start})", path=source) from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HeaderError(f"header is not valid JSON ({exc.msg} at char {exc.pos})", path=source) from None
+    if not isinstance(obj, dict):
+        raise HeaderError("header JSON is not an object", path=source)
+
+    metadata = obj.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    elif not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise HeaderError("__metadata__ must map strings to strings", path=source)
+
+    # A JSON parser keeps the last of duplicate keys silently. Counting the "data_offsets" keys in
+    # the text is a C-speed check; only when it disagrees do we pay for an exact duplicate scan.
+    if text.count('"data_offsets"') != len(obj):
+        _raise_on_duplicates(text, source)
+
+    names = list(obj)
+    dtypes: list[str] = []
+    shapes: list[list[int]] = []
+    sizes: list[int] = []
+    numels: list[int] = []
+    begins: list[int] = []
+    bits_of = DTYPE_BITS.get
+    prod = math.prod
+    for name, info in obj.items():
+        try:
+            dtype = info["dtype"]
+            shape = info["shape"]
+            begin, end = info["data_offsets"]
+            bits = bits_of(dtype)
+            numel = prod(shape)
+            # A single negative dim makes numel negative and fails the size check below; two or
+            # more could cancel out, hence min() for those.
+            ok = (bits is not None and type(numel) is int and type(begin) is int and type(end) is int
+                  and 0 <= begin <= end and (len(shape) < 2 or min(shape) >= 0))
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            _raise_entry_error(name, info, source)
+        size = end - begin
+        if numel * bits != size * 8:
+            raise HeaderError(
+                f"tensor '{name}': shape {shape} x {dtype} is {numel * bits / 8:g} bytes but "
+                f"data_offsets span {size}", path=source)
+        dtypes.append(dtype)
+        shapes.append(shape)
+        sizes.append(size)
+        numels.append(numel)
+        begins.append(begin)
+
+    # Contiguity: sorted by start, each tensor must begin where the previous one ended.
+    order = sorted(range(len(begins)), key=begins.__getitem__)
+    position = 0
+    for i in order:
+        begin = begins[i]
+        if begin != position:
+            kind = "overlaps the previous tensor" if begin < position else "leaves a hole before it"
+            raise HeaderError(f"tensor '{names[i]}' data_offsets [{begin}, {begin + sizes[i]}] {kind} "
+                              f"(expected start {position})", path=source)
+        position = begin + sizes[i]
+    if file_size is not None and PREFIX_BYTES + length + position != file_size:
+        raise HeaderError(
+            f"data ends at byte {PREFIX_BYTES + length + position:,} but the file has {file_size:,} bytes"
+            " (truncated or trailing data)", path=source)
+    return Header(length=length, entries=obj, names=names, dtypes=dtypes, shapes=shapes, sizes=sizes,
+                  numels=numels, metadata=metadata, data_bytes=position)
+
+
+def _raise_on_duplicates(text: str, source: str) -> None:
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise HeaderError(f"duplicate tensor name '{key}'", path=source)
+            seen.add(key)
+        return dict(pairs)
+
+    json.loads(text, object_pairs_hook=hook)
+
+
+def _raise_entry_error(name: str, info: Any, source: str) -> None:
+    """Explain precisely why an entry failed the fast-path checks."""
+    where = f"tensor '{name}'"
+    if not isinstance(info, dict):
+        raise HeaderError(f"{where}: entry is not an object", path=source)
+    for key in ("dtype", "shape", "data_offsets"):
+        if key not in info:
+            raise HeaderError(f"{where}: missing '{key}'", path=source)
+    dtype = info["dtype"]
+    if dtype not in DTYPE_BITS:
+        raise HeaderError(f"{where}: unknown dtype {dtype!r}", path=source)
+    shape = info["shape"]
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise HeaderError(f"{where}: shape {shape!r} is not a list of non-negative integers", path=source)
+    offsets = info["data_offsets"]
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise HeaderError(f"{where}: data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end",
+                          path=source)
+    raise HeaderError(f"{where}: invalid entry", path=source)

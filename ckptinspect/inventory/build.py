@@ -1,0 +1,137 @@
+"""Shard scans -> Inventory: merge groups across shards, classify, place MTP layers, detect schemes."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Iterable
+
+from ckptinspect.inventory.classify import (
+    COMPANION_ROLES, attention_kind, component_of, expert_slot, split_role,
+)
+from ckptinspect.inventory.mtp_prefix import MtpPrefix, assign_mtp
+from ckptinspect.inventory.scan import ShardScan
+from ckptinspect.quant.detect import Part, detect_scheme, logical_params
+from ckptinspect.records import Finding, Inventory, ModelConfig, ShardInfo, TensorGroup, Totals
+
+_Key = tuple[str, "int | None"]
+
+
+def build_inventory(scans: Iterable[ShardScan], config: ModelConfig,
+                    prefixes: tuple[MtpPrefix, ...]) -> tuple[Inventory, list[Finding]]:
+    """Merge per-shard scans into TensorGroups with component, MTP layer and scheme."""
+    merged: dict[_Key, list] = {}
+    shards_of: dict[_Key, set[str]] = defaultdict(set)
+    shard_infos = []
+    for scan in scans:
+        shard_infos.append(ShardInfo(scan.shard, scan.header_length, scan.file_size, scan.tensors, scan.data_bytes))
+        for key, acc in scan.groups.items():
+            shards_of[key].add(scan.shard)
+            have = merged.get(key)
+            if have is None:
+                merged[key] = [acc[0], acc[1], acc[2], acc[3], acc[4], list(acc[5]), acc[6], acc[7]]
+                continue
+            have[0] += acc[0]
+            have[1] += acc[1]
+            have[2] += acc[2]
+            have[5].extend(acc[5])
+            if acc[3] != have[3] or acc[6]:
+                have[6] = (have[6] or {have[3]}) | (acc[6] or {acc[3]})
+            if acc[4] != have[4] or acc[7]:
+                have[7] = True
+
+    layers = config.num_hidden_layers
+    # Module-level view: (module pattern, index) -> {suffix: Part} decides the scheme.
+    modules: dict[tuple[str, int | None], dict[str, Part]] = defaultdict(dict)
+    split: dict[_Key, tuple[str, str, str]] = {}
+    for key, acc in merged.items():
+        module, suffix, role = split_role(key[0])
+        split[key] = (module, suffix, role)
+        modules[(module, key[1])][suffix] = Part(role, suffix, acc[3], tuple(acc[4]), acc[0])
+    schemes = {mk: detect_scheme(parts) for mk, parts in modules.items()}
+
+    findings: list[Finding] = []
+    groups = []
+    for key, acc in merged.items():
+        pattern, index = key
+        module, suffix, role = split[key]
+        scheme = schemes[(module, index)]
+        mtp = assign_mtp(pattern, index, prefixes, layers)
+        layer = index if (mtp is None and index is not None and _is_layer_pattern(pattern)) else None
+        component = component_of(module)
+        kind, experts = _kind_and_experts(component, pattern, role, acc, config, layer)
+        dtypes = tuple(sorted(acc[6])) if acc[6] else (acc[3],)
+        params = 0 if role in COMPANION_ROLES or role == "other_companion" else logical_params(
+            scheme, role, acc[3], acc[2])
+        groups.append(TensorGroup(
+            pattern=pattern, index=index, component=component, role=role, module=module, layer=layer,
+            mtp_layer=mtp, dtypes=dtypes, shape=tuple(acc[4]), tensors=acc[0], bytes=acc[1],
+            elements=acc[2], params=params, scheme=scheme, sub_indices=frozenset(acc[5]),
+            shards=frozenset(shards_of[key]), shapes_vary=acc[7], kind=kind, experts=experts,
+        ))
+        if acc[6]:
+            findings.append(Finding("mixed-dtypes-in-group", "warning",
+                                    f"{_show(pattern, index)} mixes dtypes {', '.join(dtypes)}",
+                                    subject=_show(pattern, index)))
+    findings.extend(_companion_mismatches(modules))
+    groups.sort(key=lambda g: (g.mtp_layer is not None, g.mtp_layer or 0, g.layer if g.layer is not None else -1,
+                               g.pattern, g.index if g.index is not None else -1))
+    totals = Totals(
+        tensors=sum(g.tensors for g in groups), params=sum(g.params for g in groups),
+        bytes=sum(g.bytes for g in groups),
+    )
+    return Inventory(groups=tuple(groups), shards=tuple(shard_infos), totals=totals), findings
+
+
+def _is_layer_pattern(pattern: str) -> bool:
+    head = pattern.split("{}", 1)[0]
+    return head.endswith(("layers.", "layer.", "h.", "blocks.", "block.", "decoder.layers."))
+
+
+def _kind_and_experts(component: str, pattern: str, role: str, acc: list, config: ModelConfig,
+                      layer: int | None) -> tuple[str, int | None]:
+    if component == "attention":
+        layer_type = config.layer_types[layer] if layer is not None and layer < len(config.layer_types) else None
+        return attention_kind(pattern, config.attention_kind, layer_type), None
+    if component != "routed_expert" or role != "weight":
+        return ("", None)
+    slot = expert_slot(pattern)
+    if slot is not None and slot >= 1:
+        ids = {sub[slot - 1] for sub in acc[5] if len(sub) >= slot}
+        return "per_expert", len(ids)
+    shape = acc[4]
+    if len(shape) >= 3:
+        return "grouped", shape[0]
+    return "per_expert", None
+
+
+def _companion_mismatches(modules: dict) -> list[Finding]:
+    """A quantized module whose scale companions are fewer than its weights (partially stored)."""
+    out = []
+    for (module, index), parts in modules.items():
+        weight = parts.get(".weight") or parts.get(".weight_packed") or parts.get(".qweight")
+        if weight is None:
+            continue
+        for suffix in (".weight_scale", ".weight_scale_inv", ".weight_scale_2", ".weight_global_scale"):
+            companion = parts.get(suffix)
+            if companion is not None and companion.tensors != weight.tensors:
+                where = _show(module, index)
+                out.append(Finding(
+                    "quant-companion-count-mismatch", "error",
+                    f"{where}: {weight.tensors} weights but {companion.tensors} '{suffix[1:]}' tensors "
+                    "(part of the module is stored in another precision)", subject=where))
+    return out
+
+
+def _show(pattern: str, index: int | None) -> str:
+    if index is None:
+        return pattern
+    return pattern.replace("{}", str(index), 1).replace("{}", "N")
+
+
+def count_shard_names(weight_map: dict) -> tuple[Counter, dict[str, int]]:
+    """Per shard: how many names the index maps to it, and the hash sum of those names."""
+    counts: Counter = Counter(weight_map.values())
+    hashes: dict[str, int] = defaultdict(int)
+    for name, shard in weight_map.items():
+        hashes[shard] += hash(name)
+    return counts, {s: h & 0xFFFFFFFFFFFFFFFF for s, h in hashes.items()}

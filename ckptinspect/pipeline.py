@@ -1,0 +1,159 @@
+"""The report pipeline: source -> headers -> inventory -> quantization -> rules -> (plan).
+
+Never imports torch or transformers: ``tests/test_report_imports.py`` proves it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ckptinspect.config.normalize import normalize_config
+from ckptinspect.errors import ConfigError
+from ckptinspect.inventory.build import build_inventory, count_shard_names
+from ckptinspect.inventory.mtp_prefix import GENERIC_MTP_PREFIXES, compile_prefixes
+from ckptinspect.inventory.scan import ShardScan, scan_all
+from ckptinspect.quant.crosscheck import crosscheck
+from ckptinspect.quant.declared import ExcludeMatcher, read_declared
+from ckptinspect.records import Checkpoint, Finding, Inventory, ModelConfig, MtpAssessment, RawCheckpoint
+from ckptinspect.sources import open_source
+from ckptinspect.sources.interface import CONFIG, HF_QUANT_CONFIG, INDEX, PICKLE_SUFFIXES
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything `report` renders."""
+
+    checkpoint: Checkpoint
+    mtp: MtpAssessment | None
+    plan: Any = None  # ckptinspect.plan.Plan when --gpu/--gpus were given
+    mtp_costs: tuple[Any, ...] = field(default_factory=tuple)
+
+
+def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
+                    token: str | None = None, progress: bool = True) -> Checkpoint:
+    """Open ``ref`` (directory, snapshot, repo id) and build its Checkpoint."""
+    raw = open_source(ref, revision=revision, token=token, progress=progress)
+    checkpoint, _ = checkpoint_from_raw(raw, rules_dirs=rules_dirs)
+    return checkpoint
+
+
+def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
+                 token: str | None = None, progress: bool = True) -> Report:
+    """Checkpoint plus its MTP assessment."""
+    raw = open_source(ref, revision=revision, token=token, progress=progress)
+    return report_from_raw(raw, rules_dirs=rules_dirs)
+
+
+def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) -> Report:
+    checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs)
+    from ckptinspect.readiness import assess_mtp
+
+    return Report(checkpoint=checkpoint, mtp=assess_mtp(checkpoint, family, ruleset))
+
+
+def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) -> tuple[Checkpoint, tuple]:
+    """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage."""
+    from ckptinspect.readiness import GENERIC_MTP_PREFIXES as rule_generic, load_rules
+
+    if CONFIG not in raw.json_files:
+        raise ConfigError("no config.json in the checkpoint", path=raw.location)
+    config = normalize_config(raw.json_files[CONFIG], source=f"{raw.location}/config.json")
+    ruleset = load_rules(tuple(rules_dirs))
+    family = ruleset.match(config)
+    templates = family.mtp_prefixes if family is not None else (rule_generic or GENERIC_MTP_PREFIXES)
+    prefixes = compile_prefixes(tuple(templates), config.num_hidden_layers)
+
+    scans = scan_all(raw)
+    findings: list[Finding] = []
+    findings.extend(_index_findings(raw, scans))
+    inventory, inv_findings = build_inventory(scans, config, prefixes)
+    findings.extend(inv_findings)
+    declared, decl_findings = read_declared(config.raw, raw.json_files.get(HF_QUANT_CONFIG))
+    findings.extend(decl_findings)
+    findings.extend(crosscheck(inventory, declared, ExcludeMatcher(declared)))
+    findings.extend(_expert_findings(inventory, config))
+    findings.extend(_file_findings(raw))
+    checkpoint = Checkpoint(
+        ref=raw.ref, kind=raw.kind, location=raw.location, files=raw.files, config=config, declared=declared,
+        inventory=inventory, findings=tuple(findings), family=family.id if family is not None else None,
+        stats=dict(raw.stats),
+    )
+    return checkpoint, (ruleset, family)
+
+
+def _index_findings(raw: RawCheckpoint, scans: list[ShardScan]) -> list[Finding]:
+    """The index must name exactly the tensors the headers hold (engines load by the index)."""
+    index = raw.json_files.get(INDEX)
+    if not isinstance(index, dict):
+        return []
+    findings = []
+    weight_map = index.get("weight_map", {})
+    counts, hashes = count_shard_names(weight_map)
+    bad = [s for s in scans if counts.get(s.shard, 0) != s.tensors or hashes.get(s.shard, 0) != s.name_hash]
+    if bad:
+        for scan in bad:
+            header_names = set(_header_names(raw, scan.shard))
+            index_names = {n for n, s in weight_map.items() if s == scan.shard}
+            missing, extra = sorted(index_names - header_names), sorted(header_names - index_names)
+            parts = []
+            if missing:
+                parts.append(f"{len(missing)} indexed tensor(s) absent from the header (e.g. {missing[0]})")
+            if extra:
+                parts.append(f"{len(extra)} header tensor(s) not in the index (e.g. {extra[0]})")
+            findings.append(Finding("index-header-mismatch", "error", f"{scan.shard}: " + "; ".join(parts),
+                                    subject=scan.shard))
+    total = (index.get("metadata") or {}).get("total_size")
+    data = sum(s.data_bytes for s in scans)
+    if isinstance(total, int) and total != data:
+        findings.append(Finding("index-total-size-mismatch", "info",
+                                f"index metadata.total_size is {total:,} but the headers hold {data:,} bytes of tensors",
+                                subject=INDEX))
+    return findings
+
+
+def _header_names(raw: RawCheckpoint, shard: str) -> list[str]:
+    import json
+
+    return [k for k in json.loads(raw.headers[shard]) if k != "__metadata__"]
+
+
+def _expert_findings(inventory: Inventory, config: ModelConfig) -> list[Finding]:
+    """Routed experts present per MoE layer vs the config's expert count."""
+    expected = config.routed_experts
+    if not expected:
+        return []
+    per_layer: dict[int, int] = defaultdict(int)
+    for g in inventory.groups:
+        if g.component == "routed_expert" and g.experts is not None and g.layer is not None:
+            per_layer[g.layer] = max(per_layer[g.layer], g.experts)
+    short = {layer: n for layer, n in per_layer.items() if n < expected}
+    findings = []
+    if not per_layer:
+        findings.append(Finding("no-routed-experts", "warning",
+                                f"config declares {expected} routed experts but no routed-expert tensors were found"))
+    elif short:
+        sample = ", ".join(f"layer {k}: {v}" for k, v in sorted(short.items())[:4])
+        findings.append(Finding("missing-experts", "error",
+                                f"{len(short)} MoE layer(s) hold fewer than the {expected} configured experts ({sample})"))
+    return findings
+
+
+def _file_findings(raw: RawCheckpoint) -> list[Finding]:
+    findings = []
+    pickles = [f for f in raw.files if f.lower().endswith(PICKLE_SUFFIXES)]
+    if pickles:
+        findings.append(Finding(
+            "pickle-files-present", "warning",
+            f"{len(pickles)} pickle-based file(s) present ({', '.join(pickles[:3])}); never loaded by ckptinspect, "
+            "and loading them can execute code", subject=pickles[0]))
+    shards = set(raw.headers)
+    unindexed = [f for f in raw.files if f.endswith(".safetensors") and "/" not in f and f not in shards]
+    if unindexed:
+        findings.append(Finding(
+            "unindexed-shard", "info",
+            f"{len(unindexed)} safetensors file(s) not referenced by the index, ignored by engines "
+            f"({', '.join(unindexed[:3])})", subject=unindexed[0]))
+    return findings

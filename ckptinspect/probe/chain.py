@@ -1,0 +1,96 @@
+"""One MTP layer chained K times over every start position of a sequence at once.
+
+Sequence x_0..x_{N-1}, target post-norm hidden h_t. Start position t (S = N-1 of them):
+  depth 1: input (h_t, emb(x_{t+1})) at position t+1, predicts x_{t+2};
+  depth j: input (g_{j-1}(t), emb(d_{j-1}(t))) at position t+j, predicts x_{t+j+1},
+where g / d are the layer's own output hidden / argmax token of the previous depth (SGLang
+single-layer EAGLE: `srt/speculative/eagle_worker_v2.py` ``draft_forward``; vLLM reuses layer 0 the
+same way, mtp_families.md §5.4). Position ids follow transformers' MtpModel (depth-1 query for h_t
+sits at t+1); RoPE is relative, so the offset does not change scores.
+
+Attention in a real decode: depth-1 entries of every accepted position are in the MTP KV cache
+(draft-extend with the target hidden), and the depth-j query of the current step also sees its own
+step's earlier depths. We reproduce that for all starts in one pass by laying the depth streams
+side by side (length j*S) with a mask: query (stream i, start t) sees stream-1 keys u <= t and the
+keys of streams 2..i with the same start t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ckptinspect.probe.heads.base import MtpHead
+
+
+@dataclass
+class ChainOutput:
+    drafts: torch.Tensor  # [K, B, S] argmax draft token of depth j at start t
+    min_pq: torch.Tensor | None  # [K, B, S] sum_v min(p_draft, q_target) at temperature T (NaN: no target)
+
+
+def stream_mask(depth: int, seq: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Additive mask [1, 1, depth*seq, depth*seq] for ``depth`` side-by-side streams (see module doc)."""
+    t = torch.arange(seq, device=device)
+    causal = t[None, :] <= t[:, None]  # [q, k] key u <= query t
+    same = torch.eye(seq, dtype=torch.bool, device=device)
+    blocks = []
+    for qi in range(depth):
+        row = []
+        for ki in range(depth):
+            if ki == 0:
+                row.append(causal)
+            elif ki <= qi:
+                row.append(same)
+            else:
+                row.append(torch.zeros_like(same))
+        blocks.append(torch.cat(row, dim=1))
+    allowed = torch.cat(blocks, dim=0)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+@torch.no_grad()
+def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: int, *,
+              target_logits_fn=None, temperature: float = 1.0) -> ChainOutput:
+    """``tokens`` [B, N], ``hidden`` [B, N, H] (target, post-final-norm). Right padding is harmless:
+    every query only attends earlier positions."""
+    bsz, n = tokens.shape
+    seq = n - 1
+    device = hidden.device
+    tokens = tokens.to(device)
+    base_pos = torch.arange(1, seq + 1, device=device)[None].expand(bsz, seq)
+    embs = [head.embed(tokens[:, 1:]).to(hidden.dtype)]
+    hids = [hidden[:, :-1]]
+    drafts, min_pq = [], []
+    for depth in range(1, steps + 1):
+        emb = torch.cat(embs, dim=1)
+        hid = torch.cat(hids, dim=1)
+        pos = torch.cat([base_pos + i for i in range(depth)], dim=1)
+        mask = stream_mask(depth, seq, hidden.dtype, device).expand(bsz, -1, -1, -1)
+        out = head.step(emb, hid, pos, mask)[:, -seq:]
+        logits = head.logits(out)
+        d = logits.argmax(dim=-1)
+        drafts.append(d)
+        if target_logits_fn is not None:
+            min_pq.append(_min_pq(logits, target_logits_fn, depth, n, temperature))
+        embs.append(head.embed(d).to(hidden.dtype))
+        hids.append(out.to(hidden.dtype))
+    return ChainOutput(torch.stack(drafts), torch.stack(min_pq) if min_pq else None)
+
+
+def _min_pq(draft_logits: torch.Tensor, target_logits_fn, depth: int, n: int, temperature: float) -> torch.Tensor:
+    """sum_v min(p, q): p = draft at start t (predicting x_{t+depth+1}), q = target at position t+depth."""
+    bsz, seq, _ = draft_logits.shape
+    out = torch.full((bsz, seq), float("nan"), device=draft_logits.device)
+    valid = n - depth  # starts t with t+depth <= n-1
+    if valid <= 0:
+        return out
+    q_logits = target_logits_fn(depth, depth + valid)  # target positions depth .. n-1
+    t = max(temperature, 1e-6)
+    p = torch.softmax(draft_logits[:, :valid].float() / t, dim=-1)
+    q = torch.softmax(q_logits.float() / t, dim=-1)
+    out[:, :valid] = torch.minimum(p, q).sum(dim=-1)
+    return out

@@ -1,0 +1,43 @@
+"""The interface every MTP head implements (one MTP layer, reused for every draft depth)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class MtpHead(nn.Module):
+    """One MTP layer wired to the main model's embedding and lm_head.
+
+    ``step`` runs the layer once over a whole (possibly multi-stream) sequence: ``emb`` are the
+    embeddings of the tokens fed at each position, ``hidden`` the hidden state recycled into it
+    (the target's post-final-norm hidden at depth 1, the layer's own output at depth >= 2, as
+    SGLang's single-layer EAGLE worker does: `srt/speculative/eagle_worker_v2.py` ``draft_forward``),
+    ``mask`` an additive 4-D attention mask. It returns the output hidden that is both projected to
+    logits and recycled into the next depth.
+    """
+
+    family: str = ""
+
+    def __init__(self, main_model: nn.Module) -> None:
+        super().__init__()
+        # Keep the main model out of this module's parameters (it is shared, not owned).
+        object.__setattr__(self, "_main", main_model)
+
+    @property
+    def main(self) -> nn.Module:
+        return self._main  # type: ignore[attr-defined]
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.main.get_input_embeddings()(ids)
+
+    def rotary(self, x: torch.Tensor, position_ids: torch.Tensor):
+        rotary = getattr(self.main.get_decoder(), "rotary_emb", None)
+        return None if rotary is None else rotary(x, position_ids)
+
+    def step(self, emb: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+             mask: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def logits(self, out_hidden: torch.Tensor) -> torch.Tensor:
+        return self.main.get_output_embeddings()(out_hidden)

@@ -1,0 +1,62 @@
+"""DeepSeek-V3 / GLM-4.x MTP head through transformers' own ``MtpModel`` (modeling_layers.py).
+
+transformers derives the MTP weight regex from the main class's ``_keys_to_ignore_on_load_unexpected``
+and keeps only patterns whose first index is >= num_hidden_layers; DeepSeek-V3 hard-codes
+``model\\.layers\\.61.*`` (transformers 5.17 / 5.24 ``modeling_deepseek_v3.py``), so a model of another
+depth would find nothing. We set the pattern from the real num_hidden_layers on the instance.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ckptinspect.errors import ProbeError
+from ckptinspect.probe.heads.base import MtpHead
+
+
+class TransformersMtpHead(MtpHead):
+    def __init__(self, main_model: nn.Module, mtp_model: nn.Module, *, family: str) -> None:
+        super().__init__(main_model)
+        self.family = family
+        self.mtp = mtp_model
+        self.mtp.eval()
+
+    @classmethod
+    def load(cls, main_model: nn.Module, model_dir: str, *, family: str) -> "TransformersMtpHead":
+        from transformers.modeling_layers import MtpModel
+
+        text_cfg = main_model.config.get_text_config()
+        num_layers = int(text_cfg.num_hidden_layers)
+        if not getattr(text_cfg, "num_mtp_layers", 0):
+            raise ProbeError("config declares no MTP layer (num_nextn_predict_layers is 0 or absent)",
+                             path=model_dir)
+        main_model._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{num_layers}\..*"]
+        main_model.config.name_or_path = model_dir
+        device = next(main_model.get_decoder().layers[-1].parameters()).device
+        try:
+            mtp = MtpModel.from_pretrained(main_model, device_map={"": device})
+        except (RuntimeError, ValueError) as exc:
+            raise ProbeError(f"transformers MtpModel could not load the MTP layer: {exc}", path=model_dir) from exc
+        return cls(main_model, mtp, family=family)
+
+    @classmethod
+    def fresh(cls, main_model: nn.Module, *, family: str) -> "TransformersMtpHead":
+        """A randomly initialised MTP layer (fixture training and tests)."""
+        from transformers.modeling_layers import MtpModel
+
+        return cls(main_model, MtpModel(main_model, 1), family=family)
+
+    def rotary(self, x: torch.Tensor, position_ids: torch.Tensor):
+        return None if self.mtp.rotary_emb is None else self.mtp.rotary_emb(x, position_ids)
+
+    def step(self, emb, hidden, position_ids, mask):
+        layer = self.mtp.layers[0]
+        # Positional call: the cache argument is `cache` in transformers 5.24, `past_key_values` in 5.17.
+        out = layer(emb, hidden, self.rotary(emb, position_ids), mask, position_ids, None)
+        if getattr(self.mtp, "use_shared_post_norm", False):
+            out = self.mtp.shared_post_norm(out)
+        return out
+
+    def logits(self, out_hidden):
+        return self.mtp._project_to_logits(out_hidden)

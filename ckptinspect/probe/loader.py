@@ -1,0 +1,227 @@
+"""Checkpoint directory -> main model in transformers (+ the MTP layer's raw tensors).
+
+Pre-quantized formats transformers cannot load (ModelOpt NVFP4 is refused; FP8-block and MXFP4 need
+GPU kernels) are dequantized with ``dequant.py`` into a temporary BF16 copy (never inside the model
+directory), which transformers then loads with its own renames and weight conversions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+
+from ckptinspect.errors import ProbeError
+from ckptinspect.probe import dequant
+
+_COMPANIONS = ("weight_scale", "weight_scale_2", "input_scale", "weight_scale_inv", "k_scale", "v_scale")
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "U8": 1, "I8": 1,
+                "I32": 4, "I64": 8, "BOOL": 1, "F8_E8M0": 1}
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    shard: str
+
+
+def resolve_model_dir(ref: str) -> str:
+    if os.path.isdir(ref):
+        return os.path.abspath(ref)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+(@[\w./-]+)?", ref):
+        from huggingface_hub import snapshot_download
+
+        repo, _, rev = ref.partition("@")
+        try:
+            return snapshot_download(repo, revision=rev or None, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - huggingface_hub raises several types here
+            raise ProbeError("not a local directory and not in the Hugging Face cache "
+                             "(the probe needs the weights; download them first)", path=ref) from exc
+    raise ProbeError("not a checkpoint directory", path=ref)
+
+
+def read_config(model_dir: str) -> dict[str, Any]:
+    path = os.path.join(model_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError as exc:
+        raise ProbeError("config.json not found", path=model_dir) from exc
+    except json.JSONDecodeError as exc:
+        raise ProbeError(f"config.json is not valid JSON ({exc})", path=path) from exc
+
+
+def read_headers(model_dir: str) -> dict[str, TensorMeta]:
+    """Every tensor's dtype / shape / shard from the safetensors headers (no tensor data read)."""
+    shards = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+    if not shards:
+        raise ProbeError("no .safetensors files (the probe never loads pickle checkpoints)", path=model_dir)
+    metas: dict[str, TensorMeta] = {}
+    for shard in shards:
+        path = os.path.join(model_dir, shard)
+        with open(path, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) != 8:
+                raise ProbeError("truncated safetensors file", path=path)
+            (n,) = struct.unpack("<Q", raw)
+            if n > 100 * 1024 * 1024:
+                raise ProbeError(f"safetensors header of {n} bytes is implausible", path=path)
+            header = json.loads(fh.read(n))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                metas[name] = TensorMeta(name, entry["dtype"], tuple(entry["shape"]), shard)
+    return metas
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def quant_kind(name: str, metas: Mapping[str, TensorMeta]) -> str | None:
+    """How tensor ``name`` is stored: nvfp4 | fp8_block | fp8_scaled | mxfp4 | companion | None."""
+    base, _, leaf = name.rpartition(".")
+    if leaf in _COMPANIONS or name.endswith("_scales"):
+        return "companion"
+    if name.endswith("_blocks") and name[: -len("_blocks")] + "_scales" in metas:
+        return "mxfp4"
+    meta = metas[name]
+    if leaf == "weight" and meta.dtype == "U8" and f"{base}.weight_scale" in metas:
+        return "nvfp4"
+    if meta.dtype.startswith("F8"):
+        if f"{base}.weight_scale_inv" in metas:
+            return "fp8_block"
+        if f"{base}.weight_scale" in metas:
+            return "fp8_scaled"
+    return None
+
+
+def logical_params(metas: Mapping[str, TensorMeta], keep: Callable[[str], bool] = lambda n: True) -> int:
+    """Weight elements after dequantization (packed FP4 holds two per byte; companions count 0)."""
+    total = 0
+    for name, meta in metas.items():
+        if not keep(name):
+            continue
+        kind = quant_kind(name, metas)
+        if kind == "companion":
+            continue
+        total += _numel(meta.shape) * (2 if kind in ("nvfp4", "mxfp4") else 1)
+    return total
+
+
+def stored_bytes(metas: Mapping[str, TensorMeta], keep: Callable[[str], bool] = lambda n: True) -> int:
+    return sum(_numel(m.shape) * _DTYPE_BYTES.get(m.dtype, 2) for n, m in metas.items() if keep(n))
+
+
+def needs_dequant(metas: Mapping[str, TensorMeta]) -> bool:
+    return any(quant_kind(n, metas) not in (None, "companion") for n in metas)
+
+
+def iter_tensors(model_dir: str, metas: Mapping[str, TensorMeta], keep: Callable[[str], bool],
+                 dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) for kept tensors, dequantized to ``dtype``, companions folded in."""
+    from safetensors import safe_open
+
+    by_shard: dict[str, list[str]] = {}
+    for name, meta in metas.items():
+        if keep(name) and quant_kind(name, metas) != "companion":
+            by_shard.setdefault(meta.shard, []).append(name)
+    handles: dict[str, Any] = {}
+
+    def get(name: str) -> torch.Tensor:
+        shard = metas[name].shard
+        if shard not in handles:
+            handles[shard] = safe_open(os.path.join(model_dir, shard), framework="pt", device="cpu")
+        return handles[shard].get_tensor(name)
+
+    for shard in sorted(by_shard):
+        for name in sorted(by_shard[shard]):
+            kind = quant_kind(name, metas)
+            base = name.rpartition(".")[0]
+            if kind == "nvfp4":
+                t = dequant.dequant_nvfp4(get(name), get(f"{base}.weight_scale"), get(f"{base}.weight_scale_2"))
+            elif kind == "fp8_block":
+                t = dequant.dequant_fp8_block(get(name), get(f"{base}.weight_scale_inv"))
+            elif kind == "fp8_scaled":
+                t = dequant.dequant_fp8_scaled(get(name), get(f"{base}.weight_scale"))
+            elif kind == "mxfp4":
+                stem = name[: -len("_blocks")]
+                t = dequant.dequant_mxfp4(get(name), get(stem + "_scales"))
+                name = stem
+            else:
+                t = get(name)
+            yield name, (t.to(dtype) if t.is_floating_point() else t)
+
+
+def write_dequantized_copy(model_dir: str, metas: Mapping[str, TensorMeta], out_dir: str,
+                           dtype: torch.dtype, progress: bool = True) -> None:
+    """A BF16 (or ``dtype``) copy of the checkpoint in ``out_dir`` with quantization_config removed."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    shards = sorted({m.shard for m in metas.values()})
+    weight_map: dict[str, str] = {}
+    for shard in tqdm(shards, desc="dequantize", unit="shard", disable=not progress, file=None):
+        keep = lambda n, s=shard: metas[n].shard == s  # noqa: E731
+        tensors = {n: t.contiguous() for n, t in iter_tensors(model_dir, metas, keep, dtype)}
+        save_file(tensors, os.path.join(out_dir, shard), metadata={"format": "pt"})
+        weight_map.update({n: shard for n in tensors})
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w", encoding="utf-8") as fh:
+        json.dump({"metadata": {}, "weight_map": weight_map}, fh)
+    config = read_config(model_dir)
+    config.pop("quantization_config", None)
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"].pop("quantization_config", None)
+    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(config, fh, indent=1)
+    for f in os.listdir(model_dir):
+        if f.endswith((".json", ".jinja", ".txt", ".model", ".tiktoken")) and f not in (
+                "config.json", "model.safetensors.index.json", "hf_quant_config.json"):
+            shutil.copy(os.path.join(model_dir, f), os.path.join(out_dir, f))
+
+
+def prepare_loadable_dir(model_dir: str, metas: Mapping[str, TensorMeta], dtype: torch.dtype,
+                         progress: bool = True) -> tuple[str, tempfile.TemporaryDirectory | None]:
+    """The directory transformers should load, plus the temp dir to clean up (None when original)."""
+    if not needs_dequant(metas):
+        return model_dir, None
+    tmp = tempfile.TemporaryDirectory(prefix="ckptinspect-probe-")
+    write_dequantized_copy(model_dir, metas, tmp.name, dtype, progress)
+    return tmp.name, tmp
+
+
+def load_main_model(load_dir: str, config: Mapping[str, Any], *, main_model_type: str | None,
+                    device_map: Any, dtype: torch.dtype, trust_remote_code: bool):
+    from transformers import AutoConfig, AutoModelForCausalLM, CONFIG_MAPPING
+
+    single = isinstance(device_map, dict) and set(device_map) == {""}
+    # One device: load then move (no accelerate needed); several: transformers' device_map="auto".
+    kwargs: dict[str, Any] = {"dtype": dtype} if single else {"dtype": dtype, "device_map": device_map}
+    if main_model_type:
+        # A family whose main model is a built-in architecture behind a remote-code wrapper (MiMo-7B
+        # = Qwen2 + MTP layers): build the built-in config from the same keys, no remote code runs.
+        cfg_dict = {k: v for k, v in config.items() if k not in ("auto_map", "architectures", "model_type")}
+        kwargs["config"] = CONFIG_MAPPING[main_model_type](**cfg_dict)
+    else:
+        kwargs["config"] = AutoConfig.from_pretrained(load_dir, trust_remote_code=trust_remote_code)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(load_dir, trust_remote_code=trust_remote_code, **kwargs)
+    except ValueError as exc:
+        if "accelerate" in str(exc):
+            raise ProbeError("several --devices need the 'accelerate' package (pip install accelerate)") from exc
+        raise
+    if single:
+        model.to(device_map[""])
+    model.eval()
+    return model

@@ -1,0 +1,135 @@
+"""Declared quantization vs the tensors: where an engine would build the wrong parameter type.
+
+Engines construct each Linear from the *declared* scheme (exclude list says unquantized -> BF16
+parameters, otherwise quantized parameters) and then copy the checkpoint tensors in; a mismatch is a
+shape / dtype error at load ("Downcasting not allowed", vllm-project/vllm#38650, sgl-project/sglang
+PR #34906). Findings are aggregated per module pattern, not per layer.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+from ckptinspect.quant.declared import ExcludeMatcher
+from ckptinspect.records import DeclaredQuant, Finding, Inventory
+
+UNQUANTIZED = frozenset({"bf16", "fp16", "fp32"})
+# Components that never go through a quantized Linear in either engine.
+NOT_LINEAR = frozenset({"embedding", "norm"})
+# Engines build routers and LM heads unquantized in their model code for most families, so an
+# uncovered BF16 one is informational; some vLLM versions did build Qwen3.5's router as a quantized
+# linear (checkpoint_formats §6, item 4), hence still reported.
+SOFT_COMPONENTS = frozenset({"router", "lm_head"})
+
+
+def crosscheck(inventory: Inventory, declared: DeclaredQuant, matcher: ExcludeMatcher) -> list[Finding]:
+    """Findings for modules whose actual precision disagrees with the declared lists."""
+    if declared.label is None:
+        quantized = [g for g in inventory.groups if g.role == "weight" and g.scheme not in UNQUANTIZED
+                     and g.scheme != "other"]
+        if quantized:
+            g = quantized[0]
+            return [Finding("undeclared-quantization", "error",
+                            f"{len(quantized)} weight groups are {g.scheme} (e.g. {_concrete(g)}) but no "
+                            "quantization_config / hf_quant_config.json declares it; engines will load them as BF16",
+                            subject=_concrete(g))]
+        return []
+
+    not_excluded: dict[str, list[str]] = defaultdict(list)
+    wrongly_excluded: dict[str, list[str]] = defaultdict(list)
+    representatives: list[str] = []
+    components: dict[str, str] = {}
+    for g in inventory.groups:
+        name = _concrete_module(g)
+        representatives.append(name)
+        if g.role != "weight" or g.component in NOT_LINEAR or len(g.shape) < 2:
+            continue
+        excluded = matcher.is_excluded(name)
+        key = g.module.replace("{}", "N")
+        components[key] = g.component
+        if g.scheme in UNQUANTIZED and excluded is False:
+            not_excluded[key].append(name)
+        elif g.scheme not in UNQUANTIZED and g.scheme != "other" and excluded:
+            wrongly_excluded[key].append(name)
+
+    findings = list(matcher.findings)
+    if not declared.excludes:
+        # Without any list, engines rely on their model code to keep routers / heads / MTP
+        # projections unquantized; say so once instead of per module (checkpoint_formats §6, item 7).
+        if not_excluded:
+            findings.append(Finding(
+                "no-exclude-list", "info",
+                f"{declared.label} declares no exclude/ignore list; {len(not_excluded)} unquantized Linear module "
+                f"pattern(s) (e.g. {next(iter(sorted(not_excluded)))}) rely on engine model code to stay unquantized",
+                reference="vllm-project/vllm#49187, sgl-project/sglang PR #36158"))
+        not_excluded = {}
+    for key, names in sorted(not_excluded.items()):
+        mtp = key.startswith("mtp") or ".mtp" in key
+        group_component = components.get(key, "other")
+        findings.append(Finding(
+            "unquantized-not-excluded", "info" if group_component in SOFT_COMPONENTS else "warning",
+            f"{key}: {len(names)} module(s) stored unquantized but not covered by the declared exclude/ignore "
+            f"lists (e.g. {names[0]}); an engine that trusts the list builds {declared.label} parameters for them",
+            subject=names[0], reference="vllm-project/vllm#38650" if mtp else "checkpoint_formats §6",
+            hint=f"add '{_suggest(names[0])}' to the ignore / exclude_modules list"))
+    for key, names in sorted(wrongly_excluded.items()):
+        findings.append(Finding(
+            "quantized-but-excluded", "error",
+            f"{key}: {len(names)} module(s) stored quantized but listed as excluded (e.g. {names[0]}); engines "
+            "build unquantized parameters and fail to load them",
+            subject=names[0], reference="sgl-project/sglang PR #34906"))
+    findings.extend(_entries_matching_nothing(declared, matcher, sorted(set(representatives))))
+    return findings
+
+
+def _concrete(g) -> str:  # noqa: ANN001 - TensorGroup
+    return next(iter(g.names()))
+
+
+def _concrete_module(g) -> str:  # noqa: ANN001 - TensorGroup
+    sub = min(g.sub_indices) if g.sub_indices else ()
+    indices = ((g.index,) if g.index is not None else ()) + tuple(sub)
+    return g.module.format(*indices) if indices else g.module
+
+
+def _suggest(name: str) -> str:
+    if name.startswith("mtp."):
+        return ".".join(name.split(".")[:2])
+    return name
+
+
+def _entries_matching_nothing(declared: DeclaredQuant, matcher: ExcludeMatcher,
+                              modules: list[str]) -> list[Finding]:
+    """Exclude entries naming modules that do not exist (checkpoint_formats §6, pattern 2)."""
+    dead: dict[str, list[str]] = defaultdict(list)
+    for lst in declared.excludes:
+        if lst.semantics not in ("modelopt_glob", "glob"):
+            continue
+        for entry in lst.entries:
+            if not _entry_hits(entry, modules):
+                dead[lst.source].append(entry)
+    out = []
+    for source, entries in dead.items():
+        out.append(Finding(
+            "exclude-entry-matches-nothing", "info",
+            f"{source}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} match no quantizable module "
+            f"(e.g. {', '.join(entries[:3])})", subject=source))
+    return out
+
+
+def _entry_hits(entry: str, modules: list[str]) -> bool:
+    star = min((i for i in (entry.find("*"), entry.find("?"), entry.find("[")) if i >= 0), default=-1)
+    literal = entry if star < 0 else entry[:star]
+    if star == 0 or (star > 0 and star < len(entry) - 1):
+        import fnmatch
+
+        return any(fnmatch.fnmatchcase(m, entry) or fnmatch.fnmatchcase(m, entry + ".*") for m in modules)
+    # Plain name or a trailing wildcard: a sorted-prefix lookup instead of a scan.
+    i = bisect.bisect_left(modules, literal)
+    while i < len(modules) and modules[i].startswith(literal):
+        m = modules[i]
+        if star >= 0 or m == entry or m.startswith(entry + "."):
+            return True
+        i += 1
+    return False

@@ -1,0 +1,236 @@
+"""Declared quantization: read the config files and match exclude / ignore lists the way the
+exporters (and the engines that honour them) do.
+
+Where it lives (checkpoint_formats §4.1): ``config.json`` ``quantization_config`` (also under
+``text_config`` for multimodal wrappers, or ``compression_config`` in older compressed-tensors
+exports) and/or ModelOpt's ``hf_quant_config.json`` ``quantization``. When both exist, config.json is
+preferred (SGLang's detection order, python/sglang/srt/configs/model_config.py
+``_parse_quant_hf_config``) and the two exclude lists are compared.
+
+List semantics (checkpoint_formats §6):
+- ModelOpt ``exclude_modules`` / ``ignore``: fnmatch wildcards; exporters summarise runs as prefix
+  wildcards (``model.layers.61*``), so ``mtp.layers.0*`` does not cover ``mtp.fc``.
+- compressed-tensors ``ignore``: ``re:`` prefix = ``re.match`` (anchored at the start, not a full match),
+  otherwise exact equality (vllm-project/compressed-tensors utils/match.py ``match_name``).
+- ``modules_to_not_convert`` (HF fp8 / mxfp4): plain names or globs, a listed parent covers children.
+- ModelOpt MIXED_PRECISION ``quantized_layers``: an inclusion map; unlisted modules are unquantized.
+- GPTQ ``dynamic``: ``-:<regex>`` keys exclude modules.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any, Mapping
+
+from ckptinspect.errors import ConfigError
+from ckptinspect.records import DeclaredQuant, ExcludeList, Finding
+
+# A regex from a config file is untrusted: nested quantifiers such as (a+)+ can backtrack
+# exponentially in Python's engine, so such patterns are skipped with a finding.
+_NESTED_QUANTIFIER = re.compile(r"\([^()]*[+*][^()]*\)[+*{]")
+_MAX_PATTERN = 1000
+
+
+def read_declared(config: Mapping[str, Any], hf_quant: Any) -> tuple[DeclaredQuant, list[Finding]]:
+    """Parse the declared quantization from config.json and hf_quant_config.json."""
+    findings: list[Finding] = []
+    qc, qc_source = None, None
+    for path in ("quantization_config", "text_config.quantization_config", "compression_config"):
+        node = _dig(config, path)
+        if node is not None:
+            if not isinstance(node, dict):
+                raise ConfigError(f"'{path}' must be an object", path="config.json")
+            qc, qc_source = node, f"config.json:{path}"
+            break
+    hq = None
+    if hf_quant is not None:
+        if not isinstance(hf_quant, dict):
+            raise ConfigError("is not a JSON object", path="hf_quant_config.json")
+        hq = hf_quant.get("quantization", hf_quant)
+        if not isinstance(hq, dict):
+            raise ConfigError("'quantization' must be an object", path="hf_quant_config.json")
+
+    if qc is None and hq is None:
+        return DeclaredQuant(None, None, None, None, None, None, None, (), ()), findings
+
+    sources, excludes = [], []
+    method = algo = kv = scale_fmt = None
+    group_size = None
+    block: tuple[int, ...] | None = None
+    quantized_layers: dict[str, str] = {}
+    if qc is not None:
+        sources.append(qc_source)
+        method = _str(qc.get("quant_method"), "quant_method")
+        algo = _str(qc.get("quant_algo"), "quant_algo")
+        scale_fmt = _str(qc.get("scale_fmt"), "scale_fmt")
+        if isinstance(qc.get("weight_block_size"), list):
+            block = tuple(int(x) for x in qc["weight_block_size"])
+        group_size = _group_size(qc)
+        kv = _kv_scheme(qc.get("kv_cache_scheme"))
+        excludes.extend(_lists_from_qc(qc, qc_source, method))
+        quantized_layers.update(_quantized_layers(qc))
+    if hq is not None:
+        sources.append("hf_quant_config.json:quantization")
+        algo = algo or _str(hq.get("quant_algo"), "quant_algo")
+        kv = kv or _str(hq.get("kv_cache_quant_algo"), "kv_cache_quant_algo")
+        group_size = group_size or (hq.get("group_size") if isinstance(hq.get("group_size"), int) else None)
+        method = method or "modelopt"
+        if isinstance(hq.get("exclude_modules"), list):
+            excludes.append(ExcludeList("hf_quant_config.json:quantization.exclude_modules", "modelopt_glob",
+                                        tuple(str(x) for x in hq["exclude_modules"])))
+        quantized_layers.update(_quantized_layers(hq))
+    if method is None and algo is not None:
+        method = "modelopt"
+    if quantized_layers:
+        excludes.append(ExcludeList("quantized_layers", "include_map", tuple(quantized_layers)))
+
+    label = method if not algo or method != "modelopt" else f"modelopt:{algo}"
+    findings.extend(_compare_lists(excludes))
+    return DeclaredQuant(
+        label=label, method=method, algo=algo, group_size=group_size, block_size=block, scale_fmt=scale_fmt,
+        kv_cache=kv, sources=tuple(sources), excludes=tuple(excludes), quantized_layers=quantized_layers,
+        raw=qc if qc is not None else hq,
+    ), findings
+
+
+def _dig(node: Mapping[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _str(value: Any, key: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"quantization '{key}' must be a string, got {value!r}", path="config.json")
+    return value
+
+
+def _group_size(qc: Mapping[str, Any]) -> int | None:
+    if isinstance(qc.get("group_size"), int):
+        return qc["group_size"]
+    for group in (qc.get("config_groups") or {}).values():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if isinstance(weights, dict) and isinstance(weights.get("group_size"), int):
+            return weights["group_size"]
+    return None
+
+
+def _kv_scheme(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value  # some per-tensor FP8 ModelOpt exports write a bare "FP8"
+    if isinstance(value, dict) and value.get("num_bits"):
+        return f"{value.get('type', 'int')}{value['num_bits']}"
+    return None
+
+
+def _lists_from_qc(qc: Mapping[str, Any], source: str, method: str | None) -> list[ExcludeList]:
+    out = []
+    if isinstance(qc.get("ignore"), list):
+        semantics = "ct_regex" if method == "compressed-tensors" else "modelopt_glob"
+        out.append(ExcludeList(f"{source}.ignore", semantics, tuple(str(x) for x in qc["ignore"])))
+    for key in ("modules_to_not_convert", "ignored_layers", "exclude_modules"):
+        if isinstance(qc.get(key), list):
+            semantics = "modelopt_glob" if key == "exclude_modules" else "glob"
+            out.append(ExcludeList(f"{source}.{key}", semantics, tuple(str(x) for x in qc[key])))
+    dynamic = qc.get("dynamic")
+    if isinstance(dynamic, dict):
+        negatives = tuple(k[2:] for k in dynamic if isinstance(k, str) and k.startswith("-:"))
+        if negatives:
+            out.append(ExcludeList(f"{source}.dynamic", "gptq_dynamic", negatives))
+    return out
+
+
+def _quantized_layers(node: Mapping[str, Any]) -> dict[str, str]:
+    layers = node.get("quantized_layers")
+    if not isinstance(layers, dict):
+        return {}
+    return {str(k): str(v.get("quant_algo", "")) if isinstance(v, dict) else str(v) for k, v in layers.items()}
+
+
+def _compare_lists(excludes: list[ExcludeList]) -> list[Finding]:
+    modelopt = [e for e in excludes if e.semantics == "modelopt_glob"]
+    if len(modelopt) < 2:
+        return []
+    a, b = modelopt[0], modelopt[1]
+    only_a, only_b = set(a.entries) - set(b.entries), set(b.entries) - set(a.entries)
+    if not only_a and not only_b:
+        return []
+    sample = ", ".join(sorted(only_a | only_b)[:4])
+    return [Finding("exclude-lists-disagree", "warning",
+                    f"{a.source} and {b.source} differ ({len(only_a)} entries only in the first, "
+                    f"{len(only_b)} only in the second, e.g. {sample}); engines read different files",
+                    reference="checkpoint_formats §6 (lists drift between exporter versions)")]
+
+
+class ExcludeMatcher:
+    """Compiled exclude lists of a DeclaredQuant; ``is_excluded(module_name)`` is the question."""
+
+    def __init__(self, declared: DeclaredQuant) -> None:
+        self.declared = declared
+        self.findings: list[Finding] = []
+        self._regexes: list[tuple[ExcludeList, re.Pattern[str] | None, tuple[str, ...]]] = []
+        for lst in declared.excludes:
+            self._regexes.append(self._compile(lst))
+
+    def _compile(self, lst: ExcludeList) -> tuple[ExcludeList, re.Pattern[str] | None, tuple[str, ...]]:
+        parts, exact = [], []
+        for entry in lst.entries:
+            if len(entry) > _MAX_PATTERN:
+                self._unsafe(lst, entry, "longer than 1000 characters")
+                continue
+            if lst.semantics in ("ct_regex", "gptq_dynamic") and (entry.startswith("re:")
+                                                                  or lst.semantics == "gptq_dynamic"):
+                body = entry[3:] if entry.startswith("re:") else entry
+                if _NESTED_QUANTIFIER.search(body):
+                    self._unsafe(lst, entry, "nested quantifiers (possible catastrophic backtracking)")
+                    continue
+                try:
+                    re.compile(body)
+                except re.error as exc:
+                    self._unsafe(lst, entry, f"invalid regex: {exc}")
+                    continue
+                parts.append(f"(?:{body})")  # re.match semantics: anchored at the start only
+            elif lst.semantics in ("modelopt_glob", "glob"):
+                translated = fnmatch.translate(entry)
+                if translated.endswith("\\Z"):
+                    translated = translated[:-2]  # anchor below, after the optional child suffix
+                # A listed parent covers its children in both vLLM and HF loaders.
+                parts.append(f"(?:{translated})(?:\\..*)?$")
+            else:
+                exact.append(entry)
+        regex = re.compile("|".join(parts), re.DOTALL) if parts else None
+        return lst, regex, tuple(exact)
+
+    def _unsafe(self, lst: ExcludeList, entry: str, why: str) -> None:
+        self.findings.append(Finding("exclude-entry-skipped", "warning",
+                                     f"{lst.source}: entry {entry[:80]!r} not evaluated: {why}"))
+
+    def is_excluded(self, module: str) -> bool | None:
+        """True when the declared lists leave ``module`` unquantized, False when they quantize it,
+        None when the checkpoint declares no quantization."""
+        if self.declared.label is None:
+            return None
+        for lst, regex, exact in self._regexes:
+            if lst.semantics == "include_map":
+                if not _include_hit(module, exact):
+                    return True
+                continue
+            if module in exact or any(module.startswith(e + ".") for e in exact if lst.semantics == "glob"):
+                return True
+            if regex is not None and regex.match(module):
+                return True
+        return False
+
+
+def _include_hit(module: str, listed: tuple[str, ...]) -> bool:
+    return any(module == m or module.startswith(m + ".") or fnmatch.fnmatchcase(module, m) for m in listed)
+
+
+def is_excluded(declared: DeclaredQuant, module: str) -> bool | None:
+    """Convenience wrapper (compiles the lists each call; use ExcludeMatcher in loops)."""
+    return ExcludeMatcher(declared).is_excluded(module)

@@ -1,0 +1,205 @@
+"""assess_mtp: the MTP layer of a checkpoint judged per serving engine from the family rule.
+
+Verdict per engine (records.VERDICTS): start from ``ready`` when MTP tensors exist, ``absent``
+otherwise; every defect of the engine rule whose condition holds (and whose version range covers
+the engine version) lowers the verdict to at most its own and adds a finding. Defects outside the
+version range are still reported, as info findings, so users of older engines see them.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any, Mapping
+
+from ckptinspect.readiness.conditions import EngineContext, Facts, evaluate
+from ckptinspect.readiness.layout import scan_layers
+from ckptinspect.readiness.model import ENGINES, EngineRule, FamilyRule, RuleSet
+from ckptinspect.readiness.quant_method import engine_method
+from ckptinspect.readiness.templates import concrete_prefix
+from ckptinspect.readiness.versions import in_range, representative
+from ckptinspect.records import (VERDICT_RANK, Checkpoint, EngineVerdict, Finding, MtpAssessment, MtpLayerInfo)
+
+
+class _Quiet(dict):
+    """Message placeholders without a value stay as written."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+_FORMATTER = string.Formatter()
+
+
+def render(template: str, values: Mapping[str, Any]) -> str:
+    try:
+        return _FORMATTER.vformat(template, (), _Quiet(values))
+    except (ValueError, IndexError, AttributeError):
+        return template  # a literal brace the author did not mean as a placeholder
+
+
+def declared_depth(rule: FamilyRule, checkpoint: Checkpoint) -> tuple[str | None, int | None]:
+    """The first depth key present in config.json (dotted paths) and its value."""
+    for key in rule.mtp.depth_keys:
+        value = checkpoint.config.get(key)
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int):
+            return key, value
+    return None, None
+
+
+def build_facts(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleSet) -> Facts:
+    from ckptinspect.quant.declared import ExcludeMatcher
+
+    rule = family if family is not None else (ruleset.generic or _empty_rule())
+    layers = scan_layers(checkpoint.inventory.mtp_groups(), rule.mtp, checkpoint.config)
+    key, value = declared_depth(rule, checkpoint)
+    return Facts(checkpoint=checkpoint, family=family, rule=rule, layers=layers, declared_key=key,
+                 declared_layers=value, engine_method=engine_method(checkpoint.declared),
+                 matcher=ExcludeMatcher(checkpoint.declared))
+
+
+def assess_mtp(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleSet, *,
+               engine_versions: Mapping[str, str] | None = None) -> MtpAssessment:
+    """Judge the checkpoint's MTP layer for every engine of the rule (SGLang and vLLM)."""
+    facts = build_facts(checkpoint, family, ruleset)
+    base_values = _values(facts)
+    findings: list[Finding] = []
+    if family is None:
+        cfg = checkpoint.config
+        findings.append(Finding(
+            "unknown-family", "warning",
+            f"architecture {cfg.architecture} (model_type {cfg.model_type}) matches no family rule; "
+            "MTP scanned with the generic name patterns only",
+            hint="add a rule file (see `ckptinspect rules show deepseek_v3`) and pass --rules-dir"))
+    probe = EngineContext(facts, _any_engine(facts.rule), "0")
+    for check in facts.rule.checks:
+        probe.details.clear()
+        if evaluate(check.when, probe):
+            findings.append(Finding(check.code, check.severity, render(check.message, {**base_values, **probe.details}),
+                                    reference=check.reference, hint=check.remedy,
+                                    subject=base_values.get("prefix_hint")))
+    verdicts: dict[str, EngineVerdict] = {}
+    for name in ENGINES:
+        engine = facts.rule.engines.get(name)
+        if engine is None:
+            continue
+        version = (engine_versions or {}).get(name, engine.version)
+        verdict, engine_findings = _judge(facts, engine, version, base_values)
+        verdicts[name] = verdict
+        findings.extend(engine_findings)
+    return _assessment(facts, verdicts, findings)
+
+
+def _context_at(facts: Facts, engine: EngineRule, version: str) -> EngineContext:
+    ctx = EngineContext(facts, engine, version)
+    ctx.draft_quant = next((q.result for q in engine.draft_quant if evaluate(q.when, ctx)), "inherit")
+    return ctx
+
+
+def _judge(facts: Facts, engine: EngineRule, version: str,
+           base_values: Mapping[str, Any]) -> tuple[EngineVerdict, list[Finding]]:
+    ctx = _context_at(facts, engine, version)
+    verdict = "ready" if facts.present else "absent"
+    reasons: list[str] = []
+    findings: list[Finding] = []
+    label = engine.engine if engine.engine != "vllm" else "vLLM"
+    for defect in engine.defects:
+        current = not defect.versions or in_range(version, defect.versions)
+        # A defect of other engine versions is evaluated as that version would see the checkpoint
+        # (forced-unquantized modules and draft rules differ by version) and reported as info.
+        probe = ctx if current else _context_at(facts, engine, representative(defect.versions or ""))
+        probe.details.clear()
+        if not evaluate(defect.when, probe):
+            continue
+        values = {**base_values, **probe.details, "version": version, "engine": label}
+        message = render(defect.message, values)
+        remedy = render(defect.remedy, values) if defect.remedy else None
+        if not current:
+            findings.append(Finding(defect.code, "info", f"[{engine.engine} {defect.versions}] {message}",
+                                    engine=engine.engine, reference=defect.reference, hint=remedy))
+            continue
+        if VERDICT_RANK[defect.verdict] > VERDICT_RANK[verdict]:
+            verdict = defect.verdict
+        reasons.append(defect.code)
+        findings.append(Finding(defect.code, defect.severity, message, engine=engine.engine,
+                                subject=base_values.get("prefix_hint"), reference=defect.reference, hint=remedy))
+    declared = facts.checkpoint.declared.label
+    draft_quant = None if ctx.draft_quant == "unquantized" or declared is None else declared
+    if facts.present == 0:
+        used = 0
+    else:
+        used = facts.present if engine.layer_use == "per_step" else 1
+    return EngineVerdict(engine=engine.engine, verdict=verdict, engine_version=version,
+                         draft_architecture=engine.draft_architecture, method=engine.method,
+                         draft_quantization=draft_quant, layers_used=used, reasons=tuple(reasons)), findings
+
+
+def _values(facts: Facts) -> dict[str, Any]:
+    """Placeholders every message may use."""
+    cfg = facts.checkpoint.config
+    mtp = facts.rule.mtp
+    base = mtp.base if isinstance(mtp.base, str) or mtp.base is None else mtp.base[0]
+    hint = concrete_prefix(base, cfg.num_hidden_layers, 0) if base else ""
+    first = next(iter(facts.layers.values()), None)
+    prefix = first.base if first is not None and first.base else hint
+    if first is not None and not prefix:  # generic scan: name the common prefix of what was found
+        common = _longest_common_prefix([g.pattern for g in first.groups])
+        prefix = common[: common.rfind(".") + 1].replace("{}", str(first.k))
+    return {
+        "L": cfg.num_hidden_layers, "present": facts.present, "declared": facts.declared_layers,
+        "key": facts.declared_key, "keys": ", ".join(mtp.depth_keys) or "none", "default": mtp.depth_default,
+        "prefix": prefix or "(generic patterns)", "prefix_hint": prefix or None,
+        "exclude_hint": f"{prefix}*" if prefix else "the MTP prefix", "method": facts.engine_method or "unquantized",
+        "family": facts.family.id if facts.family else None,
+    }
+
+
+def _assessment(facts: Facts, verdicts: Mapping[str, EngineVerdict], findings: list[Finding]) -> MtpAssessment:
+    infos = []
+    schemes: dict[str, int] = {}
+    for scan in facts.layers.values():
+        layer_schemes: dict[str, int] = {}
+        for g in scan.groups:
+            layer_schemes[g.scheme] = layer_schemes.get(g.scheme, 0) + g.tensors
+            schemes[g.scheme] = schemes.get(g.scheme, 0) + g.tensors
+        missing = scan.missing + ((f"{scan.experts_short} routed expert(s)",) if scan.experts_short else ())
+        infos.append(MtpLayerInfo(
+            k=scan.k, prefix=scan.base or _longest_common_prefix([g.pattern for g in scan.groups]),
+            tensors=sum(g.tensors for g in scan.groups), params=sum(g.params for g in scan.groups),
+            bytes=sum(g.bytes for g in scan.groups), schemes=layer_schemes, missing=missing,
+            experts_present=scan.experts_present, experts_expected=scan.experts_expected,
+            shards=tuple(sorted(set().union(*(g.shards for g in scan.groups)))),
+        ))
+    complete = bool(infos) and not any(i.missing for i in infos) and not (
+        facts.declared_layers is not None and facts.declared_layers > facts.present)
+    return MtpAssessment(
+        family=facts.family.id if facts.family else None, declared_key=facts.declared_key,
+        declared_layers=facts.declared_layers, present_layers=facts.present,
+        tensors=sum(i.tensors for i in infos), params=sum(i.params for i in infos), bytes=sum(i.bytes for i in infos),
+        schemes=schemes, complete=complete, layers=tuple(infos), verdicts=dict(verdicts), findings=tuple(findings),
+    )
+
+
+def _longest_common_prefix(names: list[str]) -> str:
+    if not names:
+        return ""
+    lo, hi = min(names), max(names)
+    n = 0
+    while n < min(len(lo), len(hi)) and lo[n] == hi[n]:
+        n += 1
+    return lo[:n]
+
+
+def _any_engine(rule: FamilyRule) -> EngineRule:
+    for name in ENGINES:
+        if name in rule.engines:
+            return rule.engines[name]
+    return EngineRule("none", "0", None, None, None, "reuse_first", None)
+
+
+def _empty_rule() -> FamilyRule:
+    from ckptinspect.readiness.model import MtpLayout
+
+    layout = MtpLayout(True, (), 0, None, (), None, (), (), None, ())
+    return FamilyRule("generic", "generic", None, (), (), (), True, None, layout, (), {}, "<none>", 0)

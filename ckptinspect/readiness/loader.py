@@ -1,0 +1,261 @@
+"""Load, validate and resolve family rule files.
+
+Built-in rules live in ``rules/families`` (``ckptinspect/_rules/families`` in a wheel); every
+``--rules-dir`` adds files that override built-ins with the same ``id``. Each file is parsed with
+PyYAML's C loader and validated against ``rules/schema/family.schema.json``; any error raises
+:class:`RuleError` naming the file, the path inside the document and the schema message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from ckptinspect.errors import RuleError
+from ckptinspect.readiness.model import (
+    DEFAULT_SEVERITY, ENGINES, Check, Defect, DraftQuantRule, EngineRule, ExpertLayout,
+    FamilyRule, ForcedUnquantized, MtpLayout, Requirement, RuleSet, RuntimeName,
+)
+
+_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def rules_root() -> Path:
+    """The built-in rules folder: the wheel copy if installed, else the source tree's ``rules/``."""
+    for candidate in (_PACKAGE / "_rules", _PACKAGE.parent / "rules"):
+        if (candidate / "families").is_dir():
+            return candidate
+    raise RuleError("built-in rules not found", path=str(_PACKAGE.parent / "rules"))
+
+
+def builtin_dir() -> Path:
+    return rules_root() / "families"
+
+
+def schema_path() -> Path:
+    return rules_root() / "schema" / "family.schema.json"
+
+
+_validator_cache: list[Any] = []
+
+
+def _validator() -> Any:
+    # jsonschema costs ~0.1 s to import; only pay it when rules are actually loaded.
+    if not _validator_cache:
+        import jsonschema
+
+        schema = json.loads(schema_path().read_text(encoding="utf-8"))
+        _validator_cache.append(jsonschema.Draft202012Validator(schema))
+    return _validator_cache[0]
+
+
+def _doc_path(parts: Iterable[Any]) -> str:
+    out = "$"
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def validate_document(doc: Any, path: str) -> None:
+    """Raise RuleError for the first schema error of ``doc`` (deepest, most specific first)."""
+    errors = list(_validator().iter_errors(doc))
+    if not errors:
+        return
+    import jsonschema
+
+    err = jsonschema.exceptions.best_match(errors)
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    raise RuleError(f"{_doc_path(err.absolute_path)}: {err.message}{more}", path=path)
+
+
+def read_rule_file(path: Path) -> dict[str, Any]:
+    """Parse and schema-validate one rule file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RuleError(f"cannot read rule file: {exc.strerror}", path=str(path)) from exc
+    try:
+        doc = yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - safe loader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise RuleError(f"{where}invalid YAML: {problem}", path=str(path)) from exc
+    if not isinstance(doc, dict):
+        raise RuleError("$: a rule file must be a mapping", path=str(path))
+    validate_document(doc, str(path))
+    return doc
+
+
+def rule_files(directory: Path) -> list[Path]:
+    """YAML files of a rules directory (``DIR/families`` when it exists, else ``DIR``)."""
+    base = directory / "families" if (directory / "families").is_dir() else directory
+    if not base.is_dir():
+        raise RuleError("rules directory not found", path=str(directory))
+    return sorted([*base.glob("*.yaml"), *base.glob("*.yml")])
+
+
+def load_rules(extra_dirs: Iterable[str | Path] = (), extra_files: Iterable[str | Path] = ()) -> RuleSet:
+    """Built-in families plus ``extra_dirs`` (later ones override earlier ones by family id), then
+    ``extra_files`` (each its own layer, used by ``rules validate FILE``)."""
+    dirs = [builtin_dir(), *(Path(d) for d in extra_dirs)]
+    layers = [rule_files(d) for d in dirs] + [[Path(f)] for f in extra_files]
+    docs: dict[str, tuple[dict[str, Any], str, int]] = {}
+    for origin, paths in enumerate(layers):
+        seen: dict[str, str] = {}
+        for path in paths:
+            doc = read_rule_file(path)
+            fid = doc["id"]
+            if fid in seen:
+                raise RuleError(f"$.id: family {fid!r} is also defined in {seen[fid]}", path=str(path))
+            seen[fid] = str(path)
+            docs[fid] = (doc, str(path), origin)
+    merged = {fid: _resolve(fid, docs, ()) for fid in docs}
+    families = tuple(_build(fid, merged[fid], docs[fid][1], docs[fid][2]) for fid in sorted(docs))
+    _check_claims(families)
+    return RuleSet(families=families, directories=tuple(str(d) for d in dirs))
+
+
+def _resolve(fid: str, docs: Mapping[str, tuple[dict[str, Any], str, int]], chain: tuple[str, ...]) -> dict[str, Any]:
+    doc, path, _ = docs[fid]
+    parent_id = doc.get("extends")
+    if parent_id is None:
+        return doc
+    if parent_id not in docs:
+        raise RuleError(f"$.extends: unknown family {parent_id!r}", path=path)
+    if parent_id in chain or parent_id == fid:
+        raise RuleError(f"$.extends: cycle {' -> '.join((*chain, fid, parent_id))}", path=path)
+    return merge_documents(_resolve(parent_id, docs, (*chain, fid)), doc)
+
+
+def _merge_by_code(parent: list[Any], child: list[Any]) -> list[Any]:
+    out = {item["code"]: item for item in parent}
+    for item in child:
+        out[item["code"]] = item  # same code replaces the inherited entry
+    return list(out.values())
+
+
+def merge_documents(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
+    """Child over parent: sections merge key-wise, defects / checks by ``code``; ``match`` and
+    ``abstract`` are never inherited (a child claims its own architectures)."""
+    out: dict[str, Any] = {k: v for k, v in parent.items() if k not in ("match", "abstract", "id", "name")}
+    for key, value in child.items():
+        if key == "mtp" and isinstance(out.get("mtp"), dict):
+            out["mtp"] = {**out["mtp"], **value}
+        elif key == "checks":
+            out["checks"] = _merge_by_code(out.get("checks", []), value)
+        elif key == "references":
+            out["references"] = [*out.get("references", []), *value]
+        elif key == "engines":
+            engines = dict(out.get("engines", {}))
+            for name, rule in value.items():
+                base = dict(engines.get(name, {}))
+                for ek, ev in rule.items():
+                    base[ek] = _merge_by_code(base.get("defects", []), ev) if ek == "defects" else ev
+                engines[name] = base
+            out["engines"] = engines
+        else:
+            out[key] = value
+    return out
+
+
+def _when(raw: Any) -> Mapping[str, Any] | None:
+    return dict(raw) if raw is not None else None
+
+
+def _build(fid: str, doc: Mapping[str, Any], path: str, origin: int) -> FamilyRule:
+    mtp_doc = doc.get("mtp", {})
+    supported = bool(mtp_doc.get("supported", True))
+    abstract = bool(doc.get("abstract", False))
+    if supported and not abstract and not (mtp_doc.get("prefixes") and mtp_doc.get("base")):
+        raise RuleError("$.mtp: a family with MTP needs 'prefixes' and 'base'", path=path)
+    experts = mtp_doc.get("experts")
+    depth = mtp_doc.get("depth", {})
+    layout = MtpLayout(
+        supported=supported,
+        depth_keys=tuple(depth.get("keys", ())),
+        depth_default=int(depth.get("default", 0)),
+        depth_note=depth.get("note"),
+        prefixes=tuple(mtp_doc.get("prefixes", ())),
+        base=mtp_doc.get("base"),
+        required=tuple(_requirement(r) for r in mtp_doc.get("required", ())),
+        optional=tuple(mtp_doc.get("optional", ())),
+        experts=ExpertLayout(
+            per_expert=tuple(experts["per_expert"]),
+            grouped=tuple(tuple(g) for g in experts.get("grouped", ())),
+            count_keys=tuple(experts.get("count_keys", ())),
+        ) if experts else None,
+        files=tuple(mtp_doc.get("files", ())),
+    )
+    engines = {name: _engine(name, doc["engines"][name]) for name in ENGINES if name in doc.get("engines", {})}
+    if not abstract:
+        missing = [name for name in ENGINES if name not in engines]
+        if missing:
+            raise RuleError(f"$.engines: missing engine section(s) {', '.join(missing)}", path=path)
+    checks = tuple(
+        Check(code=c["code"], when=dict(c["when"]), severity=c.get("severity", "info"), message=c["message"],
+              remedy=c.get("remedy"), reference=c.get("reference"))
+        for c in doc.get("checks", ())
+    )
+    match = doc.get("match", {})
+    return FamilyRule(
+        id=fid, name=doc["name"], description=doc.get("description"),
+        references=tuple(doc.get("references", ())),
+        architectures=tuple(match.get("architectures", ())), model_types=tuple(match.get("model_types", ())),
+        abstract=abstract, extends=doc.get("extends"), mtp=layout, checks=checks, engines=engines,
+        source=path, origin=origin, document=doc,
+    )
+
+
+def _requirement(raw: Any) -> Requirement:
+    if isinstance(raw, str):
+        return Requirement(((raw,),))
+    return Requirement(tuple((alt,) if isinstance(alt, str) else tuple(alt) for alt in raw["any_of"]))
+
+
+def _engine(name: str, raw: Mapping[str, Any]) -> EngineRule:
+    dropped = set(raw.get("drop_defects", ()))
+    defects = tuple(
+        Defect(code=d["code"], when=dict(d["when"]), verdict=d["verdict"],
+               severity=d.get("severity", DEFAULT_SEVERITY[d["verdict"]]), message=d["message"],
+               remedy=d.get("remedy"), reference=d.get("reference"), versions=d.get("versions"))
+        for d in raw.get("defects", ())
+        if d["code"] not in dropped
+    )
+    return EngineRule(
+        engine=name,
+        version=str(raw.get("version", "0")),
+        draft_architecture=raw.get("draft_architecture"),
+        method=raw.get("method"),
+        flags=raw.get("flags"),
+        layer_use=raw.get("layer_use", "reuse_first"),
+        source=raw.get("source"),
+        runtime_names=tuple(RuntimeName(r["from"], r["to"]) for r in raw.get("runtime_names", ())),
+        forced_unquantized=tuple(
+            ForcedUnquantized(tuple(f["modules"]), _when(f.get("when")), f.get("versions"), f.get("reference"))
+            for f in raw.get("forced_unquantized", ())
+        ),
+        draft_quant=tuple(
+            DraftQuantRule(q["result"], _when(q.get("when")), q.get("note"), q.get("reference"))
+            for q in raw.get("draft_quant", ())
+        ),
+        defects=defects,
+    )
+
+
+def _check_claims(families: tuple[FamilyRule, ...]) -> None:
+    """Two families of one directory must not claim the same architecture or model_type."""
+    claims: dict[tuple[int, str, str], FamilyRule] = {}
+    for fam in families:
+        for kind, values in (("architecture", fam.architectures), ("model_type", fam.model_types)):
+            for value in values:
+                key = (fam.origin, kind, value)
+                other = claims.get(key)
+                if other is not None:
+                    raise RuleError(f"$.match: {kind} {value!r} is also claimed by family {other.id!r} "
+                                    f"({other.source})", path=fam.source)
+                claims[key] = fam

@@ -1,0 +1,105 @@
+"""`report --format json`: the versioned JSON contract (schema: render/report.schema.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ckptinspect.records import MtpAssessment
+from ckptinspect.render.summary import by_component, by_scheme, experts_present
+
+SCHEMA_VERSION = 1
+SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
+
+
+def report_to_json(report: Any) -> dict[str, Any]:
+    """The JSON document of a pipeline.Report (keys of schema_version 1 are stable)."""
+    ck = report.checkpoint
+    cfg = ck.config
+    inv = ck.inventory
+    present = experts_present(ck)
+    findings = list(ck.findings) + (list(report.mtp.findings) if report.mtp else [])
+    doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "source": {"ref": ck.ref, "kind": ck.kind, "location": ck.location,
+                   "revision": getattr(ck, "revision", None) or ck.stats.get("revision")},
+        "model": {
+            "architecture": cfg.architecture, "model_type": cfg.model_type, "family": ck.family,
+            "num_hidden_layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
+            "text_model_type": cfg.text_model_type, "vocab_size": cfg.vocab_size,
+            "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+            "attention_kind": cfg.attention_kind,
+            "layer_types": _count(cfg.layer_types),
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "remote_code": cfg.has_remote_code,
+        },
+        "totals": {"tensors": inv.totals.tensors, "params": inv.totals.params, "bytes": inv.totals.bytes},
+        "experts": {
+            "routed": cfg.routed_experts, "per_token": cfg.experts_per_token, "shared": cfg.shared_experts,
+            "moe_intermediate_size": cfg.moe_intermediate_size, **present,
+        },
+        "quantization": {
+            "declared": ck.declared.label,
+            "method": ck.declared.method, "algo": ck.declared.algo, "kv_cache": ck.declared.kv_cache,
+            "group_size": ck.declared.group_size,
+            "block_size": list(ck.declared.block_size) if ck.declared.block_size else None,
+            "sources": list(ck.declared.sources),
+            "excludes": [{"source": e.source, "semantics": e.semantics, "entries": len(e.entries)}
+                         for e in ck.declared.excludes],
+            "schemes": {k: v.to_json() for k, v in by_scheme(inv).items()},
+        },
+        "components": by_component(inv),
+        "shards": {"count": len(inv.shards), "header_bytes": sum(s.header_length + 8 for s in inv.shards),
+                   "files": [s.name for s in inv.shards]},
+        "mtp": mtp_to_json(report.mtp),
+        "findings": [f.to_json() for f in findings],
+    }
+    if report.mtp_costs:
+        doc["mtp"]["cost"] = [c.to_json() for c in report.mtp_costs]
+    if report.plan is not None:
+        doc["plan"] = report.plan.to_json()
+    if ck.stats:
+        doc["source"]["stats"] = {k: v for k, v in ck.stats.items() if isinstance(v, (int, float, str))}
+    return doc
+
+
+def mtp_to_json(mtp: MtpAssessment | None) -> dict[str, Any]:
+    if mtp is None:
+        return {"declared_key": None, "declared_layers": None, "present_layers": 0, "tensors": 0, "params": 0,
+                "bytes": 0, "schemes": {}, "complete": False, "verdict": {"sglang": "absent", "vllm": "absent"}}
+    return {
+        "declared_key": mtp.declared_key, "declared_layers": mtp.declared_layers,
+        "present_layers": mtp.present_layers, "tensors": mtp.tensors, "params": mtp.params, "bytes": mtp.bytes,
+        "schemes": dict(mtp.schemes), "complete": mtp.complete,
+        "verdict": {engine: v.verdict for engine, v in mtp.verdicts.items()},
+        "family": mtp.family,
+        "engines": {engine: {
+            "verdict": v.verdict, "engine_version": v.engine_version, "draft_architecture": v.draft_architecture,
+            "method": v.method, "draft_quantization": v.draft_quantization, "layers_used": v.layers_used,
+            "reasons": list(v.reasons)} for engine, v in mtp.verdicts.items()},
+        "layers": [{
+            "k": layer.k, "prefix": layer.prefix, "tensors": layer.tensors, "params": layer.params,
+            "bytes": layer.bytes, "schemes": dict(layer.schemes), "missing": list(layer.missing),
+            "experts_present": layer.experts_present, "experts_expected": layer.experts_expected,
+            "shards": list(layer.shards)} for layer in mtp.layers],
+    }
+
+
+def _count(items: tuple[str, ...]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False)
+
+
+def validate_report_json(doc: dict[str, Any]) -> None:
+    """Validate against the shipped JSON Schema (jsonschema imported lazily: it is slow to import)."""
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.validate(doc, schema)

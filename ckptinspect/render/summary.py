@@ -1,0 +1,83 @@
+"""Aggregations shared by the JSON, text and markdown renderers (computed once per report)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Mapping
+
+from ckptinspect.records import SCHEMES, Checkpoint, Inventory
+
+
+@dataclass(frozen=True)
+class Bucket:
+    tensors: int = 0
+    params: int = 0
+    bytes: int = 0
+
+    def add(self, tensors: int, params: int, nbytes: int) -> "Bucket":
+        return Bucket(self.tensors + tensors, self.params + params, self.bytes + nbytes)
+
+    def to_json(self) -> dict[str, int]:
+        return {"tensors": self.tensors, "params": self.params, "bytes": self.bytes}
+
+
+def by_scheme(inventory: Inventory) -> dict[str, Bucket]:
+    acc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for g in inventory.groups:
+        a = acc[g.scheme]
+        a[0] += g.tensors
+        a[1] += g.params
+        a[2] += g.bytes
+    order = {s: i for i, s in enumerate(SCHEMES)}
+    return {k: Bucket(*v) for k, v in sorted(acc.items(), key=lambda kv: order.get(kv[0], 99))}
+
+
+def by_component(inventory: Inventory) -> dict[str, dict]:
+    """component -> {tensors, params, bytes, schemes: {scheme: tensors}} (MTP groups under "mtp")."""
+    acc: dict[str, dict] = {}
+    for g in inventory.groups:
+        name = "mtp" if g.mtp_layer is not None else g.component
+        if g.component == "attention" and g.mtp_layer is None and g.kind:
+            name = f"attention ({g.kind})"
+        if g.component == "routed_expert" and g.mtp_layer is None:
+            name = "routed_expert"
+        entry = acc.setdefault(name, {"tensors": 0, "params": 0, "bytes": 0, "schemes": defaultdict(int)})
+        entry["tensors"] += g.tensors
+        entry["params"] += g.params
+        entry["bytes"] += g.bytes
+        entry["schemes"][g.scheme] += g.tensors
+    for entry in acc.values():
+        entry["schemes"] = dict(entry["schemes"])
+    return acc
+
+
+def experts_present(checkpoint: Checkpoint) -> Mapping[str, int | None]:
+    """Routed experts found per MoE layer (min / max over layers), None for dense models."""
+    counts: dict[int, int] = defaultdict(int)
+    for g in checkpoint.inventory.main_groups():
+        if g.component == "routed_expert" and g.experts is not None and g.layer is not None:
+            counts[g.layer] = max(counts[g.layer], g.experts)
+    if not counts:
+        return {"present_min": None, "present_max": None, "moe_layers": 0}
+    return {"present_min": min(counts.values()), "present_max": max(counts.values()), "moe_layers": len(counts)}
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def human_count(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)

@@ -1,0 +1,117 @@
+"""Human tables for `report` (text and markdown share the section builders; only the table format differs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tabulate import tabulate
+
+from ckptinspect.render.summary import by_component, by_scheme, experts_present, human_bytes, human_count
+
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def sections(report: Any) -> list[tuple[str, list[str], list[list[Any]]]]:
+    """(title, headers, rows) for each table of the report."""
+    ck = report.checkpoint
+    cfg, inv = ck.config, ck.inventory
+    present = experts_present(ck)
+    experts = "-"
+    if cfg.routed_experts:
+        experts = (f"{cfg.routed_experts} routed (top-{cfg.experts_per_token}), {cfg.shared_experts} shared; "
+                   f"present per MoE layer {present['present_min']}..{present['present_max']} "
+                   f"in {present['moe_layers']} layers")
+    summary = [
+        ["Checkpoint", f"{ck.ref} ({ck.kind})"],
+        ["Architecture", f"{cfg.architecture} / {cfg.model_type}"
+         + (f" / text {cfg.text_model_type}" if cfg.text_model_type else "")],
+        ["Family rule", ck.family or "none (generic MTP scan)"],
+        ["Layers / hidden", f"{cfg.num_hidden_layers} / {cfg.hidden_size}"],
+        ["Attention", _attention(cfg)],
+        ["Experts", experts],
+        ["Declared quantization", ck.declared.label or "none"],
+        ["Tensors / params / size", f"{inv.totals.tensors:,} / {human_count(inv.totals.params)} / "
+                                    f"{human_bytes(inv.totals.bytes)}"],
+        ["Shards", f"{len(inv.shards)} (headers {human_bytes(sum(s.header_length + 8 for s in inv.shards))})"],
+    ]
+    out = [("Summary", ["", ""], summary)]
+
+    comp_rows = [[name, f"{c['tensors']:,}", human_count(c["params"]), human_bytes(c["bytes"]),
+                  ", ".join(f"{s}:{n}" for s, n in sorted(c["schemes"].items(), key=lambda kv: -kv[1]))]
+                 for name, c in sorted(by_component(inv).items(), key=lambda kv: -kv[1]["bytes"])]
+    out.append(("Components", ["component", "tensors", "params", "size", "schemes (tensors)"], comp_rows))
+
+    scheme_rows = [[s, f"{b.tensors:,}", human_count(b.params), human_bytes(b.bytes),
+                    f"{100 * b.bytes / max(1, inv.totals.bytes):.1f}%"] for s, b in by_scheme(inv).items()]
+    out.append(("Quantization schemes (detected from tensors)", ["scheme", "tensors", "params", "size", "share"],
+                scheme_rows))
+
+    mtp = report.mtp
+    if mtp is not None:
+        rows = [
+            ["Declared", f"{mtp.declared_key} = {mtp.declared_layers}" if mtp.declared_key else "no config key"],
+            ["Present layers", str(mtp.present_layers)],
+            ["Tensors / params / size", f"{mtp.tensors:,} / {human_count(mtp.params)} / {human_bytes(mtp.bytes)}"],
+            ["Schemes", ", ".join(f"{s}:{n}" for s, n in mtp.schemes.items()) or "-"],
+            ["Complete", "yes" if mtp.complete else "no"],
+        ]
+        for layer in mtp.layers:
+            experts_txt = (f", experts {layer.experts_present}/{layer.experts_expected}"
+                           if layer.experts_expected else "")
+            missing = f", missing {len(layer.missing)}" if layer.missing else ""
+            rows.append([f"Layer {layer.k}", f"{layer.prefix} {layer.tensors} tensors{experts_txt}{missing}"])
+        out.append(("MTP summary", ["", ""], rows))
+        ready_rows = [[engine, v.engine_version, v.verdict.upper(), v.method or "-", v.draft_architecture or "-",
+                       v.draft_quantization or "unquantized", v.layers_used, ", ".join(v.reasons) or "-"]
+                      for engine, v in mtp.verdicts.items()]
+        out.append(("MTP readiness", ["engine", "version", "verdict", "method", "draft class", "draft quant",
+                                      "layers used", "because"], ready_rows))
+    for cost in report.mtp_costs:
+        out.append(cost.section())
+
+    findings = sorted(list(ck.findings) + (list(mtp.findings) if mtp else []),
+                      key=lambda f: _SEVERITY_ORDER.get(f.severity, 3))
+    rows = [[f.severity, f.code + (f" [{f.engine}]" if f.engine else ""),
+             f.message + (f" Fix: {f.hint}" if f.hint else "") + (f" ({f.reference})" if f.reference else "")]
+            for f in findings]
+    out.append(("Findings", ["severity", "code", "message"], rows or [["-", "-", "no findings"]]))
+    return out
+
+
+def _attention(cfg: Any) -> str:
+    parts = [cfg.attention_kind]
+    if cfg.num_attention_heads:
+        parts.append(f"{cfg.num_attention_heads} heads / {cfg.num_key_value_heads} KV")
+    if cfg.layer_types:
+        counts: dict[str, int] = {}
+        for t in cfg.layer_types:
+            counts[t] = counts.get(t, 0) + 1
+        parts.append(", ".join(f"{n} {t}" for t, n in counts.items()))
+    return "; ".join(parts)
+
+
+def render_text(report: Any) -> str:
+    blocks = []
+    for title, headers, rows in sections(report):
+        table = tabulate(rows, headers=headers if any(headers) else (), tablefmt="simple",
+                         maxcolwidths=[None] * (len(headers) - 1) + [100], disable_numparse=True)
+        blocks.append(f"{title}\n{'=' * len(title)}\n{table}")
+    if report.plan is not None:
+        from ckptinspect.plan import render_plan_text
+
+        blocks.append(render_plan_text(report.plan))
+    return "\n\n".join(blocks) + "\n"
+
+
+def render_markdown(report: Any) -> str:
+    ck = report.checkpoint
+    blocks = [f"# ckptinspect report: `{ck.ref}`"]
+    for title, headers, rows in sections(report):
+        clean = [[str(c).replace("|", "\\|").replace("\n", " ") for c in row] for row in rows]
+        hdr = headers if any(headers) else ["item", "value"]
+        blocks.append(f"## {title}\n\n" + tabulate(clean, headers=hdr, tablefmt="github", disable_numparse=True))
+    if report.plan is not None:
+        from ckptinspect.plan import render_plan_markdown
+
+        blocks.append(render_plan_markdown(report.plan))
+    return "\n\n".join(blocks) + "\n"

@@ -1,0 +1,69 @@
+"""Resolve what the user typed into a RawCheckpoint.
+
+- an existing directory                -> local (sources/local.py)
+- a ``*.json.gz`` file                 -> a metadata snapshot (sources/snapshot.py)
+- ``org/name[@revision]``              -> the local Hugging Face cache when it holds the whole
+                                          checkpoint (sources/hf_cache.py), else the Hub over HTTP
+                                          ranges (sources/hub.py); ``HF_HUB_OFFLINE=1`` forbids the Hub.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ckptinspect.errors import NotFoundError
+from ckptinspect.records import RawCheckpoint
+
+# Hub repo ids: "name" or "org/name", letters, digits, "-", "_", "."; optional "@revision".
+_REPO_ID = re.compile(r"^(?:[\w.\-]+/)?[\w.\-]+(?:@[\w.\-/]+)?$")
+
+
+def split_repo_ref(ref: str) -> tuple[str, str | None]:
+    """``org/name@rev`` -> (``org/name``, ``rev``)."""
+    repo, _, revision = ref.partition("@")
+    return repo, (revision or None)
+
+
+def is_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
+                progress: bool = True) -> RawCheckpoint:
+    """Open a model reference (directory, snapshot file, or Hub repo id).
+
+    Raises:
+        NotFoundError: nothing matches the reference.
+        SourceError / ConfigError / HeaderError: see the individual sources.
+    """
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        from ckptinspect.sources.local import open_local
+
+        return open_local(path, ref=ref)
+    if ref.endswith(".json.gz") or ref.endswith(".json"):
+        if not path.exists():
+            raise NotFoundError("snapshot file does not exist", path=ref)
+        from ckptinspect.sources.snapshot import read_snapshot
+
+        return read_snapshot(path)
+    if path.exists():
+        raise NotFoundError("is neither a model directory nor a .json.gz snapshot", path=ref)
+    if not _REPO_ID.match(ref) or ref.startswith((".", "/", "~")):
+        raise NotFoundError("no such directory, and not a Hub repo id (org/name[@revision])", path=ref)
+
+    repo_id, ref_revision = split_repo_ref(ref)
+    revision = revision or ref_revision
+    from ckptinspect.sources.hf_cache import open_hf_cache
+
+    cached = open_hf_cache(repo_id, revision=revision)
+    if cached is not None:
+        return cached
+    if is_offline():
+        raise NotFoundError("HF_HUB_OFFLINE=1 and the checkpoint is not (fully) in the local Hugging Face cache",
+                            path=ref)
+    from ckptinspect.sources.hub import open_hub
+
+    return open_hub(repo_id, revision=revision, token=token, progress=progress)

@@ -1,0 +1,182 @@
+"""Single-range HTTP GETs that never read past what was asked, with bounded retries.
+
+Used by the Hub source to read safetensors headers. Rules behind the code:
+
+- HTTP ranges are inclusive: ``bytes=a-b`` is ``b - a + 1`` bytes. Completeness is decided by the bytes
+  actually received, never by the range asked for (the 100,000-byte off-by-one of
+  huggingface/huggingface_hub#4602 came from mixing the two up).
+- One range per request: the Hub answers multi-range requests with ``multipart/byteranges`` and no
+  ``Content-Range`` (huggingface/huggingface_hub#2248).
+- A server may ignore ``Range`` and answer ``200`` with the whole (multi-GB) file: the body is streamed
+  and the connection dropped as soon as the asked bytes are in, so weights are never downloaded.
+- GET is idempotent, so timeouts, resets, truncated bodies, 429 / 5xx and inconsistent ``Content-Range``
+  are retried with exponential backoff, a bounded number of times, then reported as one NetworkError
+  line naming the repo and file.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from huggingface_hub.utils import get_session
+
+from ckptinspect.errors import AccessError, NetworkError, NotFoundError
+
+try:  # huggingface_hub >= 2 ships httpx2; 1.x used httpx; both have the same exception tree
+    import httpx2 as _httpx
+except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
+    import httpx as _httpx  # type: ignore[no-redef]
+
+# Retried like huggingface_hub's http_backoff does (utils/_http.py _DEFAULT_RETRY_ON_STATUS_CODES).
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+DEFAULT_ATTEMPTS = int(os.environ.get("CKPTINSPECT_HTTP_ATTEMPTS", "4"))
+DEFAULT_BACKOFF_S = float(os.environ.get("CKPTINSPECT_HTTP_BACKOFF_S", "0.25"))
+MAX_RETRY_AFTER_S = 30.0  # a 429 Retry-After longer than this is not worth waiting for in a CLI
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
+
+
+class _Retryable(Exception):
+    """A failure worth another attempt; ``wait_s`` overrides the backoff (Retry-After)."""
+
+    def __init__(self, message: str, wait_s: float | None = None) -> None:
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
+@dataclass
+class FetchStats:
+    """Counters for ``--verbose``: every HTTP request made and every body byte read."""
+
+    requests: int = 0
+    bytes_fetched: int = 0
+    retries: int = 0
+    extra_requests: int = 0  # second ranges for headers longer than predicted
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, requests: int = 0, nbytes: int = 0, retries: int = 0, extra: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes_fetched += nbytes
+            self.retries += retries
+            self.extra_requests += extra
+
+    def as_dict(self) -> dict[str, int]:
+        return {"requests": self.requests, "bytes_fetched": self.bytes_fetched, "retries": self.retries,
+                "extra_requests": self.extra_requests}
+
+
+class RangeClient:
+    """Ranged GETs over huggingface_hub's shared keep-alive client (``get_session()``).
+
+    Args:
+        repo_id: named in every error message.
+        headers: auth / user-agent headers (``huggingface_hub.utils.build_hf_headers``).
+        timeout: seconds per request (connect and read).
+        attempts: tries per request before giving up.
+        backoff_s: first backoff; doubled per retry, with jitter.
+    """
+
+    def __init__(self, repo_id: str, headers: dict[str, str], *, timeout: float, stats: FetchStats,
+                 attempts: int | None = None, backoff_s: float | None = None) -> None:
+        self.repo_id = repo_id
+        self.headers = dict(headers)
+        self.timeout = timeout
+        self.stats = stats
+        self.attempts = max(1, attempts if attempts is not None else DEFAULT_ATTEMPTS)
+        self.backoff_s = backoff_s if backoff_s is not None else DEFAULT_BACKOFF_S
+        self.client = get_session()
+
+    def get(self, url: str, filename: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end]`` (inclusive) of ``url``; may be shorter if the server sent less.
+
+        Raises:
+            AccessError: 401 / 403.  NotFoundError: 404.  NetworkError: anything else after retries.
+        """
+        last = ""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return self._once(url, filename, start, end)
+            except _Retryable as exc:
+                last = str(exc)
+                if attempt == self.attempts:
+                    break
+                self.stats.add(retries=1)
+                delay = exc.wait_s if exc.wait_s is not None else self.backoff_s * 2 ** (attempt - 1)
+                time.sleep(min(delay, MAX_RETRY_AFTER_S) * (1 + 0.1 * random.random()))
+        raise NetworkError(f"{last} (bytes={start}-{end}, gave up after {self.attempts} attempts)",
+                           path=f"{self.repo_id}/{filename}")
+
+    def _once(self, url: str, filename: str, start: int, end: int) -> bytes:
+        want = end - start + 1
+        headers = {**self.headers, "Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"}
+        received = 0
+        try:
+            with self.client.stream("GET", url, headers=headers, timeout=self.timeout) as resp:
+                self.stats.add(requests=1 + len(resp.history))
+                status = resp.status_code
+                if status in (401, 403):
+                    raise AccessError(f"HTTP {status}: gated or private repo; accept its terms on the Hub and "
+                                      "pass --token or set HF_TOKEN", path=f"{self.repo_id}/{filename}")
+                if status == 404:
+                    raise NotFoundError("HTTP 404: file not found", path=f"{self.repo_id}/{filename}")
+                if status in RETRY_STATUS:
+                    raise _Retryable(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
+                if status == 206:
+                    skip = _check_content_range(resp.headers, start, end)
+                elif status == 200:
+                    skip = start  # Range ignored: the body starts at byte 0 of the file
+                else:
+                    raise NetworkError(f"unexpected HTTP {status} for a range request",
+                                       path=f"{self.repo_id}/{filename}")
+                chunks: list[bytes] = []
+                kept = 0
+                for chunk in resp.iter_raw():
+                    received += len(chunk)
+                    if skip:
+                        drop = min(skip, len(chunk))
+                        chunk, skip = chunk[drop:], skip - drop
+                    if chunk:
+                        chunks.append(chunk[: want - kept])
+                        kept += len(chunks[-1])
+                    if kept >= want:
+                        break  # closing a half-read response drops the connection: no weights are read
+                declared = resp.headers.get("Content-Length")
+                if status == 206 and declared is not None and kept < want and received < int(declared):
+                    raise _Retryable(f"truncated body: {received} of {declared} bytes")
+                return b"".join(chunks)
+        except _httpx.TimeoutException:
+            raise _Retryable(f"timed out after {self.timeout:g} s") from None
+        except _httpx.TransportError as exc:  # resets, refused connections, truncated bodies
+            raise _Retryable(f"connection error: {type(exc).__name__}: {_short(exc)}") from None
+        finally:
+            self.stats.add(nbytes=received)
+
+
+def _check_content_range(headers: Any, start: int, end: int) -> int:
+    """Validate a 206's Content-Range against the range asked; return bytes to skip (always 0)."""
+    value = headers.get("Content-Range")
+    match = _CONTENT_RANGE.match(value or "")
+    if match is None:  # multipart/byteranges or a broken proxy
+        raise _Retryable(f"206 without a usable Content-Range ({value!r})")
+    first, last = int(match.group(1)), int(match.group(2))
+    if first != start or last > end or last < first:
+        raise _Retryable(f"wrong Content-Range {value!r} for bytes={start}-{end}")
+    return 0
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text[:120]

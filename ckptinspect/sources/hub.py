@@ -1,0 +1,340 @@
+"""Read a checkpoint's metadata from the Hugging Face Hub (or any Hub-compatible endpoint) without
+downloading weights: the file list, the small JSON files, and every shard's safetensors header.
+
+Round trips, for a repo of S shards: 1 (model info with blob metadata: file list, sizes, commit) + one GET
+per small JSON file that is not yet in the HF cache + S header GETs, in parallel over one keep-alive
+client. huggingface_hub's ``get_safetensors_metadata`` asks every shard for ``bytes=0-100000`` and needs a
+second GET for every header over 99,992 bytes (hf_api.py ``parse_safetensors_file_metadata``); per-expert
+NVFP4 / FP8 MoE shards are far above that. Here the first range is sized per shard from the index: the
+header holds each tensor name once (the index lists them) plus a JSON entry of nearly constant size, so
+one shard is read first to measure that entry size, and the rest are asked for exactly what they need
+(plus a small margin). A second GET happens only for the remainder when a prediction falls short.
+
+Small JSON files go through the HF cache layout (``models--org--name/blobs`` + ``snapshots/<commit>``), so
+a later run, ``HF_HUB_OFFLINE=1`` and huggingface_hub itself find them. They are fetched with one GET each
+instead of ``hf_hub_download``'s HEAD + GET because the model-info call already returned their blob ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any, Mapping
+
+from ckptinspect.errors import AccessError, ConfigError, HeaderError, NetworkError, NotFoundError
+from ckptinspect.header.parser import read_length_prefix
+from ckptinspect.records import RawCheckpoint
+from ckptinspect.sources.interface import check_relative_name
+from ckptinspect.sources.http_ranges import FetchStats, RangeClient
+
+# Small JSON files read next to the headers (the RawCheckpoint.json_files contract).
+JSON_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "generation_config.json")
+INDEX_FILE = "model.safetensors.index.json"
+MAX_JSON_BYTES = 512 * 1024 * 1024  # a 163-shard FP8 MoE index is ~45 MB; refuse absurd sizes
+
+# huggingface_hub SAFETENSORS_MAX_HEADER_LENGTH and huggingface.js MAX_HEADER_LENGTH: checked on the
+# 8-byte prefix, before any header byte beyond the first range is requested.
+MAX_HEADER_LENGTH = 25_000_000
+# Used when no index names the shard's tensors (single-file repos); covers a 7B dense model's header.
+DEFAULT_FIRST_RANGE = 131_072
+# First-guess bytes per header entry beyond the tensor name. An entry is
+# `"<name>":{"dtype":"BF16","shape":[7168,2048],"data_offsets":[1234567890,1249247938]},`: 70-90 bytes
+# besides the name for 2-D tensors in multi-GB shards; 100 covers long dtypes and 4-D shapes, so the
+# calibration shard nearly always needs one request.
+FIRST_ENTRY_GUESS = 100
+# Margin over the largest per-entry size measured so far: offsets grow by a digit between shards at most,
+# and shapes differ by a few digits. Measured on the 94-shard Qwen3.5-397B NVFP4 replica: see
+# docs/bench/hub.md (0 second requests, total bytes within 1.05x of the exact header bytes).
+ENTRY_MARGIN = 3
+FIXED_SLACK = 256  # __metadata__ ({"format":"pt"}) and the writer's padding to a multiple of 8
+DEFAULT_MAX_WORKERS = int(os.environ.get("CKPTINSPECT_MAX_WORKERS", "16"))  # I/O bound, not CPU bound
+
+
+def hub_endpoint(endpoint: str | None = None) -> str:
+    """The Hub endpoint: argument, else HF_ENDPOINT read now (not at import), else huggingface.co."""
+    from huggingface_hub import constants
+
+    return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read at call time."""
+    from huggingface_hub import constants
+
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+    if value is None:
+        return bool(constants.HF_HUB_OFFLINE)
+    return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def download_timeout() -> float:
+    from huggingface_hub import constants
+
+    return float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or constants.HF_HUB_DOWNLOAD_TIMEOUT or 10)
+
+
+def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
+             endpoint: str | None = None, progress: bool = True, max_workers: int | None = None,
+             timeout: float | None = None) -> RawCheckpoint:
+    """Read ``repo_id`` at ``revision`` from the Hub: file list, small JSON files, every shard header.
+
+    Args:
+        repo_id: ``org/name``.
+        revision: branch, tag or commit; default ``main``.
+        token: access token; default HF_TOKEN / the saved login (huggingface_hub's rules).
+        endpoint: Hub URL; default HF_ENDPOINT or https://huggingface.co.
+        progress: tqdm bar on stderr for the header reads.
+        max_workers: concurrent header requests (default 16, env CKPTINSPECT_MAX_WORKERS).
+        timeout: seconds per request (default HF_HUB_DOWNLOAD_TIMEOUT, 10).
+
+    Raises:
+        NotFoundError: repo, revision or file missing, or HF_HUB_OFFLINE=1 (names what the cache lacks).
+        AccessError: gated / private repo without a token that grants access.
+        NetworkError: timeouts, 5xx, resets, broken ranges after bounded retries.
+        HeaderError: a header length prefix over 25,000,000 bytes or beyond the file size.
+    """
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import build_hf_headers
+
+    if hub_offline():
+        from ckptinspect.sources.hf_cache import describe_cache_gap
+
+        raise NotFoundError(f"HF_HUB_OFFLINE=1 and the HF cache cannot answer: {describe_cache_gap(repo_id, revision)}",
+                            path=repo_id, hint="run once online, or use a .json.gz snapshot")
+    started = time.perf_counter()
+    endpoint = hub_endpoint(endpoint)
+    timeout = download_timeout() if timeout is None else timeout
+    stats = FetchStats()
+    api = HfApi(endpoint=endpoint, token=token)
+    info = _model_info(api, repo_id, revision, timeout, stats)
+    phases = {"info_s": time.perf_counter() - started}
+    commit = info.sha or revision or "main"
+    siblings = {s.rfilename: s for s in (info.siblings or [])}
+    headers = build_hf_headers(token=token)
+    client = RangeClient(repo_id, headers, timeout=timeout, stats=stats)
+
+    def url(filename: str) -> str:
+        return f"{endpoint}/{repo_id}/resolve/{commit}/{filename}"
+
+    json_files: dict[str, Any] = {}
+    cached = 0
+    workers = max(1, max_workers or DEFAULT_MAX_WORKERS)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_json_file, client, repo_id, revision, commit, name, siblings[name], url(name)): name
+                   for name in JSON_FILES if name in siblings}
+        for fut in as_completed(futures):
+            value, from_cache = fut.result()
+            json_files[futures[fut]] = value
+            cached += from_cache
+        phases["json_s"] = time.perf_counter() - started - phases["info_s"]
+        shards, per_shard = _shard_plan(repo_id, json_files.get(INDEX_FILE), siblings)
+        sizes = {shard: siblings[shard].size for shard in shards}
+        reader = _HeaderReader(client, per_shard)
+        header_bytes = reader.read_all(pool, shards, url, sizes, progress=progress)
+    wall = time.perf_counter() - started
+    phases["headers_s"] = wall - phases["info_s"] - phases["json_s"]
+    return RawCheckpoint(
+        ref=repo_id if revision is None else f"{repo_id}@{revision}",
+        kind="hub",
+        location=f"{endpoint}/{repo_id}@{commit}",
+        files=tuple(sorted(siblings)),
+        json_files=json_files,
+        headers=header_bytes,
+        file_sizes=sizes,
+        revision=commit,
+        stats={**stats.as_dict(), "wall_s": round(wall, 3), "shards": len(shards), "json_from_cache": cached,
+               "header_bytes": sum(len(h) for h in header_bytes.values()), "endpoint": endpoint,
+               **{k: round(v, 3) for k, v in phases.items()}},
+    )
+
+
+# -- model info -------------------------------------------------------------------------------------
+def _model_info(api: Any, repo_id: str, revision: str | None, timeout: float, stats: FetchStats) -> Any:
+    """``model_info(files_metadata=True)`` with error mapping and a bounded retry on 429 / 5xx."""
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.utils import HFValidationError
+
+    from ckptinspect.sources import http_ranges
+
+    rev = revision or "main"
+    attempts = http_ranges.DEFAULT_ATTEMPTS
+    for attempt in range(1, attempts + 1):
+        stats.add(requests=1)
+        try:
+            return api.model_info(repo_id, revision=revision, files_metadata=True, timeout=timeout)
+        except GatedRepoError:
+            raise AccessError("gated repo: accept its terms on the Hub, then pass --token or set HF_TOKEN",
+                              path=repo_id) from None
+        except RevisionNotFoundError:
+            raise NotFoundError(f"revision {rev!r} not found", path=repo_id) from None
+        except RepositoryNotFoundError:
+            raise NotFoundError("repository not found (or private: pass --token)", path=repo_id) from None
+        except HFValidationError as exc:
+            raise NotFoundError(f"not a valid repo id: {exc}", path=repo_id) from None
+        except OfflineModeIsEnabled:
+            raise NotFoundError("HF_HUB_OFFLINE=1 and the repo is not fully in the HF cache", path=repo_id) from None
+        except HfHubHTTPError as exc:
+            status = exc.response.status_code if exc.response is not None else None
+            if status in (401, 403):
+                raise AccessError(f"HTTP {status} reading repo info (pass --token or set HF_TOKEN)",
+                                  path=repo_id) from None
+            if status not in (408, 429, 500, 502, 503, 504) or attempt == attempts:
+                raise NetworkError(f"HTTP {status} reading repo info", path=repo_id) from None
+        except http_ranges._httpx.TransportError as exc:
+            if attempt == attempts:
+                raise NetworkError(f"cannot reach the Hub for repo info: {type(exc).__name__}",
+                                   path=repo_id) from None
+        stats.add(retries=1)
+        time.sleep(http_ranges.DEFAULT_BACKOFF_S * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
+
+
+# -- small JSON files through the HF cache ----------------------------------------------------------
+def _json_file(client: RangeClient, repo_id: str, revision: str | None, commit: str, name: str,
+               sibling: Any, url: str) -> tuple[Any, int]:
+    from ckptinspect.sources.hf_cache import cache_store, cached_file
+
+    local = cached_file(repo_id, commit, name)
+    if local is not None:
+        data, from_cache = local.read_bytes(), 1
+    else:
+        size = sibling.size
+        if size is not None and size > MAX_JSON_BYTES:
+            raise ConfigError(f"{size} bytes, over the {MAX_JSON_BYTES} byte limit for JSON files",
+                              path=f"{repo_id}/{name}")
+        end = (size if size else MAX_JSON_BYTES) - 1
+        data = client.get(url, name, 0, end) if end >= 0 else b""
+        if size is not None and len(data) < size:
+            data += _rest_of(client, url, name, len(data), size)
+        etag = sibling.lfs.sha256 if sibling.lfs is not None else sibling.blob_id
+        cache_store(repo_id, commit, revision or "main", name, data, etag)
+        from_cache = 0
+    try:
+        return json.loads(data), from_cache
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"not valid JSON: {exc}", path=f"{repo_id}/{name}") from None
+
+
+# -- shards ------------------------------------------------------------------------------------------
+def _shard_plan(repo_id: str, index: Any, siblings: Mapping[str, Any]) -> tuple[list[str], dict[str, list[int]]]:
+    """Shard names from the index's weight_map values (never from a name regex), else top-level files.
+
+    Returns the shards and, per shard, [tensor count, bytes of tensor names]: all the header predictor
+    needs, gathered in one pass over a weight_map that can hold 370,000 names.
+    """
+    if index is None:
+        shards = sorted(n for n in siblings if n.endswith(".safetensors") and "/" not in n)
+        if not shards:
+            raise NotFoundError("no model.safetensors.index.json and no top-level .safetensors file", path=repo_id)
+        return shards, {}
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ConfigError("index has no weight_map", path=f"{repo_id}/{INDEX_FILE}")
+    per_shard: dict[str, list[int]] = {}
+    try:
+        for tensor, shard in weight_map.items():
+            acc = per_shard.get(shard)
+            if acc is None:
+                acc = per_shard[shard] = [0, 0]
+            acc[0] += 1
+            acc[1] += len(tensor)  # names are ASCII in practice; JSON escapes are covered by the margin
+    except TypeError:  # an unhashable (non-string) shard value
+        raise ConfigError("weight_map values must be file names", path=f"{repo_id}/{INDEX_FILE}") from None
+    for shard in per_shard:  # plain relative names only, same rule as a local directory
+        check_relative_name(shard, source=f"{repo_id}/{INDEX_FILE}")
+    missing = sorted(s for s in per_shard if s not in siblings)
+    if missing:
+        raise NotFoundError(f"the index names {len(missing)} shard(s) the repo does not have, e.g. {missing[0]}",
+                            path=f"{repo_id}/{INDEX_FILE}")
+    return list(per_shard), per_shard  # first-seen order, like the local source
+
+
+class _HeaderReader:
+    """Reads every shard header, first range sized from the index (see the module docstring)."""
+
+    def __init__(self, client: RangeClient, per_shard: Mapping[str, list[int]]) -> None:
+        self.client = client
+        self.counts = {s: acc[0] for s, acc in per_shard.items()}
+        self.name_bytes = {s: acc[1] for s, acc in per_shard.items()}
+        self.entry_size: float | None = None  # largest measured bytes per entry beyond the name
+        self.lock = threading.Lock()
+
+    def predict(self, shard: str) -> int:
+        """Header bytes to ask for (without the 8-byte prefix)."""
+        count = self.counts.get(shard)
+        if not count:
+            return DEFAULT_FIRST_RANGE - 8
+        with self.lock:
+            per_entry = FIRST_ENTRY_GUESS if self.entry_size is None else self.entry_size + ENTRY_MARGIN
+        return int(self.name_bytes[shard] + count * per_entry) + FIXED_SLACK
+
+    def learn(self, shard: str, n: int) -> None:
+        count = self.counts.get(shard)
+        if count:
+            measured = (n - self.name_bytes[shard]) / count
+            with self.lock:
+                self.entry_size = measured if self.entry_size is None else max(self.entry_size, measured)
+
+    def read_all(self, pool: ThreadPoolExecutor, shards: list[str], url: Any, sizes: Mapping[str, int | None],
+                 *, progress: bool) -> dict[str, bytes]:
+        from tqdm.auto import tqdm
+
+        out: dict[str, bytes] = {}
+        futures: dict[Any, str] = {}
+        bar = tqdm(total=len(shards), desc="Reading headers", unit="shard", file=sys.stderr,
+                   disable=not progress, leave=False)
+        try:
+            # Calibrate on a typical shard (median tensor count) before the parallel wave.
+            order = sorted(shards, key=lambda s: self.counts.get(s, 0))
+            first = order[len(order) // 2]
+            out[first] = self.read_one(first, url(first), sizes.get(first))
+            bar.update(1)
+            futures = {pool.submit(self.read_one, s, url(s), sizes.get(s)): s for s in shards if s != first}
+            for fut in as_completed(futures):
+                out[futures[fut]] = fut.result()
+                bar.update(1)
+        except BaseException:
+            for fut in futures:  # fail fast: do not start the remaining requests
+                fut.cancel()
+            raise
+        finally:
+            bar.close()
+        return {s: out[s] for s in shards}
+
+    def read_one(self, shard: str, url: str, size: int | None) -> bytes:
+        where = f"{self.client.repo_id}/{shard}"
+        want = 8 + self.predict(shard)
+        if size is not None:
+            if size < 8:
+                raise HeaderError(f"file is {size} bytes, too small for a safetensors header", path=where)
+            want = min(want, size)
+        body = self.client.get(url, shard, 0, want - 1)
+        if len(body) < 8:  # a short 206 that did not even cover the length prefix
+            body += _rest_of(self.client, url, shard, len(body), 8)
+        n = read_length_prefix(body[:8], source=where, file_size=size, max_length=MAX_HEADER_LENGTH)
+        have = len(body) - 8  # ranges are inclusive: the header is complete iff n <= len(body) - 8
+        if n > have:
+            body += _rest_of(self.client, url, shard, len(body), 8 + n)
+        self.learn(shard, n)
+        return body[8:8 + n]
+
+
+def _rest_of(client: RangeClient, url: str, shard: str, start: int, stop: int) -> bytes:
+    """Bytes [start, stop) in as few ranges as the server allows; counts each as an extra request."""
+    parts: list[bytes] = []
+    while start < stop:
+        more = client.get(url, shard, start, stop - 1)
+        client.stats.add(extra=1)
+        if not more:
+            raise NetworkError(f"server sent no bytes for bytes={start}-{stop - 1}", path=f"{client.repo_id}/{shard}")
+        parts.append(more)
+        start += len(more)
+    return b"".join(parts)
+
+
+__all__ = ["open_hub", "hub_endpoint", "hub_offline"]

@@ -1,0 +1,140 @@
+"""Metadata snapshots: a checkpoint's config files, index and every shard header in one ``.json.gz``.
+
+A snapshot is enough to rerun ``report`` offline with the same result (bug reports, CI, sharing) while
+holding no weights: the 94-shard Qwen3.5-397B NVFP4 metadata (41 MB index + 49.6 MB of headers) gzips to a
+few MB. Format (``format_version`` 1, documented in docs/readme/hub.md)::
+
+    {"format": "ckptinspect-snapshot", "format_version": 1, "created_by": "ckptinspect 0.1.0",
+     "source": {"ref", "kind", "location", "revision"},
+     "files": [...], "shards": [shard order of the source], "json_files": {...}, "file_sizes": {shard: int|null},
+     "headers": {shard: header JSON text, byte-exact (trailing padding kept)},
+     "headers_base64": {shard: base64}   # only for headers that are not valid UTF-8
+     "stats": {...}}                     # how the source was read (requests, bytes)
+
+Written with gzip mtime 0 and sorted keys, so the same checkpoint gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+from ckptinspect.errors import ConfigError, NotFoundError, SourceError
+from ckptinspect.records import RawCheckpoint
+
+FORMAT = "ckptinspect-snapshot"
+FORMAT_VERSION = 1
+MAX_SNAPSHOT_BYTES = 2 * 1024 ** 3  # uncompressed; refuses gzip bombs
+
+
+def write_snapshot(raw: RawCheckpoint, path: Path) -> None:
+    """Write ``raw`` to ``path`` (gzip JSON), atomically. Never inside the model directory.
+
+    Raises:
+        SourceError: ``path`` lies inside the checkpoint's own directory (local or HF cache snapshot).
+    """
+    path = Path(path)
+    target = path.resolve()
+    if raw.kind in ("local", "hf-cache"):
+        model_dir = Path(raw.location).resolve()
+        if target == model_dir or model_dir in target.parents:
+            raise SourceError("refusing to write a snapshot into the model directory", path=str(path),
+                              hint="choose an output path outside it")
+    headers: dict[str, str] = {}
+    headers_b64: dict[str, str] = {}
+    for shard, data in raw.headers.items():
+        try:
+            headers[shard] = bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            headers_b64[shard] = base64.b64encode(bytes(data)).decode("ascii")
+    from ckptinspect import __version__
+
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "created_by": f"ckptinspect {__version__}",
+        "source": {"ref": raw.ref, "kind": raw.kind, "location": raw.location, "revision": raw.revision},
+        "files": list(raw.files),
+        "shards": list(raw.headers),  # the source's shard order (JSON objects below are key-sorted)
+        "json_files": dict(raw.json_files),
+        "file_sizes": dict(raw.file_sizes),
+        "headers": headers,
+        "stats": _jsonable(raw.stats),
+    }
+    if headers_b64:
+        doc["headers_base64"] = headers_b64
+    payload = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw_fh, gzip.GzipFile(filename="", mode="wb", fileobj=raw_fh,
+                                                          mtime=0, compresslevel=6) as gz:
+            gz.write(payload)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_snapshot(path: Path) -> RawCheckpoint:
+    """Restore a RawCheckpoint (kind ``snapshot``) from a file written by :func:`write_snapshot`.
+
+    Raises:
+        NotFoundError: no such file.  ConfigError: not a gzip JSON snapshot, or an unknown format_version.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise NotFoundError("snapshot file not found", path=str(path))
+    try:
+        with gzip.open(path, "rb") as fh:
+            payload = fh.read(MAX_SNAPSHOT_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ConfigError(f"not a gzip file: {exc}", path=str(path)) from None
+    if len(payload) > MAX_SNAPSHOT_BYTES:
+        raise ConfigError(f"uncompressed snapshot over {MAX_SNAPSHOT_BYTES:,} bytes", path=str(path))
+    try:
+        doc = json.loads(payload)
+    except ValueError as exc:
+        raise ConfigError(f"not a JSON snapshot: {exc}", path=str(path)) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ConfigError(f"not a ckptinspect snapshot (format != {FORMAT!r})", path=str(path))
+    version = doc.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ConfigError(f"snapshot format_version {version!r} is not supported (this ckptinspect reads "
+                          f"{FORMAT_VERSION})", path=str(path), hint="upgrade ckptinspect")
+    try:
+        loaded = {k: v.encode("utf-8") for k, v in doc["headers"].items()}
+        loaded.update({k: base64.b64decode(v) for k, v in doc.get("headers_base64", {}).items()})
+        order = doc.get("shards", sorted(loaded))
+        if sorted(order) != sorted(loaded):
+            raise ValueError("'shards' does not list the same files as 'headers'")
+        headers = {shard: loaded[shard] for shard in order}
+        source = doc["source"]
+        return RawCheckpoint(
+            ref=str(path),
+            kind="snapshot",
+            location=str(path),
+            files=tuple(doc["files"]),
+            json_files=doc["json_files"],
+            headers=headers,
+            file_sizes={k: (int(v) if v is not None else None)
+                        for k, v in sorted(doc["file_sizes"].items(), key=lambda kv: _position(order, kv[0]))},
+            revision=source.get("revision"),
+            stats={"requests": 0, "bytes_fetched": 0, "snapshot_of": source, "snapshot_stats": doc.get("stats", {})},
+        )
+    except (KeyError, AttributeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"snapshot is missing or has a malformed field: {exc}", path=str(path)) from None
+
+
+def _position(order: list[str], shard: str) -> tuple[int, str]:
+    return (order.index(shard) if shard in order else len(order), shard)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))

@@ -1,0 +1,71 @@
+"""Shared test fixtures: generated checkpoints (never committed) and a CLI runner.
+
+Generated checkpoints come from fixtures/generate.py (real names, dtypes and shape relations,
+tiny dims) and are built once per test session into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from fixtures.generate import FIXTURES, build_fixture  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def fixture_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="session")
+def make_fixture(fixture_root: Path) -> Callable[[str], Path]:
+    """name -> directory of the generated fixture checkpoint (built once per session)."""
+    built: dict[str, Path] = {}
+
+    def make(name: str) -> Path:
+        if name not in built:
+            built[name] = build_fixture(name, fixture_root)
+        return built[name]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def fixture_specs() -> dict:
+    return FIXTURES
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python -m ckptinspect ARGS`` as a user would (separate process, real exit code)."""
+    full_env = dict(os.environ)
+    full_env.pop("CKPTINSPECT_DEBUG", None)
+    if env:
+        full_env.update(env)
+    return subprocess.run([sys.executable, "-m", "ckptinspect", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def cli() -> Callable[..., subprocess.CompletedProcess]:
+    return run_cli
+
+
+def report_json(path: Path | str, *extra: str) -> dict:
+    """`report --format json` through the real CLI, validated against the shipped schema."""
+    from ckptinspect.render.json_out import validate_report_json
+
+    result = run_cli("report", str(path), "--format", "json", "--quiet", *extra)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    validate_report_json(doc)
+    return doc

@@ -1,0 +1,539 @@
+"""A real HTTP server on 127.0.0.1 that speaks the slice of the Hugging Face Hub protocol that
+huggingface_hub and ckptinspect use, serving fixture repos from directories on disk.
+
+Endpoints (what huggingface_hub's ``HfApi`` / ``hf_hub_download`` / ``get_safetensors_metadata`` call):
+
+- ``GET /api/models/{repo}`` and ``/api/models/{repo}/revision/{rev}`` (``?blobs=true`` adds sizes, blob ids
+  and LFS info per sibling), ``GET /api/models/{repo}/tree/{rev}[/{path}]``;
+- ``HEAD|GET /{repo}/resolve/{rev}/{file}``: ETag, X-Repo-Commit, Content-Length; LFS files (``*.safetensors``
+  and anything over 10 MB, like on the Hub) answer ``302`` to ``/cdn/...`` on a second port of the same
+  server (another origin, like the Hub's CDN host) with X-Linked-Etag / X-Linked-Size;
+- a single ``Range: bytes=a-b`` -> ``206`` + ``Content-Range`` (inclusive ranges, clamped to the file);
+- gated repos answer ``401`` (no token) / ``403`` (wrong token) with ``X-Error-Code: GatedRepo``; missing repo,
+  revision and file answer ``404`` with ``X-Error-Code`` RepoNotFound / RevisionNotFound / EntryNotFound.
+
+Test controls: ``latency_s`` (added before every response), ``faults`` (see :class:`Fault`), and counters of
+requests and body bytes sent (``stats()``), so tests can check "headers only".
+
+LFS object ids are stand-ins (sha256 of path + size), not content hashes: hashing 94 sparse multi-GB
+shards would take minutes and nothing in ckptinspect verifies blob hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+LFS_THRESHOLD = 10 * 1024 * 1024  # the Hub stores files over 10 MB in LFS
+CHUNK = 256 * 1024
+FAULT_KINDS = ("timeout", "5xx", "429", "reset", "truncate", "wrong-range", "ignore-range", "short")
+
+
+@dataclass
+class Fault:
+    """Misbehave on matching requests, ``times`` times (``None`` = always).
+
+    kind: ``timeout`` (sleep ``delay_s`` before answering), ``5xx`` (503), ``429`` (Retry-After: 0),
+    ``reset`` (TCP RST, no answer), ``truncate`` (full Content-Length, half the body, then close),
+    ``wrong-range`` (206 whose Content-Range starts 8 bytes later than asked), ``ignore-range`` (200 and
+    stream the whole file), ``short`` (valid 206 with at most ``short_bytes`` bytes).
+    """
+
+    kind: str
+    path_contains: str = ".safetensors"
+    method: str = "GET"
+    times: int | None = None
+    delay_s: float = 3.0
+    short_bytes: int = 1000
+    hits: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {self.kind!r}")
+
+
+@dataclass
+class _Repo:
+    repo_id: str
+    revisions: dict[str, Path]  # branch/tag name -> directory
+    commits: dict[str, str]  # name -> fake 40-hex commit sha
+    gated_token: str | None = None
+    files_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def _git_blob_sha1(path: Path) -> str:
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _is_lfs(rel: str, size: int) -> bool:
+    return rel.endswith(".safetensors") or size > LFS_THRESHOLD
+
+
+class HubServer:
+    """Threaded Hub-protocol server on an ephemeral port. Use as a context manager or start()/stop()."""
+
+    def __init__(self, *, latency_s: float = 0.0, redirect_lfs: bool = True) -> None:
+        self.latency_s = latency_s
+        self.redirect_lfs = redirect_lfs
+        self.faults: list[Fault] = []
+        self._repos: dict[str, _Repo] = {}
+        self._lock = threading.Lock()
+        self._log: list[tuple[str, str, str | None, int, int]] = []
+        self._in_flight = 0
+        self._httpd: ThreadingHTTPServer | None = None
+        self._cdn: ThreadingHTTPServer | None = None
+
+    # -- setup ----------------------------------------------------------------------------------
+    def add_repo(self, repo_id: str, directory: Path | str, *, revisions: dict[str, Path | str] | None = None,
+                 gated_token: str | None = None) -> None:
+        """Serve ``directory`` as ``repo_id`` at ``main`` (plus optional named revisions)."""
+        revs = {"main": Path(directory)}
+        for name, path in (revisions or {}).items():
+            revs[name] = Path(path)
+        commits = {name: hashlib.sha1(f"{repo_id}@{name}".encode()).hexdigest() for name in revs}
+        self._repos[repo_id] = _Repo(repo_id, revs, commits, gated_token)
+
+    def add_fault(self, kind: str, **kwargs: Any) -> Fault:
+        fault = Fault(kind, **kwargs)
+        self.faults.append(fault)
+        return fault
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None, "server not started"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    @property
+    def cdn_url(self) -> str:
+        assert self._cdn is not None, "server not started"
+        return f"http://127.0.0.1:{self._cdn.server_address[1]}"
+
+    def start(self) -> str:
+        """Start the Hub listener and a second one on another port acting as the CDN (another origin,
+        like the Hub's redirects to its CDN host, so huggingface_hub reads HEAD metadata off the 302)."""
+        handler = type("Handler", (_Handler,), {"hub": self})
+        for attr in ("_httpd", "_cdn"):
+            httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+            httpd.daemon_threads = True
+            httpd.request_queue_size = 256
+            setattr(self, attr, httpd)
+            threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self.url
+
+    def stop(self) -> None:
+        for attr in ("_httpd", "_cdn"):
+            httpd = getattr(self, attr)
+            if httpd is not None:
+                httpd.shutdown()
+                httpd.server_close()
+                setattr(self, attr, None)
+
+    def __enter__(self) -> HubServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- counters -------------------------------------------------------------------------------
+    def reset_stats(self) -> None:
+        with self._lock:
+            self._log.clear()
+
+    def stats(self, settle_s: float = 2.0) -> dict[str, Any]:
+        """requests (every HTTP request received, redirects and HEADs included), body bytes sent.
+
+        Waits up to ``settle_s`` for requests still being answered: a client can have all its bytes
+        before the handler thread logs them.
+        """
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._in_flight == 0:
+                    break
+            time.sleep(0.01)
+        with self._lock:
+            log = list(self._log)
+        return {
+            "requests": len(log),
+            "bytes": sum(entry[4] for entry in log),
+            "by_method": {m: sum(1 for e in log if e[0] == m) for m in sorted({e[0] for e in log})},
+            "log": log,
+        }
+
+    def _record(self, method: str, path: str, rng: str | None, status: int, nbytes: int) -> None:
+        with self._lock:
+            self._log.append((method, path, rng, status, nbytes))
+
+    def _take_fault(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for fault in self.faults:
+                if fault.method != method or fault.path_contains not in path:
+                    continue
+                if fault.times is not None and fault.hits >= fault.times:
+                    continue
+                fault.hits += 1
+                return fault
+        return None
+
+    # -- repo model -----------------------------------------------------------------------------
+    def _resolve(self, repo_id: str, rev: str) -> tuple[_Repo, str, Path] | str:
+        repo = self._repos.get(repo_id)
+        if repo is None:
+            return "RepoNotFound"
+        for name, sha in repo.commits.items():
+            if rev in (name, sha):
+                return repo, sha, repo.revisions[name]
+        return "RevisionNotFound"
+
+    def _files(self, repo: _Repo, sha: str, root: Path) -> list[dict[str, Any]]:
+        if sha not in repo.files_cache:
+            entries = []
+            for path in sorted(p for p in root.rglob("*") if p.is_file()):
+                rel = path.relative_to(root).as_posix()
+                size = path.stat().st_size
+                entry: dict[str, Any] = {"path": rel, "size": size}
+                if _is_lfs(rel, size):
+                    oid = hashlib.sha256(f"{rel}:{size}".encode()).hexdigest()
+                    entry["lfs"] = {"oid": oid, "size": size, "pointerSize": 134}
+                    entry["oid"] = hashlib.sha1(f"pointer:{oid}".encode()).hexdigest()
+                else:
+                    entry["oid"] = _git_blob_sha1(path)
+                entries.append(entry)
+            repo.files_cache[sha] = entries
+        return repo.files_cache[sha]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hub: HubServer
+    protocol_version = "HTTP/1.1"  # keep-alive
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence stderr
+        pass
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
+              method: str = "GET") -> None:
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        sent = 0
+        if method != "HEAD" and body:
+            self.wfile.write(body)
+            sent = len(body)
+        self.hub._record(method, self.path, self.headers.get("Range"), status, sent)
+
+    def _error(self, status: int, code: str, message: str, method: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        self._send(status, body, {"Content-Type": "application/json", "X-Error-Code": code,
+                                  "X-Error-Message": message}, method)
+
+    def _json(self, payload: Any, method: str, headers: dict[str, str] | None = None) -> None:
+        self._send(200, json.dumps(payload).encode(), {"Content-Type": "application/json", **(headers or {})},
+                   method)
+
+    def _dispatch(self, method: str) -> None:
+        with self.hub._lock:
+            self.hub._in_flight += 1
+        try:
+            self._route(method)
+        finally:
+            with self.hub._lock:
+                self.hub._in_flight -= 1
+
+    def _route(self, method: str) -> None:
+        if self.hub.latency_s:
+            time.sleep(self.hub.latency_s)
+        parts = urlsplit(self.path)
+        path = unquote(parts.path)
+        query = parse_qs(parts.query)
+        try:
+            if path.startswith("/_test/"):  # control endpoints for a server in another process; not counted
+                return self._control(path, method)
+            if path.startswith("/api/models/"):
+                self._api(path[len("/api/models/"):], query, method)
+            elif path.startswith("/cdn/"):
+                self._cdn(path[len("/cdn/"):], method)
+            elif "/resolve/" in path:
+                self._resolve_file(path, method)
+            else:
+                self._error(404, "NotFound", f"no route {path}", method)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _control(self, path: str, method: str) -> None:
+        if path == "/_test/reset":
+            self.hub.reset_stats()
+            payload: Any = {"ok": True}
+        else:
+            # in_flight includes this request: settle on the others only
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                with self.hub._lock:
+                    if self.hub._in_flight <= 1:
+                        break
+                time.sleep(0.01)
+            with self.hub._lock:
+                log = list(self.hub._log)
+            payload = {"requests": len(log), "bytes": sum(e[4] for e in log)}
+        body = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(body)
+
+    def _api(self, rest: str, query: dict[str, list[str]], method: str) -> None:
+        segs = rest.split("/")
+        repo_id, tail = "/".join(segs[:2]), segs[2:]
+        rev, tree_path, is_tree = "main", "", False
+        if tail[:1] == ["revision"] and len(tail) >= 2:
+            rev = "/".join(tail[1:])
+        elif tail[:1] == ["tree"] and len(tail) >= 2:
+            rev, tree_path, is_tree = tail[1], "/".join(tail[2:]), True
+        resolved = self.hub._resolve(repo_id, rev)
+        if isinstance(resolved, str):
+            return self._error(404, resolved, f"{resolved}: {repo_id}@{rev}", method)
+        repo, sha, root = resolved
+        files = self.hub._files(repo, sha, root)
+        if is_tree:
+            prefix = f"{tree_path}/" if tree_path else ""
+            out = [{"type": "file", **f} for f in files if f["path"].startswith(prefix)]
+            return self._json(out, method)
+        blobs = query.get("blobs") == ["true"] or query.get("blobs") == ["True"]
+        siblings = []
+        for f in files:
+            sib: dict[str, Any] = {"rfilename": f["path"]}
+            if blobs:
+                sib.update(size=f["size"], blobId=f["oid"])
+                if "lfs" in f:
+                    sib["lfs"] = {"sha256": f["lfs"]["oid"], "size": f["size"], "pointerSize": 134}
+            siblings.append(sib)
+        info = {"_id": sha[:24], "id": repo_id, "modelId": repo_id, "sha": sha, "private": False,
+                "gated": "manual" if repo.gated_token else False, "disabled": False, "downloads": 0,
+                "likes": 0, "tags": [], "siblings": siblings, "lastModified": "2026-01-01T00:00:00.000Z",
+                "createdAt": "2026-01-01T00:00:00.000Z"}
+        self._json(info, method)
+
+    def _resolve_file(self, path: str, method: str) -> None:
+        head, _, tail = path.lstrip("/").partition("/resolve/")
+        repo_id = head
+        rev, _, filename = tail.partition("/")
+        resolved = self.hub._resolve(repo_id, rev)
+        if isinstance(resolved, str):
+            return self._error(404, resolved, f"{resolved}: {repo_id}@{rev}", method)
+        repo, sha, root = resolved
+        if repo.gated_token:
+            auth = self.headers.get("Authorization", "")
+            if not auth:
+                return self._error(401, "GatedRepo", f"Access to model {repo_id} is restricted.", method)
+            if auth != f"Bearer {repo.gated_token}":
+                return self._error(403, "GatedRepo", f"Access to model {repo_id} is not granted.", method)
+        entry = next((f for f in self.hub._files(repo, sha, root) if f["path"] == filename), None)
+        if entry is None:
+            return self._error(404, "EntryNotFound", f"{filename} not found in {repo_id}@{rev}", method)
+        common = {"X-Repo-Commit": sha, "ETag": f'"{entry["oid"]}"', "Accept-Ranges": "bytes"}
+        if "lfs" in entry:
+            common.update({"X-Linked-Etag": f'"{entry["lfs"]["oid"]}"', "X-Linked-Size": str(entry["size"])})
+            if self.hub.redirect_lfs:
+                location = f"{self.hub.cdn_url}/cdn/{quote(repo_id)}/{sha}/{quote(filename)}"
+                return self._send(302, b"", {**common, "Location": location}, method)
+        self._serve_bytes(root / filename, method, common)
+
+    def _cdn(self, rest: str, method: str) -> None:
+        segs = rest.split("/")
+        repo_id, sha, filename = "/".join(segs[:2]), segs[2], "/".join(segs[3:])
+        resolved = self.hub._resolve(repo_id, sha)
+        if isinstance(resolved, str):
+            return self._error(404, resolved, resolved, method)
+        _, _, root = resolved
+        target = root / filename
+        if not target.is_file():
+            return self._error(404, "EntryNotFound", filename, method)
+        entry = next(f for f in self.hub._files(resolved[0], sha, root) if f["path"] == filename)
+        self._serve_bytes(target, method, {"ETag": f'"{entry["lfs"]["oid"]}"', "Accept-Ranges": "bytes"})
+
+    # -- byte serving with faults ---------------------------------------------------------------
+    def _serve_bytes(self, target: Path, method: str, headers: dict[str, str]) -> None:
+        size = target.stat().st_size
+        rng = self.headers.get("Range")
+        fault = self.hub._take_fault(method, self.path)
+        if fault is not None:
+            if fault.kind == "timeout":
+                time.sleep(fault.delay_s)
+            elif fault.kind == "5xx":
+                return self._error(503, "ServiceUnavailable", "injected 503", method)
+            elif fault.kind == "429":
+                return self._send(429, b"slow down", {"Retry-After": "0"}, method)
+            elif fault.kind == "reset":
+                self.hub._record(method, self.path, rng, 0, 0)
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.close_connection = True
+                self.connection.close()
+                return
+        start, end = 0, size - 1
+        status = 200
+        if rng and not (fault and fault.kind == "ignore-range"):
+            try:
+                unit, _, spec = rng.partition("=")
+                a, _, b = spec.partition("-")
+                if unit.strip() != "bytes" or "," in spec:
+                    raise ValueError(rng)
+                start, end = int(a), min(int(b) if b else size - 1, size - 1)
+            except ValueError:
+                return self._error(400, "BadRange", f"unsupported range {rng}", method)
+            if start >= size or start > end:
+                return self._send(416, b"", {"Content-Range": f"bytes */{size}", **headers}, method)
+            status = 206
+            if fault and fault.kind == "short":
+                end = min(end, start + fault.short_bytes - 1)
+        length = end - start + 1
+        out = dict(headers)
+        if status == 206:
+            shown = start + 8 if (fault and fault.kind == "wrong-range") else start
+            out["Content-Range"] = f"bytes {shown}-{shown + length - 1}/{size}"
+        self.send_response(status)
+        for key, value in out.items():
+            self.send_header(key, value)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+        if method == "HEAD":
+            return self.hub._record(method, self.path, rng, status, 0)
+        limit = length // 2 if (fault and fault.kind == "truncate") else length
+        sent = 0
+        try:
+            with open(target, "rb") as fh:
+                fh.seek(start)
+                while sent < limit:
+                    chunk = fh.read(min(CHUNK, limit - sent))
+                    if not chunk:
+                        break
+                    self.wfile.write(chunk)
+                    sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        finally:
+            self.hub._record(method, self.path, rng, status, sent)
+        if sent < length:
+            self.close_connection = True
+
+
+# -- fixture repo builders (tiny safetensors written in the test, sparse data) ----------------------
+def write_safetensors(path: Path, names: list[str], *, header_len: int | None = None,
+                      tensor_bytes: int = 4096, shape: tuple[int, ...] = (64, 32)) -> bytes:
+    """Write a safetensors file whose data region is sparse (zeros); return the header JSON bytes.
+
+    ``header_len`` pads the JSON with spaces to exactly that many bytes (ValueError if it does not fit);
+    otherwise it is padded to a multiple of 8 like the reference writer. ``tensor_bytes`` must equal
+    prod(shape) * 2 for a valid BF16 header; the defaults do.
+    """
+    entries: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name in names:
+        entries[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + tensor_bytes]}
+        offset += tensor_bytes
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    target = header_len if header_len is not None else len(text) + (-len(text) % 8)
+    if len(text) > target:
+        raise ValueError(f"{len(names)} tensors need {len(text)} header bytes > {target}")
+    text += b" " * (target - len(text))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)))
+        fh.write(text)
+        fh.truncate(8 + len(text) + offset)
+    return text
+
+
+def names_for_header(header_len: int, prefix: str = "model.layers.0.mlp.experts",
+                     tensor_bytes: int = 4096) -> list[str]:
+    """As many tensor names as fit in a ``header_len``-byte header written by write_safetensors."""
+    names: list[str] = []
+    length = len(json.dumps({"__metadata__": {"format": "pt"}}, separators=(",", ":")))
+    while True:
+        name = f"{prefix}.{len(names)}.down_proj.weight"
+        offset = tensor_bytes * len(names)
+        entry = {name: {"dtype": "BF16", "shape": [64, 32], "data_offsets": [offset, offset + tensor_bytes]}}
+        grow = len(json.dumps(entry, separators=(",", ":"))) - 2 + 1  # minus braces, plus a comma
+        if length + grow > header_len:
+            return names
+        length += grow
+        names.append(name)
+
+
+def make_sharded_repo(root: Path, *, shards: int = 3, layers_per_shard: int = 2, experts: int = 16,
+                      config: dict[str, Any] | None = None, extra_json: dict[str, Any] | None = None) -> dict[str, bytes]:
+    """A Hub-style sharded repo (config.json, index, shards); returns shard -> header bytes."""
+    root.mkdir(parents=True, exist_ok=True)
+    weight_map: dict[str, str] = {}
+    headers: dict[str, bytes] = {}
+    layer = 0
+    for s in range(1, shards + 1):
+        shard = f"model-{s:05d}-of-{shards:05d}.safetensors"
+        names = []
+        for _ in range(layers_per_shard):
+            names += [f"model.layers.{layer}.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+            names += [f"model.layers.{layer}.mlp.experts.{e}.{p}.weight" for e in range(experts)
+                      for p in ("gate_proj", "up_proj", "down_proj")]
+            layer += 1
+        headers[shard] = write_safetensors(root / shard, names)
+        weight_map.update({n: shard for n in names})
+    total = sum(4096 * len([n for n in weight_map if weight_map[n] == s]) for s in headers)
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    cfg = config or {"architectures": ["TinyMoeForCausalLM"], "model_type": "tiny_moe",
+                     "num_hidden_layers": layer, "hidden_size": 64}
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))
+    (root / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    (root / "README.md").write_text("# tiny test repo\n")
+    for name, value in (extra_json or {}).items():
+        (root / name).write_text(json.dumps(value))
+    return headers
+
+
+def main(argv: list[str] | None = None) -> None:  # pragma: no cover - used by benchmarks/bench_hub.py
+    """python tests/hub_server.py [--latency-ms MS] [--redirects] ORG/NAME DIR [ORG/NAME DIR ...]
+
+    Prints the endpoint URL on one line, then serves until stdin closes or SIGTERM.
+    """
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--redirects", action="store_true")
+    ap.add_argument("pairs", nargs="+")
+    args = ap.parse_args(argv)
+    server = HubServer(latency_s=args.latency_ms / 1000, redirect_lfs=args.redirects)
+    for repo_id, directory in zip(args.pairs[::2], args.pairs[1::2]):
+        server.add_repo(repo_id, directory)
+    print(server.start(), flush=True)
+    try:
+        sys.stdin.read()  # the parent closes our stdin (or exits) to stop us
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,265 @@
+"""Rule files: schema validation, error messages, extends / override semantics, family matching,
+and the `ckptinspect rules` commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ckptinspect.errors import RuleError
+from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
+from ckptinspect.readiness.conditions import CONDITIONS
+from ckptinspect.readiness.loader import builtin_dir, schema_path
+from ckptinspect.readiness.templates import check_template, compile_prefix, mtp_index_of
+from ckptinspect.readiness.versions import in_range, representative
+
+REPO = Path(__file__).resolve().parent.parent
+FAMILIES = {
+    "deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "qwen3_next", "qwen3_5",
+    "qwen3_5_moe", "mimo", "mimo_v2", "ernie4_5_moe", "longcat_flash", "step3p5", "nemotron_h", "bailing_moe",
+    "minimax_m2", "gpt_oss", "llama", "qwen3", "qwen3_moe", "kimi_k2_5",
+}
+MINIMAL = {
+    "schema_version": 1, "id": "toy", "name": "Toy", "extends": "mtp_common",
+    "match": {"architectures": ["ToyForCausalLM"], "model_types": ["toy"]},
+    "mtp": {"depth": {"keys": ["num_nextn_predict_layers"]}, "prefixes": ["model.layers.{L+k}."],
+            "base": "model.layers.{L+k}.", "required": ["enorm", "hnorm", "eh_proj"]},
+    "engines": {"sglang": {"draft_architecture": "ToyNextN", "method": "NEXTN"},
+                "vllm": {"draft_architecture": "ToyMTP", "method": "mtp"}},
+}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ckptinspect", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+
+
+def write_rule(directory: Path, doc: dict, name: str | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name or doc['id']}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+class FakeConfig:
+    """Just the attributes RuleSet.match reads (a ModelConfig needs the whole normaliser)."""
+
+    def __init__(self, arch: str, model_type: str, text_model_type: str | None = None) -> None:
+        self.architecture, self.model_type, self.text_model_type = arch, model_type, text_model_type
+        self.raw = {"architectures": [arch], "model_type": model_type}
+
+
+def test_builtin_families_load_and_cover_the_issue_list():
+    ruleset = load_rules()
+    assert {f.id for f in ruleset.concrete()} == FAMILIES
+    for fam in ruleset.concrete():
+        assert set(fam.engines) == {"sglang", "vllm"}, fam.id
+        assert fam.engines["sglang"].version == "0.5.23" and fam.engines["vllm"].version == "0.33.0"
+        if fam.mtp.supported:
+            assert fam.mtp_prefixes and fam.mtp.base, fam.id
+        else:
+            assert fam.mtp_prefixes == ()
+
+
+def test_every_builtin_file_passes_the_schema_directly():
+    import jsonschema
+
+    schema = json.loads(schema_path().read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for path in sorted(builtin_dir().glob("*.yaml")):
+        jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+
+
+def test_schema_condition_vocabulary_matches_the_evaluator():
+    schema = json.loads(schema_path().read_text())
+    assert set(schema["$defs"]["condition"]["properties"]) == set(CONDITIONS)
+
+
+def test_rules_reference_their_sources():
+    ruleset = load_rules()
+    for fam in ruleset.families:
+        for engine in fam.engines.values():
+            for defect in engine.defects:
+                assert defect.reference, f"{fam.id}/{engine.engine}/{defect.code} has no reference"
+
+
+@pytest.mark.parametrize("arch,model_type,text_type,expected", [
+    ("DeepseekV3ForCausalLM", "deepseek_v3", None, "deepseek_v3"),
+    ("DeepseekV3ForCausalLM", "kimi_k2", None, "deepseek_v3"),  # Kimi-K2 reuses the architecture
+    ("KimiK25ForConditionalGeneration", "kimi_k25", "kimi_k2", "kimi_k2_5"),  # arch beats nested model_type
+    ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_moe"),
+    ("SomeWrapperForConditionalGeneration", "wrapper", "qwen3_5_moe_text", "qwen3_5_moe"),  # nested text_config
+    ("Qwen3_5ForConditionalGeneration", "qwen3_5", "qwen3_5_text", "qwen3_5"),
+    ("GlmMoeDsaForCausalLM", "glm_moe_dsa", None, "glm_moe_dsa"),
+    ("Glm4MoeLiteForCausalLM", "glm4_moe_lite", None, "glm4_moe_lite"),
+    ("MistralForCausalLM", "mistral", None, None),
+])
+def test_family_matching(arch, model_type, text_type, expected):
+    fam = load_rules().match(FakeConfig(arch, model_type, text_type))
+    assert (fam.id if fam else None) == expected
+
+
+def test_inheritance_merges_and_does_not_inherit_match():
+    ruleset = load_rules()
+    dsa = ruleset.get("glm_moe_dsa")
+    assert dsa.extends == "deepseek_v32"
+    assert dsa.architectures == ("GlmMoeDsaForCausalLM",)
+    assert "self_attn.indexer" in {r.label for r in dsa.mtp.required}  # from deepseek_v32
+    codes = {d.code for d in dsa.engines["vllm"].defects}
+    assert {"mtp-declared-but-absent", "mtp-bf16-not-excluded"} <= codes  # from deepseek_v3 / mtp_common
+    vllm_absent = next(d for d in dsa.engines["vllm"].defects if d.code == "mtp-declared-but-absent")
+    assert "ValueError" in vllm_absent.message  # deepseek_v3 replaced the common entry by code
+    assert dsa.engines["sglang"].draft_architecture == "GlmMoeDsaForCausalLMNextN"
+    mimo_v2 = ruleset.get("mimo_v2")
+    assert "mtp-extra-layers-unused" not in {d.code for d in mimo_v2.engines["sglang"].defects}
+    assert "mtp-extra-layers-unused" in {d.code for d in mimo_v2.engines["vllm"].defects}
+
+
+def test_user_rules_override_builtins_by_id(tmp_path):
+    doc = {**MINIMAL, "id": "deepseek_v3", "name": "Patched DeepSeek",
+           "match": {"architectures": ["DeepseekV3ForCausalLM"]}}
+    write_rule(tmp_path, doc)
+    ruleset = load_rules([tmp_path])
+    fam = ruleset.get("deepseek_v3")
+    assert fam.name == "Patched DeepSeek" and fam.origin == 1
+    assert ruleset.match(FakeConfig("DeepseekV3ForCausalLM", "deepseek_v3")).name == "Patched DeepSeek"
+    # families extending the overridden id now inherit from the user's version
+    v32 = ruleset.get("deepseek_v32")
+    assert v32.mtp.depth_keys == ("num_nextn_predict_layers",) and v32.mtp.experts is None
+    assert load_rules().get("deepseek_v32").mtp.depth_keys == ("num_nextn_predict_layers", "num_mtp_layers")
+
+
+def test_user_family_with_new_id_wins_the_match(tmp_path):
+    write_rule(tmp_path, {**MINIMAL, "match": {"architectures": ["Glm4MoeForCausalLM"]}})
+    ruleset = load_rules([tmp_path])
+    assert ruleset.match(FakeConfig("Glm4MoeForCausalLM", "glm4_moe")).id == "toy"
+    assert ruleset.get("glm4_moe") is not None
+
+
+@pytest.mark.parametrize("mutate,path_part,message_part", [
+    (lambda d: d["engines"]["sglang"].update(layer_use="every_step"), "$.engines.sglang.layer_use", "every_step"),
+    (lambda d: d["mtp"].update(prefixes=["model.layers.{N}."]), "$.mtp.prefixes[0]", "does not match"),
+    (lambda d: d["engines"]["vllm"].update(defects=[{"code": "x", "when": {"no_such_condition": True},
+                                                      "verdict": "unusable", "message": "m"}]),
+     "$.engines.vllm.defects[0].when", "no_such_condition"),
+    (lambda d: d["engines"]["vllm"].update(defects=[{"code": "x", "when": {"mtp_absent": True},
+                                                      "verdict": "broken", "message": "m"}]),
+     "$.engines.vllm.defects[0].verdict", "broken"),
+    (lambda d: d.pop("name"), "$", "'name' is a required property"),
+    (lambda d: d["mtp"].update(required=[{"any_of": ["only_one"]}]), "$.mtp.required[0]", ""),
+])
+def test_schema_errors_name_file_path_and_message(tmp_path, mutate, path_part, message_part):
+    doc = json.loads(json.dumps(MINIMAL))
+    mutate(doc)
+    path = write_rule(tmp_path, doc)
+    with pytest.raises(RuleError) as info:
+        load_rules([tmp_path])
+    text = str(info.value)
+    assert text.startswith(str(path) + ": ")
+    assert path_part in text
+    assert message_part in text
+
+
+def test_semantic_errors_are_raised_not_dropped(tmp_path):
+    bad_extends = write_rule(tmp_path / "a", {**MINIMAL, "extends": "no_such_family"})
+    with pytest.raises(RuleError, match=r"\$\.extends: unknown family 'no_such_family'") as info:
+        load_rules([tmp_path / "a"])
+    assert str(bad_extends) in str(info.value)
+    write_rule(tmp_path / "b", MINIMAL)
+    write_rule(tmp_path / "b", {**MINIMAL, "id": "toy2"})
+    with pytest.raises(RuleError, match="architecture 'ToyForCausalLM' is also claimed by family 'toy'"):
+        load_rules([tmp_path / "b"])
+    no_engine = {k: v for k, v in MINIMAL.items() if k not in ("engines", "extends")}  # nothing to inherit
+    no_engine["engines"] = {"sglang": MINIMAL["engines"]["sglang"]}
+    write_rule(tmp_path / "c", no_engine)
+    with pytest.raises(RuleError, match="missing engine section"):
+        load_rules([tmp_path / "c"])
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "broken.yaml").write_text("id: [unclosed\n")
+    with pytest.raises(RuleError, match=r"broken\.yaml: line \d+, column \d+: invalid YAML"):
+        load_rules([tmp_path / "d"])
+    cyc = tmp_path / "e"
+    write_rule(cyc, {**MINIMAL, "id": "x1", "extends": "x2", "match": {}})
+    write_rule(cyc, {**MINIMAL, "id": "x2", "extends": "x1", "match": {}})
+    with pytest.raises(RuleError, match="cycle"):
+        load_rules([cyc])
+
+
+def test_missing_rules_dir_is_an_error(tmp_path):
+    with pytest.raises(RuleError, match="rules directory not found"):
+        load_rules([tmp_path / "nope"])
+
+
+def test_templates_grammar():
+    assert check_template("model.layers.{L+k}.") is None
+    assert "unknown placeholder" in check_template("model.layers.{N}.")
+    assert "twice" in check_template("mtp.{k}.layers.{L+k}.")
+    prefixes = tuple(compile_prefix(t, 61) for t in GENERIC_MTP_PREFIXES)
+    assert mtp_index_of("model.layers.61.enorm.weight", prefixes, 61) == 0
+    assert mtp_index_of("model.layers.62.eh_proj.weight", prefixes, 61) == 1
+    assert mtp_index_of("model.layers.60.mlp.gate.weight", prefixes, 61) is None
+    assert mtp_index_of("mtp.layers.2.mlp.gate.weight", prefixes, 61) == 2
+    assert mtp_index_of("mtp.fc.weight", prefixes, 61) == 0
+    assert mtp_index_of("model.mtp_emb_norm.0.weight", prefixes, 61) == 0
+    assert mtp_index_of("lm_head.weight", prefixes, 61) is None
+    any_index = compile_prefix("model.layers.{*}.mtp.", 4)
+    assert any_index.mtp_index("model.layers.7.mtp.x", 4) == 0
+
+
+def test_version_ranges():
+    assert in_range("0.32.1", "<0.33") and not in_range("0.33.0", "<0.33")
+    assert in_range("0.33.0rc1", ">=0.33") and in_range("0.5.23", ">=0.5.10, <0.6")
+    assert not in_range("0.6.0", ">=0.5.10, <0.6")
+    assert in_range(representative("<0.33"), "<0.33")
+    assert in_range(representative(">=0.34, <0.35"), ">=0.34, <0.35")
+
+
+def test_cli_list_show_validate(tmp_path):
+    out = run_cli("rules", "list", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["id"]: r for r in json.loads(out.stdout)["families"]}
+    assert set(rows) == FAMILIES
+    assert rows["qwen3_5_moe"]["vllm"] == "Qwen3_5MoeMTP" and rows["minimax_m2"]["sglang"] is None
+    text = run_cli("rules", "list")
+    assert text.returncode == 0 and "deepseek_v3" in text.stdout and "DeepseekV3ForCausalLMNextN" in text.stdout
+
+    show = run_cli("rules", "show", "glm_moe_dsa")
+    assert show.returncode == 0, show.stderr
+    doc = yaml.safe_load(show.stdout)
+    assert doc["id"] == "glm_moe_dsa" and doc["match"]["architectures"] == ["GlmMoeDsaForCausalLM"]
+    assert "self_attn.indexer" in doc["mtp"]["required"]
+    missing = run_cli("rules", "show", "nope")
+    assert missing.returncode == 2 and "unknown family 'nope'" in missing.stderr
+
+    good = write_rule(tmp_path / "good", MINIMAL)
+    ok = run_cli("rules", "validate", str(good))
+    assert ok.returncode == 0 and "ok:" in ok.stdout and "family toy" in ok.stdout
+    bad_doc = json.loads(json.dumps(MINIMAL))
+    bad_doc["engines"]["vllm"]["layer_use"] = "sometimes"
+    bad = write_rule(tmp_path / "bad", bad_doc)
+    res = run_cli("rules", "validate", str(good), str(bad))
+    assert res.returncode == 2
+    assert "ok:" in res.stdout
+    assert f"{bad}: $.engines.vllm.layer_use: 'sometimes' is not one of" in res.stderr
+
+    with_dir = run_cli("rules", "--rules-dir", str(tmp_path / "good"), "list", "--format", "json")
+    assert "toy" in {r["id"] for r in json.loads(with_dir.stdout)["families"]}
+    builtins = run_cli("rules", "validate", str(builtin_dir()))
+    assert builtins.returncode == 0 and builtins.stdout.count("ok:") == len(list(builtin_dir().glob("*.yaml")))
+
+
+def test_rule_file_documented_example_is_valid(tmp_path):
+    """The full example in docs/readme/rules.md must pass `rules validate` as written."""
+    doc = (REPO / "docs" / "readme" / "rules.md").read_text()
+    start = doc.index("```yaml\n# example: rules/families/toy_mtp.yaml") + len("```yaml\n")
+    example = doc[start:doc.index("```", start)]
+    path = tmp_path / "toy_mtp.yaml"
+    path.write_text(textwrap.dedent(example))
+    res = run_cli("rules", "validate", str(path))
+    assert res.returncode == 0, res.stderr
