@@ -16,7 +16,7 @@ from ckptinspect.inventory.build import build_inventory, count_shard_names
 from ckptinspect.inventory.mtp_prefix import GENERIC_MTP_PREFIXES, compile_prefixes
 from ckptinspect.inventory.scan import ShardScan, scan_all
 from ckptinspect.quant.crosscheck import crosscheck
-from ckptinspect.quant.declared import ExcludeMatcher, read_declared
+from ckptinspect.quant.declared import matcher_for, read_declared
 from ckptinspect.records import Checkpoint, Finding, Inventory, ModelConfig, MtpAssessment, RawCheckpoint
 from ckptinspect.sources import open_source
 from ckptinspect.sources.interface import CONFIG, HF_QUANT_CONFIG, INDEX, PICKLE_SUFFIXES
@@ -73,7 +73,7 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) 
     findings.extend(inv_findings)
     declared, decl_findings = read_declared(config.raw, raw.json_files.get(HF_QUANT_CONFIG))
     findings.extend(decl_findings)
-    findings.extend(crosscheck(inventory, declared, ExcludeMatcher(declared)))
+    findings.extend(crosscheck(inventory, declared, matcher_for(declared)))
     findings.extend(_expert_findings(inventory, config))
     findings.extend(_file_findings(raw))
     checkpoint = Checkpoint(

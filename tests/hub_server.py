@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
 import struct
 import threading
@@ -269,7 +268,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path.startswith("/_test/"):  # control endpoints for a server in another process; not counted
                 return self._control(path, method)
-            if path.startswith("/api/models/"):
+            if path == "/api/agent-harnesses":  # huggingface_hub 2.x user-agent registry, cached a day
+                self._json({"standardEnvVars": [], "harnesses": {}}, method)
+            elif path.startswith("/api/models/"):
                 self._api(path[len("/api/models/"):], query, method)
             elif path.startswith("/cdn/"):
                 self._cdn(path[len("/cdn/"):], method)

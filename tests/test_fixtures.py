@@ -25,7 +25,8 @@ from fixtures.replica import build_replica_summary
 ST_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
              "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 VALID = [n for n, s in FIXTURES.items() if not n.startswith("broken_")]
-# MTP tensor prefixes per family, written out here from mtp_families.md §2-§3 (independent of the generator).
+# MTP tensor prefixes per family as the engines' MTP loaders match them (sgl-project/sglang models/*_mtp.py,
+# *_nextn.py; vllm-project/vllm model_executor/models/*_mtp.py), written out independently of the generator.
 MTP_RE = {
     "qwen3_5_moe": r"^mtp\.", "qwen3_5": r"^mtp\.", "qwen3_next": r"^mtp\.", "nemotron_h": r"^mtp\.",
     "mimo": r"^model\.mtp_layers\.", "mimo_v2": r"^model\.mtp\.", "longcat_flash": r"^model\.mtp\.",
@@ -211,6 +212,8 @@ def test_family_specific_facts(built):
     assert sorted(p.name for p in (built / "deepseek_v3_fp8").glob("*.safetensors"))[-1] == "model-00005-of-000005.safetensors"
     assert sorted(p.name for p in (built / "gpt_oss_mxfp4").glob("*.safetensors")) == [
         f"model-0000{i}-of-00002.safetensors" for i in range(3)]
+    assert sorted(p.name for p in (built / "qwen3_5_moe_nvfp4_fused").glob("*.safetensors"))[0] == (
+        "model.safetensors-00001-of-00003.safetensors")
     glm = all_tensors(built / "glm4_moe")
     assert {k for k, (s, _) in glm.items() if s == "mtp.safetensors"} == {k for k in glm if k.startswith("model.layers.2.")}
     assert cfg("deepseek_v3_depth_mismatch")["num_nextn_predict_layers"] == 2
@@ -353,3 +356,29 @@ def test_names_match_transformers_modeling():
             n = re.sub(r"(\.experts)\.\d+\.down_proj\.weight$", r"\1.down_proj", n)
             ours.add(re.sub(r"_(blocks|scales)$", "", n))
         assert ours == runtime, (name, sorted(ours ^ runtime)[:6])
+
+
+@pytest.mark.parametrize("n", [99_992, 99_993, 99_994, 99_999, 100_000, 100_001])
+def test_exact_header_length_files_for_the_range_boundary(tmp_path, n):
+    from safetensors import safe_open
+
+    from fixtures.writer import write_with_header_length
+
+    spec = FIXTURES["llama_bf16"]
+    path = tmp_path / "model.safetensors"
+    size = write_with_header_length(path, spec.tensors, n)
+    assert struct.unpack("<Q", path.read_bytes()[:8])[0] == n and path.stat().st_size == size
+    with safe_open(path, framework="pt") as f:
+        assert len(list(f.keys())) == spec.expected_tensors
+
+
+def test_cli_entry_points(tmp_path, capsys):
+    from fixtures.generate import main as generate_main
+    from fixtures.replica import main as replica_main
+
+    assert generate_main([str(tmp_path), "--only", "llama_bf16", "mimo_7b"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama_bf16", "mimo_7b"]
+    assert replica_main([str(tmp_path / "rep"), "--layers", "1", "--experts", "2", "--shards", "2"]) == 0
+    out = capsys.readouterr().out
+    want, want_mtp = replica_expectation(["linear_attention"], 2, 27)
+    assert f"tensors      {want:,} ({want_mtp:,} mtp.*)" in out

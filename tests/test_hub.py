@@ -192,3 +192,12 @@ def test_fewer_requests_than_get_safetensors_metadata(server, tmp_path):
     assert set(raw.headers) == set(meta.files_metadata)
     assert all(len(h) > 100_000 for h in raw.headers.values())
     assert ours < theirs
+
+
+def test_on_header_sees_every_header_once_as_it_arrives(server, repo):
+    root, headers = repo
+    server.add_repo("org/tiny", root)
+    seen: list[tuple[str, bytes]] = []
+    raw = open_hub("org/tiny", endpoint=server.url, progress=False, on_header=lambda s, h: seen.append((s, h)))
+    assert sorted(seen) == sorted(headers.items())
+    assert dict(raw.headers) == headers

@@ -4,6 +4,7 @@ and the `ckptinspect rules` commands."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -35,9 +36,15 @@ MINIMAL = {
 }
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ckptinspect", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=60)
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(autouse=True)
+def private_rule_cache(tmp_path, monkeypatch):
+    """Each test gets its own validation cache (never the user's ~/.cache)."""
+    monkeypatch.setenv("CKPTINSPECT_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def write_rule(directory: Path, doc: dict, name: str | None = None) -> Path:
@@ -263,3 +270,29 @@ def test_rule_file_documented_example_is_valid(tmp_path):
     path.write_text(textwrap.dedent(example))
     res = run_cli("rules", "validate", str(path))
     assert res.returncode == 0, res.stderr
+
+
+def test_validation_cache_revalidates_edited_files(tmp_path):
+    path = write_rule(tmp_path / "user", MINIMAL)
+    assert load_rules([tmp_path / "user"]).get("toy") is not None
+    assert (tmp_path / "cache" / "rules-validated.json").is_file()
+    broken = json.loads(json.dumps(MINIMAL))
+    broken["engines"]["vllm"]["layer_use"] = "often"
+    write_rule(tmp_path / "user", broken)
+    with pytest.raises(RuleError, match=r"\$\.engines\.vllm\.layer_use"):
+        load_rules([tmp_path / "user"])
+    (tmp_path / "cache" / "rules-validated.json").write_text("{not json")
+    write_rule(tmp_path / "user", MINIMAL)
+    assert load_rules([tmp_path / "user"]).get("toy").name == "Toy"  # a corrupt cache is ignored
+    assert path.exists()
+
+
+def test_cached_load_skips_yaml_and_jsonschema_imports(tmp_path):
+    code = ("import sys; from ckptinspect.readiness import load_rules; rs = load_rules(); "
+            "print(len(rs.families), 'jsonschema' in sys.modules, 'yaml' in sys.modules)")
+    env = {**os.environ, "CKPTINSPECT_CACHE_DIR": str(tmp_path / "c")}
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    count = str(len(list(builtin_dir().glob("*.yaml"))))
+    assert first.stdout.split() == [count, "True", "True"], first.stderr
+    assert second.stdout.split() == [count, "False", "False"], second.stderr

@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import math
 import struct
+from itertools import chain
+from math import prod
+from operator import add, mul, sub
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -111,55 +114,89 @@ def parse_header(data: bytes, *, source: str, file_size: int | None = None) -> H
         _raise_on_duplicates(text, source)
 
     names = list(obj)
-    dtypes: list[str] = []
-    shapes: list[list[int]] = []
-    sizes: list[int] = []
-    numels: list[int] = []
-    begins: list[int] = []
-    bits_of = DTYPE_BITS.get
-    prod = math.prod
-    for name, info in obj.items():
-        try:
-            dtype = info["dtype"]
-            shape = info["shape"]
-            begin, end = info["data_offsets"]
-            bits = bits_of(dtype)
-            numel = prod(shape)
-            # A single negative dim makes numel negative and fails the size check below; two or
-            # more could cancel out, hence min() for those.
-            ok = (bits is not None and type(numel) is int and type(begin) is int and type(end) is int
-                  and 0 <= begin <= end and (len(shape) < 2 or min(shape) >= 0))
-        except (KeyError, TypeError, ValueError):
-            ok = False
-        if not ok:
-            _raise_entry_error(name, info, source)
-        size = end - begin
-        if numel * bits != size * 8:
-            raise HeaderError(
-                f"tensor '{name}': shape {shape} x {dtype} is {numel * bits / 8:g} bytes but "
-                f"data_offsets span {size}", path=source)
-        dtypes.append(dtype)
-        shapes.append(shape)
-        sizes.append(size)
-        numels.append(numel)
-        begins.append(begin)
+    columns = _columns(obj)
+    if columns is None:
+        _raise_first_invalid(obj, source)  # always raises
+    dtypes, shapes, sizes, numels, begins = columns  # type: ignore[misc]
 
-    # Contiguity: sorted by start, each tensor must begin where the previous one ended.
+    # Contiguity: sorted by start, each tensor begins where the previous one ended (compared as
+    # whole lists, in C).
     order = sorted(range(len(begins)), key=begins.__getitem__)
-    position = 0
-    for i in order:
-        begin = begins[i]
-        if begin != position:
-            kind = "overlaps the previous tensor" if begin < position else "leaves a hole before it"
-            raise HeaderError(f"tensor '{names[i]}' data_offsets [{begin}, {begin + sizes[i]}] {kind} "
-                              f"(expected start {position})", path=source)
-        position = begin + sizes[i]
+    starts = list(map(begins.__getitem__, order))
+    ends = list(map(add, starts, map(sizes.__getitem__, order)))
+    if starts and (starts[0] != 0 or starts[1:] != ends[:-1]):
+        _raise_contiguity(names, order, starts, ends, source)
+    position = ends[-1] if ends else 0
     if file_size is not None and PREFIX_BYTES + length + position != file_size:
         raise HeaderError(
             f"data ends at byte {PREFIX_BYTES + length + position:,} but the file has {file_size:,} bytes"
             " (truncated or trailing data)", path=source)
     return Header(length=length, entries=obj, names=names, dtypes=dtypes, shapes=shapes, sizes=sizes,
                   numels=numels, metadata=metadata, data_bytes=position)
+
+
+def _columns(obj: dict) -> tuple[list, list, list, list, list] | None:
+    """Validated columns (dtypes, shapes, sizes, numels, begins), or None when any entry is invalid.
+
+    Every check runs over whole columns with C-level map / set / min (the per-entry loop costs
+    ~3x more on 370k tensors); the caller re-walks the entries only to explain a failure.
+    """
+    infos = list(obj.values())
+    try:
+        if set(map(type, infos)) - {dict}:
+            return None
+        dtypes = [i["dtype"] for i in infos]
+        shapes = [i["shape"] for i in infos]
+        offsets = [i["data_offsets"] for i in infos]
+        bits = list(map(DTYPE_BITS.__getitem__, dtypes))
+        if set(map(type, shapes)) - {list} or set(map(type, offsets)) - {list} or set(map(len, offsets)) - {2}:
+            return None
+        dims = list(chain.from_iterable(shapes))
+        if dims and (set(map(type, dims)) - {int} or min(dims) < 0):
+            return None
+        numels = list(map(prod, shapes))
+        begins = [o[0] for o in offsets]
+        ends = [o[1] for o in offsets]
+        if begins and (set(map(type, begins)) - {int} or set(map(type, ends)) - {int} or min(begins) < 0):
+            return None
+        sizes = list(map(sub, ends, begins))
+        if sizes and min(sizes) < 0:
+            return None
+        if list(map(mul, numels, bits)) != [size * 8 for size in sizes]:
+            return None
+    except (KeyError, TypeError):
+        return None
+    return dtypes, shapes, sizes, numels, begins
+
+
+def _raise_first_invalid(obj: dict, source: str) -> None:
+    for name, info in obj.items():
+        try:
+            dtype, shape = info["dtype"], info["shape"]
+            begin, end = info["data_offsets"]
+            bits = DTYPE_BITS[dtype]
+            numel = math.prod(shape)
+            ok = (type(numel) is int and type(begin) is int and type(end) is int and 0 <= begin <= end
+                  and all(type(d) is int and d >= 0 for d in shape))
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            _raise_entry_error(name, info, source)
+        if numel * bits != (end - begin) * 8:
+            raise HeaderError(
+                f"tensor '{name}': shape {shape} x {dtype} is {numel * bits / 8:g} bytes but "
+                f"data_offsets span {end - begin}", path=source)
+    raise HeaderError("invalid tensor entry", path=source)
+
+
+def _raise_contiguity(names: list[str], order: list[int], starts: list[int], ends: list[int], source: str) -> None:
+    position = 0
+    for i, begin, end in zip(order, starts, ends):
+        if begin != position:
+            kind = "overlaps the previous tensor" if begin < position else "leaves a hole before it"
+            raise HeaderError(f"tensor '{names[i]}' data_offsets [{begin}, {end}] {kind} "
+                              f"(expected start {position})", path=source)
+        position = end
 
 
 def _raise_on_duplicates(text: str, source: str) -> None:

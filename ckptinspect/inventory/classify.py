@@ -44,6 +44,7 @@ _ROLE_SUFFIXES: tuple[tuple[str, str], ...] = (
     ("_scales", "scale"),
     ("_bias", "bias"),
 )
+_BARE_WEIGHT = re.compile(r"\.experts\.(gate_up_proj|down_proj|gate_proj|up_proj|w1|w2|w3|w13)$")
 _BNB_STATE = re.compile(r"\.weight\.quant_state\.bitsandbytes__\w+$")
 
 # Roles whose tensors are quantization companions: counted in tensors/bytes, never in params.
@@ -78,11 +79,11 @@ def split_role(pattern: str) -> tuple[str, str, str]:
         return pattern[: state.start()], pattern[state.start():], "other_companion"
     for suffix, role in _ROLE_SUFFIXES:
         if pattern.endswith(suffix):
-            module = pattern[: -len(suffix)]
-            if suffix.startswith("_"):
-                # gpt-oss: "experts.gate_up_proj_blocks" belongs to module "experts.gate_up_proj".
-                return module, suffix, role
-            return module, suffix, role
+            # gpt-oss: "experts.gate_up_proj_blocks" belongs to module "experts.gate_up_proj".
+            return pattern[: -len(suffix)], suffix, role
+    if _BARE_WEIGHT.search(pattern):
+        # Fused 3-D experts are bare parameters: "mlp.experts.gate_up_proj" [E, 2I, H].
+        return pattern, "", "weight"
     return pattern, "", "other"
 
 

@@ -15,6 +15,8 @@ import os
 import re
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from multiprocessing import get_context
 from typing import Mapping
 
@@ -41,7 +43,9 @@ class ShardScan:
     file_size: int | None
     tensors: int
     data_bytes: int
-    # (pattern, first index) -> [count, bytes, elements, dtype, shape, subs, dtypes (set) | None, shapes_vary]
+    # (pattern, first index) -> [count, bytes, elements, dtype, shape, subs, dtypes (set) | None, shapes_vary];
+    # subs: the remaining numeric segments per member: [] when there are none, ints when there is one
+    # (the usual expert id), tuples when there are several.
     groups: Mapping[tuple[str, int | None], list]
     name_hash: int  # order-independent sum of hash(name): cross-checks the index without shipping names
 
@@ -58,52 +62,90 @@ def _shape_of(name: str) -> tuple[str, tuple[tuple[int, int], ...]]:
 def scan_header(shard: str, data: bytes, file_size: int | None) -> ShardScan:
     """Validate one header and aggregate its tensors by (pattern, first index)."""
     with gc_paused():
-        header = parse_header(data, source=shard, file_size=file_size)
-        groups: dict[tuple[str, int | None], list] = {}
-        shapes: dict[bytes, tuple[str, tuple[tuple[int, int], ...]]] = {}
-        for name, dtype, shape, size, numel in zip(header.names, header.dtypes, header.shapes, header.sizes,
-                                                   header.numels):
-            masked = name.encode().translate(_MASK_DIGITS)
-            shape_of = shapes.get(masked)
-            if shape_of is None:
-                shape_of = shapes[masked] = _shape_of(name)
-            pattern, spans = shape_of
-            if not spans:
-                key: tuple[str, int | None] = (pattern, None)
-                sub: tuple[int, ...] = ()
-            else:
-                a, z = spans[0]
-                key = (pattern, int(name[a:z]))
-                if len(spans) == 1:
-                    sub = ()
-                elif len(spans) == 2:
-                    b, e = spans[1]
-                    sub = (int(name[b:e]),)
-                else:
-                    sub = tuple(int(name[b:e]) for b, e in spans[1:])
-            acc = groups.get(key)
-            if acc is None:
-                groups[key] = [1, size, numel, dtype, shape, [sub], None, False]
-                continue
-            acc[0] += 1
-            acc[1] += size
-            acc[2] += numel
-            acc[5].append(sub)
-            if dtype != acc[3]:
-                acc[6] = (acc[6] or {acc[3]}) | {dtype}
-            if not acc[7] and shape != acc[4]:
-                acc[7] = True
-        name_hash = sum(map(hash, header.names)) & 0xFFFFFFFFFFFFFFFF
-    return ShardScan(shard, header.length, file_size, len(header.entries), header.data_bytes, groups, name_hash)
+        return _scan(shard, data, file_size)
+
+
+def _scan(shard: str, data: bytes, file_size: int | None) -> ShardScan:
+    # Runs with the cyclic GC paused (the trees are acyclic; refcounting frees them). The header
+    # is released before returning, so re-enabling the collector does not traverse it.
+    header = parse_header(data, source=shard, file_size=file_size)
+    names, sizes = header.names, header.sizes
+    groups: dict[tuple[str, int | None], list] = {}
+    for members in _members_by_shape(names):
+        pattern, spans = _shape_of(names[members[0]])
+        member_names = list(map(names.__getitem__, members))
+        if not spans:
+            for i in members:
+                _add(groups, (pattern, None), [i], header, None)
+            continue
+        first_at = itemgetter(slice(*spans[0]))
+        firsts = list(map(int, map(first_at, member_names)))
+        if len(spans) == 1:
+            subs = None
+        elif len(spans) == 2:
+            subs = list(map(int, map(itemgetter(slice(*spans[1])), member_names)))
+        else:
+            subs = [tuple(int(n[b:e]) for b, e in spans[1:]) for n in member_names]
+        if firsts.count(firsts[0]) == len(firsts):
+            _add(groups, (pattern, firsts[0]), members, header, subs)
+            continue
+        by_first = sorted(range(len(members)), key=firsts.__getitem__)
+        for first, run in groupby(by_first, key=firsts.__getitem__):
+            positions = list(run)
+            _add(groups, (pattern, first), list(map(members.__getitem__, positions)), header,
+                 None if subs is None else list(map(subs.__getitem__, positions)))
+    name_hash = sum(map(hash, names)) & 0xFFFFFFFFFFFFFFFF
+    scan = ShardScan(shard, header.length, file_size, len(names), header.data_bytes, groups, name_hash)
+    del header
+    return scan
+
+
+def _members_by_shape(names: list[str]) -> list[list[int]]:
+    """Indices of the names grouped by digit-masked shape (all C-level: join, translate, sort)."""
+    joined = "\n".join(names)
+    masked = joined.encode().translate(_MASK_DIGITS).split(b"\n")
+    if len(masked) != len(names):  # a name containing a newline: mask one by one
+        masked = [n.encode().translate(_MASK_DIGITS) for n in names]
+    order = sorted(range(len(names)), key=masked.__getitem__)
+    return [list(run) for _, run in groupby(order, key=masked.__getitem__)]
+
+
+def _add(groups: dict, key: tuple[str, int | None], members: list[int], header, subs: list | None) -> None:
+    """Fold tensors ``members`` (indices into the header columns) into group ``key``."""
+    dtypes = list(map(header.dtypes.__getitem__, members))
+    shapes = list(map(header.shapes.__getitem__, members))
+    nbytes = sum(map(header.sizes.__getitem__, members))
+    elements = sum(map(header.numels.__getitem__, members))
+    mixed = set(dtypes) if dtypes.count(dtypes[0]) != len(dtypes) else None
+    varies = shapes.count(shapes[0]) != len(shapes)
+    acc = groups.get(key)
+    if acc is None:
+        groups[key] = [len(members), nbytes, elements, dtypes[0], shapes[0], [] if subs is None else subs,
+                       mixed, varies]
+        return
+    acc[0] += len(members)
+    acc[1] += nbytes
+    acc[2] += elements
+    if subs is not None:
+        acc[5].extend(subs)
+    if mixed or dtypes[0] != acc[3]:
+        acc[6] = (acc[6] or {acc[3]}) | set(dtypes)
+    if varies or shapes[0] != acc[4]:
+        acc[7] = True
 
 
 # Set before the pool forks so workers read headers from the inherited source, not from pickles.
 _SOURCE: RawCheckpoint | None = None
 
 
+def _worker_init() -> None:
+    # Workers only build acyclic trees and exit afterwards: the cyclic GC is pure overhead there.
+    gc.disable()
+
+
 def _scan_in_worker(shard: str, file_size: int | None) -> ShardScan:
     assert _SOURCE is not None
-    return scan_header(shard, _SOURCE.headers[shard], file_size)
+    return _scan(shard, _SOURCE.headers[shard], file_size)
 
 
 def scan_all(raw: RawCheckpoint) -> list[ShardScan]:
@@ -113,13 +155,17 @@ def scan_all(raw: RawCheckpoint) -> list[ShardScan]:
     local = isinstance(headers, LocalHeaders)
     workers = _worker_count(raw)
     if workers <= 1:
-        return [scan_header(s, headers[s], raw.file_sizes.get(s)) for s in headers]
+        with gc_paused():
+            scans = [_scan(s, headers[s], raw.file_sizes.get(s)) for s in headers]
+        gc.freeze()  # the scans live until the report is rendered; never traverse them again
+        return scans
     _SOURCE = raw
     # Objects alive now (e.g. an already parsed index) are frozen out of the collector, so forked
     # children never touch (and copy) their pages.
     gc.freeze()
     try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("fork")) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("fork"),
+                                 initializer=_worker_init) as pool:
             futures: dict[str, Future] = {}
             if local:
                 # Start on the files present; the index is parsed meanwhile (headers.shards).
@@ -133,10 +179,10 @@ def scan_all(raw: RawCheckpoint) -> list[ShardScan]:
             for shard, future in futures.items():
                 if shard not in wanted:
                     future.cancel()
-            return [futures[s].result() for s in shards]
+            with gc_paused():
+                return [futures[s].result() for s in shards]
     finally:
         _SOURCE = None
-        gc.unfreeze()
 
 
 def _worker_count(raw: RawCheckpoint) -> int:

@@ -143,9 +143,6 @@ def _values(facts: Facts) -> dict[str, Any]:
     hint = concrete_prefix(base, cfg.num_hidden_layers, 0) if base else ""
     first = next(iter(facts.layers.values()), None)
     prefix = first.base if first is not None and first.base else hint
-    if first is not None and not prefix:  # generic scan: name the common prefix of what was found
-        common = _longest_common_prefix([g.pattern for g in first.groups])
-        prefix = common[: common.rfind(".") + 1].replace("{}", str(first.k))
     return {
         "L": cfg.num_hidden_layers, "present": facts.present, "declared": facts.declared_layers,
         "key": facts.declared_key, "keys": ", ".join(mtp.depth_keys) or "none", "default": mtp.depth_default,
@@ -165,7 +162,7 @@ def _assessment(facts: Facts, verdicts: Mapping[str, EngineVerdict], findings: l
             schemes[g.scheme] = schemes.get(g.scheme, 0) + g.tensors
         missing = scan.missing + ((f"{scan.experts_short} routed expert(s)",) if scan.experts_short else ())
         infos.append(MtpLayerInfo(
-            k=scan.k, prefix=scan.base or _longest_common_prefix([g.pattern for g in scan.groups]),
+            k=scan.k, prefix=scan.base,
             tensors=sum(g.tensors for g in scan.groups), params=sum(g.params for g in scan.groups),
             bytes=sum(g.bytes for g in scan.groups), schemes=layer_schemes, missing=missing,
             experts_present=scan.experts_present, experts_expected=scan.experts_expected,
@@ -179,16 +176,6 @@ def _assessment(facts: Facts, verdicts: Mapping[str, EngineVerdict], findings: l
         tensors=sum(i.tensors for i in infos), params=sum(i.params for i in infos), bytes=sum(i.bytes for i in infos),
         schemes=schemes, complete=complete, layers=tuple(infos), verdicts=dict(verdicts), findings=tuple(findings),
     )
-
-
-def _longest_common_prefix(names: list[str]) -> str:
-    if not names:
-        return ""
-    lo, hi = min(names), max(names)
-    n = 0
-    while n < min(len(lo), len(hi)) and lo[n] == hi[n]:
-        n += 1
-    return lo[:n]
 
 
 def _any_engine(rule: FamilyRule) -> EngineRule:

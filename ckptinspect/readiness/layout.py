@@ -68,6 +68,18 @@ class LayerScan:
         return module[len(self.base):] if module.startswith(self.base) else None
 
 
+def found_prefix(groups: tuple[TensorGroup, ...]) -> str:
+    """Concrete dotted prefix shared by all ``groups`` (``model.layers.61.``)."""
+    patterns = [g.pattern for g in groups]
+    lo, hi = min(patterns), max(patterns)
+    n = 0
+    while n < min(len(lo), len(hi)) and lo[n] == hi[n]:
+        n += 1
+    common = lo[:n][: lo[:n].rfind(".") + 1]
+    index = next((g.index for g in groups if g.index is not None), None)
+    return common.replace("{}", str(index), 1) if index is not None else common
+
+
 def _has_k(template: str) -> bool:
     return "{k}" in template or "{L+k}" in template
 
@@ -102,6 +114,8 @@ def scan_layers(groups: Iterable[TensorGroup], layout: MtpLayout, config: ModelC
         members = tuple(sorted(by_k[k], key=lambda g: (g.pattern, g.index if g.index is not None else -1)))
         keys = prefix_keys(members)
         base_template, base = _choose_base(layout, keys, layers, k)
+        if base_template is None:  # generic scan: the common prefix of what was found
+            base = found_prefix(members)
         shared_once = base_template is not None and not _has_k(base_template)
         missing = [req.label for req in layout.required
                    if not _requirement_met(req, base, k, keys, skip_shared=shared_once and k > 0)]

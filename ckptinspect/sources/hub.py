@@ -17,18 +17,17 @@ instead of ``hf_hub_download``'s HEAD + GET because the model-info call already 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ckptinspect.errors import AccessError, ConfigError, HeaderError, NetworkError, NotFoundError
 from ckptinspect.header.parser import read_length_prefix
 from ckptinspect.records import RawCheckpoint
-from ckptinspect.sources.interface import check_relative_name
+from ckptinspect.sources.interface import check_relative_name, parse_json_bytes
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient
 
 # Small JSON files read next to the headers (the RawCheckpoint.json_files contract).
@@ -79,7 +78,7 @@ def download_timeout() -> float:
 
 def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
              endpoint: str | None = None, progress: bool = True, max_workers: int | None = None,
-             timeout: float | None = None) -> RawCheckpoint:
+             timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None) -> RawCheckpoint:
     """Read ``repo_id`` at ``revision`` from the Hub: file list, small JSON files, every shard header.
 
     Args:
@@ -90,6 +89,8 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         progress: tqdm bar on stderr for the header reads.
         max_workers: concurrent header requests (default 16, env CKPTINSPECT_MAX_WORKERS).
         timeout: seconds per request (default HF_HUB_DOWNLOAD_TIMEOUT, 10).
+        on_header: called from a worker thread with (shard, header bytes) as soon as each header is in,
+            so a caller can parse while later headers are still on the wire.
 
     Raises:
         NotFoundError: repo, revision or file missing, or HF_HUB_OFFLINE=1 (names what the cache lacks).
@@ -133,7 +134,7 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         phases["json_s"] = time.perf_counter() - started - phases["info_s"]
         shards, per_shard = _shard_plan(repo_id, json_files.get(INDEX_FILE), siblings)
         sizes = {shard: siblings[shard].size for shard in shards}
-        reader = _HeaderReader(client, per_shard)
+        reader = _HeaderReader(client, per_shard, on_header)
         header_bytes = reader.read_all(pool, shards, url, sizes, progress=progress)
     wall = time.perf_counter() - started
     phases["headers_s"] = wall - phases["info_s"] - phases["json_s"]
@@ -214,10 +215,7 @@ def _json_file(client: RangeClient, repo_id: str, revision: str | None, commit: 
         etag = sibling.lfs.sha256 if sibling.lfs is not None else sibling.blob_id
         cache_store(repo_id, commit, revision or "main", name, data, etag)
         from_cache = 0
-    try:
-        return json.loads(data), from_cache
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"not valid JSON: {exc}", path=f"{repo_id}/{name}") from None
+    return parse_json_bytes(data, source=f"{repo_id}/{name}"), from_cache
 
 
 # -- shards ------------------------------------------------------------------------------------------
@@ -257,8 +255,10 @@ def _shard_plan(repo_id: str, index: Any, siblings: Mapping[str, Any]) -> tuple[
 class _HeaderReader:
     """Reads every shard header, first range sized from the index (see the module docstring)."""
 
-    def __init__(self, client: RangeClient, per_shard: Mapping[str, list[int]]) -> None:
+    def __init__(self, client: RangeClient, per_shard: Mapping[str, list[int]],
+                 on_header: Callable[[str, bytes], None] | None = None) -> None:
         self.client = client
+        self.on_header = on_header
         self.counts = {s: acc[0] for s, acc in per_shard.items()}
         self.name_bytes = {s: acc[1] for s, acc in per_shard.items()}
         self.entry_size: float | None = None  # largest measured bytes per entry beyond the name
@@ -321,7 +321,10 @@ class _HeaderReader:
         if n > have:
             body += _rest_of(self.client, url, shard, len(body), 8 + n)
         self.learn(shard, n)
-        return body[8:8 + n]
+        header = body[8:8 + n]
+        if self.on_header is not None:
+            self.on_header(shard, header)
+        return header
 
 
 def _rest_of(client: RangeClient, url: str, shard: str, start: int, stop: int) -> bytes:

@@ -76,6 +76,7 @@ def write_snapshot(raw: RawCheckpoint, path: Path) -> None:
         with os.fdopen(fd, "wb") as raw_fh, gzip.GzipFile(filename="", mode="wb", fileobj=raw_fh,
                                                           mtime=0, compresslevel=6) as gz:
             gz.write(payload)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -130,6 +131,12 @@ def read_snapshot(path: Path) -> RawCheckpoint:
         )
     except (KeyError, AttributeError, TypeError, ValueError) as exc:
         raise ConfigError(f"snapshot is missing or has a malformed field: {exc}", path=str(path)) from None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _position(order: list[str], shard: str) -> tuple[int, str]:

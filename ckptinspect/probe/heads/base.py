@@ -33,7 +33,13 @@ class MtpHead(nn.Module):
 
     def rotary(self, x: torch.Tensor, position_ids: torch.Tensor):
         rotary = getattr(self.main.get_decoder(), "rotary_emb", None)
-        return None if rotary is None else rotary(x, position_ids)
+        if rotary is None:
+            return None
+        if hasattr(rotary, "mrope_section") and position_ids.dim() == 2:
+            # multimodal RoPE (Qwen3.5): text positions repeated on the 3 grid axes; transformers 5.17
+            # requires the (3, B, S) form, 5.24 expands a (B, S) one itself.
+            position_ids = position_ids[None].expand(3, -1, -1)
+        return rotary(x, position_ids)
 
     def step(self, emb: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
              mask: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface

@@ -1,0 +1,82 @@
+"""``ckptinspect probe``: measure MTP draft acceptance against the main model (needs the 'probe' extra).
+
+torch / transformers are imported inside the command body only, so ``ckptinspect --help`` and
+``report`` stay torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from ckptinspect.errors import ProbeError
+
+
+def _parse_devices(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise ProbeError(f"--devices takes GPU indices like 0,1 (got {text!r})") from exc
+
+
+@click.command("probe")
+@click.argument("model")
+@click.option("--device", default=None, help="cuda:N or cpu (default: cuda:0 when a GPU is visible, else cpu).")
+@click.option("--devices", default=None, help="Spread the main model over these GPU indices, e.g. 0,1.")
+@click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False),
+              help=".txt (one prompt per line) or .jsonl ({prompt, category}); default: built-in set.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(4, 8192))
+@click.option("--steps", "-k", default=3, show_default=True, type=click.IntRange(1, 16),
+              help="Draft depth K (the one MTP layer chained K times).")
+@click.option("--mode", type=click.Choice(["greedy", "teacher"]), default="greedy", show_default=True)
+@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0.0),
+              help="Temperature of the sampled-acceptance estimate sum(min(p, q)).")
+@click.option("--gpu", default="H200", show_default=True, help="GPU catalog name for the cost model.")
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
+              help="Compute dtype (default bf16 on GPU, fp32 on CPU).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False), help="Write the result here.")
+@click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write a PNG of acceptance and speedup.")
+@click.option("--main-url", default=None, help="Use a running SGLang server (--enable-return-hidden-states) as main model.")
+@click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (never implied).")
+@click.option("--max-prompts", default=None, type=click.IntRange(1), help="Use only the first N prompts.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+def probe(model: str, device: str | None, devices: str | None, prompts_file: str | None, max_new_tokens: int,
+          steps: int, mode: str, temperature: float, gpu: str, batch_size: int, dtype: str | None, fmt: str,
+          output: str | None, plot: str | None, main_url: str | None, trust_remote_code: bool,
+          max_prompts: int | None, quiet: bool) -> None:
+    """Measure how well MODEL's MTP head drafts for its own main model (acceptance per depth,
+    accept length, projected speedup, recommended speculative settings)."""
+    try:
+        import torch  # noqa: F401
+        import transformers
+    except ImportError as exc:
+        raise ProbeError(f"probe needs torch and transformers: pip install 'ckptinspect[probe]' ({exc.name} missing)") from exc
+    transformers.logging.set_verbosity_error()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from ckptinspect.probe.result import render_text
+    from ckptinspect.probe.runner import run_probe
+
+    if device is None:
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    result = run_probe(model, device=device, devices=_parse_devices(devices), prompts=prompts_file,
+                       max_new_tokens=max_new_tokens, steps=steps, mode=mode, temperature=temperature, gpu=gpu,
+                       trust_remote_code=trust_remote_code, batch_size=batch_size, dtype=dtype,
+                       progress=not quiet and sys.stderr.isatty() or None, main_url=main_url,
+                       max_prompts=max_prompts)
+    text = json.dumps(result.to_json(), indent=2) if fmt == "json" else render_text(result)
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    else:
+        click.echo(text)
+    if plot:
+        from ckptinspect.probe.plot import write_plot
+
+        write_plot(result, plot)

@@ -1,0 +1,85 @@
+"""`ckptinspect diff`: scheme changes per module pattern, disappeared MTP, exclude lists, size."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from ckptinspect.diff import compact_ranges, load_and_diff
+
+
+def header_bytes_total(d: Path) -> int:
+    total = 0
+    for shard in d.glob("*.safetensors"):
+        with open(shard, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+def test_bf16_original_vs_nvfp4_quant(make_fixture):
+    a, b = make_fixture("qwen3_5_moe_nvfp4_fused"), make_fixture("qwen3_5_moe_nvfp4")
+    d = load_and_diff(str(a), str(b))
+    assert d.a.label is None and d.b.label == "modelopt:NVFP4"
+    assert d.a.bytes == header_bytes_total(a) and d.b.bytes == header_bytes_total(b)
+    assert d.bytes_delta == header_bytes_total(b) - header_bytes_total(a) < 0
+    experts = [c for c in d.scheme_changes if c.module == "model.language_model.layers.{}.mlp.experts"]
+    assert len(experts) == 1
+    change = experts[0]
+    assert (change.before, change.after, change.component) == ("bf16", "nvfp4", "routed_expert")
+    assert change.layers == (0, 1, 2, 3) and change.bytes_b < change.bytes_a and not change.mtp
+    # grouped (A) vs per-expert (B) storage is not reported as removed / added modules
+    assert d.removed == () and d.added == ()
+    assert "mtp.layers.0*" in d.excludes_only_b and d.excludes_only_a == ()
+    assert not any(f.code.startswith("mtp-") for f in d.findings)
+
+
+def test_quant_that_dropped_the_mtp_layer(make_fixture):
+    d = load_and_diff(str(make_fixture("qwen3_5_moe_nvfp4")), str(make_fixture("qwen3_5_moe_nvfp4_nomtp")))
+    assert d.a.mtp_layers == 1 and d.b.mtp_layers == 0
+    removed = {c.module for c in d.removed}
+    assert {"mtp.fc", "mtp.layers.{}.mlp.experts", "mtp.layers.{}.self_attn.q_proj"} <= removed
+    assert all(c.mtp for c in d.removed)
+    assert d.removed[0].mtp  # MTP first
+    dropped = [f for f in d.findings if f.code == "mtp-dropped"]
+    assert len(dropped) == 1 and dropped[0].severity == "error" and "graft" in dropped[0].hint
+    assert d.bytes_delta == -d.a.mtp_bytes
+
+
+def test_mtp_requantized(make_fixture):
+    d = load_and_diff(str(make_fixture("deepseek_v3_nvfp4")), str(make_fixture("deepseek_v3_nvfp4_mtp_fp4")))
+    mtp_changes = [c for c in d.scheme_changes if c.mtp]
+    assert mtp_changes, "MTP scheme changes must be reported"
+    assert all(c.before == "bf16" and c.after == "nvfp4" for c in mtp_changes)
+    assert {c.component for c in mtp_changes} >= {"routed_expert"}
+    assert not [c for c in d.scheme_changes if not c.mtp]
+
+
+def test_identical_checkpoints(make_fixture):
+    p = str(make_fixture("deepseek_v3_fp8"))
+    d = load_and_diff(p, p)
+    assert d.scheme_changes == d.removed == d.added == () and d.findings == () and d.bytes_delta == 0
+
+
+def test_cli_text_and_json(make_fixture, cli):
+    a, b = str(make_fixture("qwen3_5_moe_nvfp4")), str(make_fixture("qwen3_5_moe_nvfp4_nomtp"))
+    res = cli("diff", a, b, "--format", "json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert set(doc) == {"a", "b", "size", "scheme_changes", "removed", "added", "excludes", "findings"}
+    assert doc["size"]["bytes_delta"] == doc["b"]["bytes"] - doc["a"]["bytes"]
+    assert doc["a"]["mtp"]["layers"] == 1 and doc["b"]["mtp"]["layers"] == 0
+    assert {"component", "module", "layers", "before", "after", "bytes_a", "bytes_b", "mtp"} == set(doc["removed"][0])
+    assert doc["findings"][0]["code"] == "mtp-dropped"
+    text = cli("diff", a, b)
+    assert text.returncode == 0
+    assert "only in A (disappeared)" in text.stdout and "[MTP]" in text.stdout and "mtp-dropped" in text.stdout
+    missing = cli("diff", a, str(Path(a).parent / "does-not-exist"))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+
+
+def test_compact_ranges():
+    assert compact_ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert compact_ranges([]) == ""
