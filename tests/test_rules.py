@@ -151,7 +151,8 @@ def test_user_family_with_new_id_wins_the_match(tmp_path):
 
 @pytest.mark.parametrize("mutate,path_part,message_part", [
     (lambda d: d["engines"]["sglang"].update(layer_use="every_step"), "$.engines.sglang.layer_use", "every_step"),
-    (lambda d: d["mtp"].update(prefixes=["model.layers.{N}."]), "$.mtp.prefixes[0]", "does not match"),
+    (lambda d: d["mtp"].update(prefixes=["model.layers.{N}."]), "$.mtp.prefixes[0]",
+     "'model.layers.{N}.' uses a placeholder other than {L}, {k}, {L+k}, {*}"),
     (lambda d: d["engines"]["vllm"].update(defects=[{"code": "x", "when": {"no_such_condition": True},
                                                       "verdict": "unusable", "message": "m"}]),
      "$.engines.vllm.defects[0].when", "no_such_condition"),

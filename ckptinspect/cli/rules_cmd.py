@@ -54,7 +54,10 @@ def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
         return
     from tabulate import tabulate
 
-    table = [[r["id"], ", ".join(r["architectures"]) or "-", r["prefixes"][0] if r["prefixes"] else "-",
+    def archs(names: list[str]) -> str:
+        return "-" if not names else names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else "")
+
+    table = [[r["id"], archs(r["architectures"]), r["prefixes"][0] if r["prefixes"] else "-",
               r["depth_keys"][0] if r["depth_keys"] else "-", r["sglang"] or "-", r["vllm"] or "-",
               r["source"]] for r in rows]
     click.echo(tabulate(table, headers=["family", "architectures", "MTP prefix", "depth key", "SGLang draft",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import re
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
@@ -143,16 +143,26 @@ def _worker_init() -> None:
     gc.disable()
 
 
-def _scan_in_worker(shard: str, file_size: int | None) -> ShardScan:
+def _scan_batch(batch: list[tuple[str, int | None]]) -> list[ShardScan]:
     assert _SOURCE is not None
-    return _scan(shard, _SOURCE.headers[shard], file_size)
+    return [_scan(shard, _SOURCE.headers[shard], size) for shard, size in batch]
+
+
+def _balanced_batches(sizes: dict[str, int | None], count: int) -> list[list[tuple[str, int | None]]]:
+    """Split shards into ``count`` batches of similar total size (largest first, greedy)."""
+    batches: list[list[tuple[str, int | None]]] = [[] for _ in range(count)]
+    load = [0] * count
+    for shard, size in sorted(sizes.items(), key=lambda kv: -(kv[1] or 0)):
+        i = load.index(min(load))
+        batches[i].append((shard, size))
+        load[i] += size or 1
+    return [b for b in batches if b]
 
 
 def scan_all(raw: RawCheckpoint) -> list[ShardScan]:
     """Scan every shard header, in forked worker processes when that pays off."""
     global _SOURCE
     headers = raw.headers
-    local = isinstance(headers, LocalHeaders)
     workers = _worker_count(raw)
     if workers <= 1:
         with gc_paused():
@@ -160,27 +170,26 @@ def scan_all(raw: RawCheckpoint) -> list[ShardScan]:
         gc.freeze()  # the scans live until the report is rendered; never traverse them again
         return scans
     _SOURCE = raw
-    # Objects alive now (e.g. an already parsed index) are frozen out of the collector, so forked
-    # children never touch (and copy) their pages.
+    # Objects alive now are frozen out of the collector, so forked children never touch (and
+    # copy) their pages.
     gc.freeze()
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("fork"),
                                  initializer=_worker_init) as pool:
-            futures: dict[str, Future] = {}
-            if local:
-                # Start on the files present; the index is parsed meanwhile (headers.shards).
-                for shard, size in sorted(headers.candidates.items(), key=lambda kv: -kv[1]):
-                    futures[shard] = pool.submit(_scan_in_worker, shard, size)
+            # One batch per worker, submitted up front: while the main thread parses the index
+            # (one long C call holding the GIL) the pool's feeder thread cannot hand out work.
+            if isinstance(headers, LocalHeaders):
+                first = dict(headers.candidates)  # files present; the index is parsed meanwhile
+            else:
+                first = {s: raw.file_sizes.get(s) for s in headers}
+            futures = [pool.submit(_scan_batch, batch) for batch in _balanced_batches(first, workers)]
             shards = list(headers)
-            for shard in shards:
-                if shard not in futures:
-                    futures[shard] = pool.submit(_scan_in_worker, shard, raw.file_sizes.get(shard))
-            wanted = set(shards)
-            for shard, future in futures.items():
-                if shard not in wanted:
-                    future.cancel()
+            late = [s for s in shards if s not in first]
+            if late:
+                futures.append(pool.submit(_scan_batch, [(s, raw.file_sizes.get(s)) for s in late]))
             with gc_paused():
-                return [futures[s].result() for s in shards]
+                done = {scan.shard: scan for future in futures for scan in future.result()}
+            return [done[s] for s in shards]
     finally:
         _SOURCE = None
 

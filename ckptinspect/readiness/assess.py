@@ -125,7 +125,8 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
         findings.append(Finding(defect.code, defect.severity, message, engine=engine.engine,
                                 subject=base_values.get("prefix_hint"), reference=defect.reference, hint=remedy))
     declared = facts.checkpoint.declared.label
-    draft_quant = None if ctx.draft_quant == "unquantized" or declared is None else declared
+    no_draft = ctx.draft_quant == "unquantized" or declared is None or engine.draft_architecture is None
+    draft_quant = None if no_draft else declared
     if facts.present == 0:
         used = 0
     else:

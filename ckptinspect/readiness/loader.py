@@ -135,7 +135,19 @@ def validate_document(doc: Any, path: str) -> None:
 
     err = jsonschema.exceptions.best_match(errors)
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    raise RuleError(f"{_doc_path(err.absolute_path)}: {err.message}{more}", path=path)
+    raise RuleError(f"{_doc_path(err.absolute_path)}: {_readable(err)}{more}", path=path)
+
+
+_PLACEHOLDERS = {"(L|k|L\\+k|\\*)": "{L}, {k}, {L+k}, {*}", "(k|e)": "{k}, {e}"}
+
+
+def _readable(err: Any) -> str:
+    """Schema messages, with the placeholder regexes of templates spelled out."""
+    if err.validator == "pattern" and isinstance(err.instance, str):
+        for fragment, allowed in _PLACEHOLDERS.items():
+            if fragment in err.validator_value:
+                return f"{err.instance!r} uses a placeholder other than {allowed}"
+    return err.message
 
 
 def read_rule_file(path: Path, cache: "ValidationCache | None" = None) -> dict[str, Any]:
