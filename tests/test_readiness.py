@@ -258,6 +258,11 @@ def test_unknown_family_generic_scan(make_fixture, tmp_path):
     assert mtp.declared_key == "num_nextn_predict_layers"
     for v in mtp.verdicts.values():
         assert v.verdict == "degraded" and v.reasons == ("unknown-family-mtp",) and v.draft_architecture is None
+    # an unknown family without MTP tensors: absent, still flagged as unknown
+    plain = _copy(make_fixture("llama_bf16"), tmp_path / "plain", rename)
+    m = build_report(str(plain), progress=False).mtp
+    assert m.family is None and m.present_layers == 0 and "unknown-family" in codes(m, None)
+    assert {v.verdict for v in m.verdicts.values()} == {"absent"}
 
 
 # --- invariance: tensor order, shard names, expert storage -------------------------------------

@@ -297,3 +297,25 @@ def test_cached_load_skips_yaml_and_jsonschema_imports(tmp_path):
     count = str(len(list(builtin_dir().glob("*.yaml"))))
     assert first.stdout.split() == [count, "True", "True"], first.stderr
     assert second.stdout.split() == [count, "False", "False"], second.stderr
+
+
+def test_no_family_specific_python():
+    """Rules are data: no family id or architecture name appears in the readiness code."""
+    ruleset = load_rules()
+    names = {f.id for f in ruleset.concrete()} | {a for f in ruleset.concrete() for a in f.architectures}
+    names -= {"qwen3", "llama", "mimo"}  # too generic as substrings of words / comments
+    source = "\n".join(p.read_text() for p in (REPO / "ckptinspect" / "readiness").glob("*.py"))
+    offenders = sorted(n for n in names if n in source)
+    assert offenders == []
+
+
+def test_cli_show_json_includes_inherited_defects():
+    res = run_cli("rules", "show", "qwen3_5", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["extends"] == "qwen3_5_moe" and doc["source"].endswith("qwen3_5.yaml")
+    vllm = doc["rule"]["engines"]["vllm"]
+    assert vllm["draft_architecture"] == "Qwen3_5MTP"
+    assert vllm["forced_unquantized"][0]["modules"] == ["fc"]  # inherited from qwen3_5_moe
+    assert "mtp-declared-but-absent" in {d["code"] for d in vllm["defects"]}  # inherited from mtp_common
+    assert doc["rule"]["mtp"]["experts"] is None

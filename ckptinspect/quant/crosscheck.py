@@ -72,7 +72,7 @@ def crosscheck(inventory: Inventory, declared: DeclaredQuant, matcher: ExcludeMa
             f"{key}: {len(names)} module(s) stored unquantized but not covered by the declared exclude/ignore "
             f"lists (e.g. {names[0]}); an engine that trusts the list builds {declared.label} parameters for them",
             subject=names[0], reference="vllm-project/vllm#38650" if mtp else "checkpoint_formats §6",
-            hint=f"add '{_suggest(names[0])}' to the ignore / exclude_modules list"))
+            hint=f"add '{_suggest(key, names[0])}' to the ignore / exclude_modules list"))
     for key, names in sorted(wrongly_excluded.items()):
         findings.append(Finding(
             "quantized-but-excluded", "error",
@@ -93,10 +93,11 @@ def _concrete_module(g) -> str:  # noqa: ANN001 - TensorGroup
     return g.module.format(*indices) if indices else g.module
 
 
-def _suggest(name: str) -> str:
-    if name.startswith("mtp."):
-        return ".".join(name.split(".")[:2])
-    return name
+def _suggest(key: str, name: str) -> str:
+    """An exclude entry in the exporter's own style: numeric segments as wildcards."""
+    if "N" not in key.split("."):
+        return name
+    return ".".join("*" if part == "N" else part for part in key.split("."))
 
 
 def _entries_matching_nothing(declared: DeclaredQuant, matcher: ExcludeMatcher,

@@ -71,7 +71,7 @@ def assess_mtp(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleS
             "unknown-family", "warning",
             f"architecture {cfg.architecture} (model_type {cfg.model_type}) matches no family rule; "
             "MTP scanned with the generic name patterns only",
-            hint="add a rule file (see `ckptinspect rules show deepseek_v3`) and pass --rules-dir"))
+            hint="add a rule file for it (`ckptinspect rules show FAMILY` prints a model) and pass --rules-dir"))
     probe = EngineContext(facts, _any_engine(facts.rule), "0")
     for check in facts.rule.checks:
         probe.details.clear()
