@@ -71,7 +71,7 @@ def crosscheck(inventory: Inventory, declared: DeclaredQuant, matcher: ExcludeMa
             "unquantized-not-excluded", "info" if group_component in SOFT_COMPONENTS else "warning",
             f"{key}: {len(names)} module(s) stored unquantized but not covered by the declared exclude/ignore "
             f"lists (e.g. {names[0]}); an engine that trusts the list builds {declared.label} parameters for them",
-            subject=names[0], reference="vllm-project/vllm#38650" if mtp else "checkpoint_formats §6",
+            subject=names[0], reference="vllm-project/vllm#38650" if mtp else "docs/reference/checkpoint_formats.md §6",
             hint=f"add '{_suggest(key, names[0])}' to the ignore / exclude_modules list"))
     for key, names in sorted(wrongly_excluded.items()):
         findings.append(Finding(

@@ -164,7 +164,7 @@ def _compare_lists(excludes: list[ExcludeList]) -> list[Finding]:
     return [Finding("exclude-lists-disagree", "warning",
                     f"{a.source} and {b.source} differ ({len(only_a)} entries only in the first, "
                     f"{len(only_b)} only in the second, e.g. {sample}); engines read different files",
-                    reference="checkpoint_formats §6 (lists drift between exporter versions)")]
+                    reference="docs/reference/checkpoint_formats.md §6 (lists drift between exporter versions)")]
 
 
 class ExcludeMatcher:
