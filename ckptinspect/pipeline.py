@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from ckptinspect.config.normalize import normalize_config
 from ckptinspect.errors import ConfigError
 from ckptinspect.inventory.build import build_inventory, count_shard_names
-from ckptinspect.inventory.mtp_prefix import GENERIC_MTP_PREFIXES, compile_prefixes
+from ckptinspect.inventory.mtp_prefix import compile_prefixes
 from ckptinspect.inventory.scan import ShardScan, scan_all
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
@@ -56,14 +56,14 @@ def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) -> R
 
 def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) -> tuple[Checkpoint, tuple]:
     """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage."""
-    from ckptinspect.readiness import GENERIC_MTP_PREFIXES as rule_generic, load_rules
+    from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 
     if CONFIG not in raw.json_files:
         raise ConfigError("no config.json in the checkpoint", path=raw.location)
     config = normalize_config(raw.json_files[CONFIG], source=f"{raw.location}/config.json")
     ruleset = load_rules(tuple(rules_dirs))
     family = ruleset.match(config)
-    templates = family.mtp_prefixes if family is not None else (rule_generic or GENERIC_MTP_PREFIXES)
+    templates = family.mtp_prefixes if family is not None else GENERIC_MTP_PREFIXES
     prefixes = compile_prefixes(tuple(templates), config.num_hidden_layers)
 
     scans = scan_all(raw)

@@ -312,6 +312,10 @@ class _Handler(BaseHTTPRequestHandler):
             rev = "/".join(tail[1:])
         elif tail[:1] == ["tree"] and len(tail) >= 2:
             rev, tree_path, is_tree = tail[1], "/".join(tail[2:]), True
+        fault = self.hub._take_fault(method, self.path)
+        if fault is not None and fault.kind in ("5xx", "429"):
+            status = 503 if fault.kind == "5xx" else 429
+            return self._send(status, b"injected", {"Retry-After": "0"}, method)
         resolved = self.hub._resolve(repo_id, rev)
         if isinstance(resolved, str):
             return self._error(404, resolved, f"{resolved}: {repo_id}@{rev}", method)
@@ -438,6 +442,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub._record(method, self.path, rng, status, sent)
         if sent < length:
             self.close_connection = True
+
+
+# -- test isolation ----------------------------------------------------------------------------------
+def isolate_hf(monkeypatch: Any, home: Path) -> None:
+    """Point huggingface_hub at a temporary HF_HOME, also for its import-time constants (so nothing a
+    test downloads lands in the user's real cache), and clear token / offline / endpoint settings."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HOME", str(home))
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HF_HUB_OFFLINE", "HF_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_HOME", str(home))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
 
 
 # -- fixture repo builders (tiny safetensors written in the test, sparse data) ----------------------

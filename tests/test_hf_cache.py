@@ -3,13 +3,14 @@ server (so the layout is the real one); offline behaviour with HF_HUB_OFFLINE=1.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import HubServer, make_sharded_repo  # noqa: E402
+from hub_server import HubServer, isolate_hf, make_sharded_repo  # noqa: E402
 
 from ckptinspect.errors import NotFoundError  # noqa: E402
 from ckptinspect.sources.hf_cache import describe_cache_gap, hub_cache_dir, open_hf_cache  # noqa: E402
@@ -21,10 +22,7 @@ REPO = "org/cached"
 @pytest.fixture()
 def cached_repo(tmp_path, monkeypatch):
     """(headers, commit, snapshot dir) of a repo fully downloaded into a temporary HF_HOME."""
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    isolate_hf(monkeypatch, tmp_path / "hf_home")
     root = tmp_path / "repo"
     headers = make_sharded_repo(root, shards=3, experts=4)
     from huggingface_hub import snapshot_download
@@ -92,9 +90,7 @@ def test_open_source_uses_the_cache_offline_without_a_server(cached_repo, monkey
 
 def test_hub_run_fills_the_cache_with_json_only(tmp_path, monkeypatch):
     """After a Hub read the cache holds config + index (not the shards), so it is not 'fully cached'."""
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    isolate_hf(monkeypatch, tmp_path / "hf_home")
     root = tmp_path / "repo"
     make_sharded_repo(root, shards=2, experts=2)
     with HubServer() as server:
@@ -103,3 +99,16 @@ def test_hub_run_fills_the_cache_with_json_only(tmp_path, monkeypatch):
     assert open_hf_cache(REPO) is None
     gap = describe_cache_gap(REPO)
     assert "model-00001-of-00002.safetensors" in gap and "config.json" not in gap
+
+
+def test_cli_offline_error_names_the_missing_shard(cached_repo, monkeypatch):
+    import subprocess
+
+    _, _, snapshot = cached_repo
+    (snapshot / "model-00001-of-00003.safetensors").unlink()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    proc = subprocess.run([sys.executable, "-m", "ckptinspect", "snapshot", REPO, "-o", str(snapshot.parent / "x.json.gz"),
+                           "--quiet"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1
+    assert "HF_HUB_OFFLINE=1" in proc.stderr and "model-00001-of-00003.safetensors" in proc.stderr

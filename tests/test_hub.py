@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import HubServer, make_sharded_repo, write_safetensors  # noqa: E402
+from hub_server import HubServer, isolate_hf, make_sharded_repo, write_safetensors  # noqa: E402
 
 from ckptinspect.errors import AccessError, NotFoundError  # noqa: E402
 from ckptinspect.sources import hub as hub_mod  # noqa: E402
@@ -19,11 +19,7 @@ from ckptinspect.sources.hub import open_hub  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _isolated_hf(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    isolate_hf(monkeypatch, tmp_path / "hf_home")
 
 
 @pytest.fixture()
@@ -201,3 +197,13 @@ def test_on_header_sees_every_header_once_as_it_arrives(server, repo):
     raw = open_hub("org/tiny", endpoint=server.url, progress=False, on_header=lambda s, h: seen.append((s, h)))
     assert sorted(seen) == sorted(headers.items())
     assert dict(raw.headers) == headers
+
+
+def test_shard_names_needing_url_quoting(server, tmp_path):
+    root = tmp_path / "odd"
+    shard = "weights part #1.safetensors"
+    header = write_safetensors(root / shard, ["model.norm.weight"])
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"model.norm.weight": shard}}))
+    (root / "config.json").write_text("{}")
+    server.add_repo("org/odd", root)
+    assert open_hub("org/odd", endpoint=server.url, progress=False).headers[shard] == header

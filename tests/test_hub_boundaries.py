@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import HubServer, names_for_header, write_safetensors  # noqa: E402
+from hub_server import HubServer, isolate_hf, names_for_header, write_safetensors  # noqa: E402
 
 from ckptinspect.errors import HeaderError  # noqa: E402
 from ckptinspect.sources import hub as hub_mod  # noqa: E402
@@ -23,9 +23,7 @@ from ckptinspect.sources.hub import open_hub  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _isolated_hf(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    isolate_hf(monkeypatch, tmp_path / "hf_home")
 
 
 @pytest.mark.parametrize("n", [99_992, 99_993, 99_994, 99_999, 100_000, 100_001])

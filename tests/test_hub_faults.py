@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import HubServer, make_sharded_repo, write_safetensors  # noqa: E402
+from hub_server import HubServer, isolate_hf, make_sharded_repo, write_safetensors  # noqa: E402
 
 from ckptinspect.errors import NetworkError  # noqa: E402
 from ckptinspect.sources import http_ranges  # noqa: E402
@@ -25,9 +25,7 @@ SHARD = "model-00002-of-00003.safetensors"
 
 @pytest.fixture(autouse=True)
 def _fast_retries(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    isolate_hf(monkeypatch, tmp_path / "hf_home")
     monkeypatch.setattr(http_ranges, "DEFAULT_ATTEMPTS", 3)
     monkeypatch.setattr(http_ranges, "DEFAULT_BACKOFF_S", 0.01)
 

@@ -242,6 +242,8 @@ def test_bf16_mtp_not_in_ignore_list_compressed_tensors(make_fixture, tmp_path):
     # fc: vLLM quantizes it under compressed-tensors (forced BF16 only for modelopt_fp4) while
     # SGLang's Qwen3.5 MTP builds it as a plain nn.Linear
     assert "mtp.fc" in listed("vllm") and "mtp.fc" not in listed("sglang")
+    hint = next(f.hint for f in mtp.findings if f.code == "mtp-bf16-not-excluded" and f.engine == "vllm")
+    assert "re:mtp\\..*" in hint  # spelled for compressed-tensors re.match semantics
 
 
 def test_unknown_family_generic_scan(make_fixture, tmp_path):
@@ -440,3 +442,50 @@ def test_runtime_names_and_user_rules(make_fixture, tmp_path):
                                                          if f.code == "exclude-keyed-by-checkpoint-name")
     assert "mtp-bf16-not-excluded" not in sg.reasons  # names "either": the checkpoint name is covered
     assert mtp.verdicts["vllm"].verdict == "ready"
+
+
+def test_deepseek_bf16_mtp_without_exclude_entry_differs_per_engine(make_fixture, tmp_path):
+    """NVFP4 DeepSeek whose exclude list lost `model.layers.{L}*`: SGLang's NextN builds the layer
+    unquantized under modelopt_fp4 whatever the list says (ready); vLLM builds NVFP4 parameters for
+    the BF16 tensors (unusable, D6)."""
+    src = make_fixture("deepseek_v3_nvfp4")
+    dst = _copy(src, tmp_path / "ds_no_mtp_exclude")
+    L = json.loads((dst / "config.json").read_text())["num_hidden_layers"]
+    hq = json.loads((dst / "hf_quant_config.json").read_text())
+    hq["quantization"]["exclude_modules"] = [e for e in hq["quantization"]["exclude_modules"]
+                                             if not e.startswith(f"model.layers.{L}")]
+    (dst / "hf_quant_config.json").write_text(json.dumps(hq))
+    mtp = build_report(str(dst), progress=False).mtp
+    assert mtp.verdicts["sglang"].verdict == "ready" and mtp.verdicts["sglang"].draft_quantization is None
+    assert mtp.verdicts["vllm"].verdict == "unusable" and "mtp-bf16-not-excluded" in reasons(mtp, "vllm")
+    finding = next(f for f in mtp.findings if f.code == "mtp-bf16-not-excluded")
+    assert f"model.layers.{L}.*" in finding.hint
+    assert f"model.layers.{L}.eh_proj" not in finding.message  # eh_proj is a plain nn.Linear in both engines
+
+
+def test_modelopt_mixed_precision_decides_sglang_draft_quant(make_fixture, tmp_path):
+    """SGLang's Qwen3.5 MTP keeps modelopt_mixed only when quantized_layers lists mtp.* modules
+    (python/sglang/srt/models/qwen3_5_mtp.py _mtp_quant_config)."""
+    src = make_fixture("qwen3_5_moe_mtp_partial_quant")
+    L = json.loads((src / "config.json").read_text())["text_config"]["num_hidden_layers"]
+    main = {f"model.language_model.layers.{i}.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16}
+            for i in range(L)}
+    outcomes = {}
+    for label, listed in (("mtp_listed", {**main, "mtp.layers.0.mlp.experts": {"quant_algo": "NVFP4",
+                                                                                "group_size": 16}}),
+                          ("mtp_unlisted", main)):
+        def mixed(cfg, listed=listed):
+            q = cfg["quantization_config"]
+            q["quant_algo"] = "MIXED_PRECISION"
+            q["quantized_layers"] = listed
+            q.pop("ignore", None)
+
+        dst = _copy(src, tmp_path / label, mixed)
+        (dst / "hf_quant_config.json").unlink()
+        outcomes[label] = build_report(str(dst), progress=False).mtp
+    listed_sg = outcomes["mtp_listed"].verdicts["sglang"]
+    assert listed_sg.draft_quantization is not None  # inherit: the MTP experts stay NVFP4 ...
+    assert "mtp-partial-quant" in listed_sg.reasons  # ... but the rest of the draft is BF16 (D17)
+    unlisted_sg = outcomes["mtp_unlisted"].verdicts["sglang"]
+    assert unlisted_sg.draft_quantization is None
+    assert "mtp-quantized-but-built-unquantized" in unlisted_sg.reasons

@@ -247,7 +247,7 @@ def test_cli_list_show_validate(tmp_path):
 
     good = write_rule(tmp_path / "good", MINIMAL)
     ok = run_cli("rules", "validate", str(good))
-    assert ok.returncode == 0 and "ok:" in ok.stdout and "family toy" in ok.stdout
+    assert ok.returncode == 0 and ok.stdout.strip() == f"ok: {good}"
     bad_doc = json.loads(json.dumps(MINIMAL))
     bad_doc["engines"]["vllm"]["layer_use"] = "sometimes"
     bad = write_rule(tmp_path / "bad", bad_doc)
@@ -319,3 +319,18 @@ def test_cli_show_json_includes_inherited_defects():
     assert vllm["forced_unquantized"][0]["modules"] == ["fc"]  # inherited from qwen3_5_moe
     assert "mtp-declared-but-absent" in {d["code"] for d in vllm["defects"]}  # inherited from mtp_common
     assert doc["rule"]["mtp"]["experts"] is None
+
+
+def test_cli_validate_directory_with_internal_extends(tmp_path):
+    base = {**MINIMAL, "id": "toy_base", "abstract": True, "match": {}}
+    child = {"schema_version": 1, "id": "toy_child", "name": "Toy child", "extends": "toy_base",
+             "match": {"architectures": ["ToyChildForCausalLM"]}}
+    write_rule(tmp_path / "d", base)
+    write_rule(tmp_path / "d", child)
+    res = run_cli("rules", "validate", str(tmp_path / "d"))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("ok:") == 2
+    alone = run_cli("rules", "validate", str(tmp_path / "d" / "toy_child.yaml"))
+    assert alone.returncode == 2 and "$.extends: unknown family 'toy_base'" in alone.stderr
+    with_dir = run_cli("rules", "--rules-dir", str(tmp_path / "d"), "validate", str(tmp_path / "d" / "toy_child.yaml"))
+    assert with_dir.returncode == 0, with_dir.stderr

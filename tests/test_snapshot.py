@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import HubServer, make_sharded_repo  # noqa: E402
+from hub_server import HubServer, isolate_hf, make_sharded_repo  # noqa: E402
 
 from ckptinspect.errors import ConfigError, NotFoundError, SourceError  # noqa: E402
 from ckptinspect.records import RawCheckpoint  # noqa: E402
@@ -24,9 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def _isolated_hf(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    isolate_hf(monkeypatch, tmp_path / "hf_home")
 
 
 def _raw(headers: dict[str, bytes]) -> RawCheckpoint:
@@ -51,6 +49,9 @@ def test_round_trip_is_byte_exact(tmp_path):
     assert back.stats["snapshot_of"]["ref"] == "org/x"
     doc = json.loads(gzip.decompress(out.read_bytes()))
     assert doc["format_version"] == FORMAT_VERSION and "c.safetensors" in doc["headers_base64"]
+    write_snapshot(back, tmp_path / "again.json.gz")  # a snapshot of a snapshot keeps the original source
+    again = read_snapshot(tmp_path / "again.json.gz")
+    assert again.stats["snapshot_of"]["kind"] == "hub" and dict(again.headers) == headers
 
 
 def test_same_checkpoint_gives_identical_bytes(tmp_path):
@@ -79,7 +80,7 @@ def test_refuses_to_write_into_the_model_directory(tmp_path):
     (gzip.compress(b'{"format": "something-else"}'), "not a ckptinspect snapshot"),
     (gzip.compress(b'{"format": "ckptinspect-snapshot", "format_version": 99}'), "format_version 99"),
     (gzip.compress(b'{"format": "ckptinspect-snapshot", "format_version": 1}'), "malformed field"),
-])
+], ids=["not-gzip", "not-json", "other-format", "future-version", "missing-fields"])
 def test_bad_snapshot_files(tmp_path, content, needle):
     path = tmp_path / "bad.json.gz"
     path.write_bytes(content)

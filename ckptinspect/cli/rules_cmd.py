@@ -105,24 +105,29 @@ def validate_cmd(ctx: click.Context, paths: tuple[Path, ...]) -> None:
 
     failures = 0
     extra_dirs = ctx.obj.get("rules_dirs", ())
+
+    def check(action) -> bool:  # type: ignore[no-untyped-def]
+        nonlocal failures
+        try:
+            action()
+        except RuleError as exc:
+            failures += 1
+            click.echo(f"invalid: {exc}", err=True)
+            return False
+        return True
+
     for path in paths:
-        files = rule_files(path) if path.is_dir() else [path]
-        for file in files:
-            try:
-                doc = read_rule_file(file)
-                # Resolve it together with the built-ins: catches unknown `extends`, claims that
-                # collide inside one layer, and families without engines or layout.
-                load_rules(extra_dirs, extra_files=[file])
-            except RuleError as exc:
-                failures += 1
-                click.echo(f"invalid: {exc}", err=True)
-                continue
-            click.echo(f"ok: {file} (family {doc['id']})")
-        if path.is_dir() and files:
-            try:
-                load_rules((*extra_dirs, path))
-            except RuleError as exc:
-                failures += 1
-                click.echo(f"invalid: {exc}", err=True)
+        if path.is_dir():
+            # Schema per file, then the directory resolved as a whole (files may extend each other).
+            files = rule_files(path)
+            good = [f for f in files if check(lambda f=f: read_rule_file(f))]
+            if len(good) == len(files) and check(lambda: load_rules((*extra_dirs, path))):
+                for file in files:
+                    click.echo(f"ok: {file}")
+            continue
+        # A single file is resolved together with the built-ins (and any --rules-dir): catches an
+        # unknown `extends`, claims that collide inside one layer, a family without engines.
+        if check(lambda: read_rule_file(path)) and check(lambda: load_rules(extra_dirs, extra_files=[path])):
+            click.echo(f"ok: {path}")
     if failures:
         sys.exit(2)

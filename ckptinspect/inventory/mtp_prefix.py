@@ -14,22 +14,6 @@ from dataclasses import dataclass
 
 from ckptinspect.errors import RuleError
 
-# Used when no family rule matched (docs/ARCHITECTURE.md); the readiness package may override.
-GENERIC_MTP_PREFIXES: tuple[str, ...] = (
-    "model.layers.{L+k}.",
-    "model.language_model.layers.{L+k}.",
-    "language_model.model.layers.{L+k}.",
-    "mtp.layers.{k}.",
-    "mtp.",
-    "model.mtp_layers.{k}.",
-    "model.mtp.layers.{k}.",
-    "model.mtp.",
-    "model.mtp_block.{k}.",
-    "model.mtp_emb_norm.{k}.",
-    "model.mtp_hidden_norm.{k}.",
-    "model.mtp_linear_proj.{k}.",
-)
-
 _TOKEN = re.compile(r"\{(L\+k|L|k|\*)\}|\.(\d+)(?=\.|$)")
 
 

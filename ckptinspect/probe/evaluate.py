@@ -29,23 +29,30 @@ def target_hidden(main, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode: str, temperature: float,
-                pad_id: int, device) -> dict[str, Tally]:
-    """Counts per category for one batch of sequences (tallies are merged by the caller)."""
+                pad_id: int, device, hidden: torch.Tensor | None = None, with_target: bool = True) -> dict[str, Tally]:
+    """Counts per category for one batch of sequences (tallies are merged by the caller).
+
+    ``hidden``: target hidden states supplied from outside (``--main-url``); ``with_target`` False
+    when the main model's logits are not available (no sampled-acceptance estimate, greedy mode only).
+    """
     n = max(len(s.tokens) for s in batch)
     ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
     for i, s in enumerate(batch):
         ids[i, : len(s.tokens)] = torch.tensor(s.tokens)
     ids = ids.to(device)
-    hidden = target_hidden(main, ids)
+    if hidden is None:
+        hidden = target_hidden(main, ids)
     lm_head = main.get_output_embeddings()
 
     def target_logits(start: int, end: int) -> torch.Tensor:
         return lm_head(hidden[:, start:end])
 
-    chain = run_chain(head, ids, hidden, steps, target_logits_fn=target_logits, temperature=temperature)
+    chain = run_chain(head, ids, hidden, steps, target_logits_fn=target_logits if with_target else None,
+                      temperature=temperature)
     drafts = chain.drafts.cpu().numpy()  # [K, B, S]
     min_pq = chain.min_pq.cpu().numpy() if chain.min_pq is not None else None
-    argmax = torch.cat([lm_head(hidden[:, i:i + 512]).argmax(-1) for i in range(0, n, 512)], dim=1).cpu().numpy()
+    argmax = (torch.cat([lm_head(hidden[:, i:i + 512]).argmax(-1) for i in range(0, n, 512)], dim=1).cpu().numpy()
+              if with_target else np.zeros((len(batch), n), dtype=np.int64))
     tallies: dict[str, Tally] = {}
     for b, seq in enumerate(batch):
         tally = tallies.setdefault(seq.category, Tally(steps))

@@ -35,6 +35,9 @@ def _device_plan(device: str, devices: Seq[int] | None) -> tuple[Any, list[str],
 
 
 def _free_bytes(names: list[str]) -> int:
+    override = os.environ.get("CKPTINSPECT_PROBE_MEMORY_LIMIT")  # bytes; lets tests exercise the check
+    if override:
+        return int(override)
     if names[0].startswith("cuda"):
         return sum(torch.cuda.mem_get_info(torch.device(n))[0] for n in names)
     try:
@@ -117,19 +120,31 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
     config = loader.read_config(model_dir)
     metas = loader.read_headers(model_dir)
     spec = find_spec(config)
-    readiness = check_mtp_usable(model, model_dir, config, metas, spec)
-    if config.get("auto_map") and not trust_remote_code and not spec.main_model_type:
+    if config.get("auto_map") and not trust_remote_code and not (spec and spec.main_model_type):
         from transformers import CONFIG_MAPPING
 
         if str(config.get("model_type")) not in CONFIG_MAPPING:
             raise ProbeError("the checkpoint needs remote code (config.json auto_map, model_type "
                              f"{config.get('model_type')!r} unknown to transformers); pass --trust-remote-code to run it",
                              path=model_dir)
+    readiness = check_mtp_usable(model, model_dir, config, metas, spec)
     device_map, names, primary = _device_plan(device, devices)
     torch_dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                    "fp32": torch.float32, "float32": torch.float32}.get(dtype or "", None)
     if torch_dtype is None:
         torch_dtype = torch.bfloat16 if primary.startswith("cuda") else torch.float32
+    prompt_list = load_prompts(prompts)
+    if max_prompts:
+        prompt_list = prompt_list[:max_prompts]
+    if main_url:  # the main model lives in the server: no in-process memory check
+        if mode != "greedy":
+            raise ProbeError("--main-url supports --mode greedy only")
+        from ckptinspect.probe.server_client import run_remote
+
+        return run_remote(main_url, model_dir=model_dir, config=config, metas=metas, spec=spec, prompts=prompt_list,
+                          steps=steps, max_new_tokens=max_new_tokens, gpu=gpu, readiness=readiness,
+                          device=primary, dtype=torch_dtype, started=started, ref=model,
+                          batch_size=batch_size, progress=progress, temperature=temperature)
     need = estimate_bytes(metas, torch_dtype)
     free = _free_bytes(names)
     if need > free:
@@ -137,16 +152,6 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                          f"{str(torch_dtype).replace('torch.', '')}) but only {free / 2**30:.1f} GiB is free on "
                          f"{', '.join(names)}; add --devices or use --main-url", path=model_dir)
 
-    prompt_list = load_prompts(prompts)
-    if max_prompts:
-        prompt_list = prompt_list[:max_prompts]
-    if main_url:
-        from ckptinspect.probe.server_client import run_remote
-
-        return run_remote(main_url, model_dir=model_dir, config=config, metas=metas, spec=spec, prompts=prompt_list,
-                          steps=steps, max_new_tokens=max_new_tokens, gpu=gpu, readiness=readiness,
-                          device=primary, dtype=torch_dtype, started=started, ref=model,
-                          batch_size=batch_size, progress=progress, temperature=temperature)
 
     load_dir, tmp = loader.prepare_loadable_dir(model_dir, metas, torch_dtype if torch_dtype != torch.float32 else torch.bfloat16, progress)
     try:

@@ -5,7 +5,9 @@ chain over that text contains every draft a real decode would make; the walk pic
 real decode reaches: begin where the prompt ends (the prefill produced x_P and the first drafts
 sit on h_{P-1}), accept the leading drafts equal to the text (n), emit n + 1 tokens (correction or
 bonus), jump to the new last position. A step is recorded only when all K drafts have a reference
-token inside the sequence (the tail of each sequence is dropped, as a max-new-tokens cut would).
+token inside the sequence and the step's whole output (K drafts + bonus) fits in it: near the end a
+real decode crops the step at max-new-tokens (transformers `_assisted_decoding` ``tokens_budget``),
+so those tail steps are dropped rather than counted with a truncated window.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ def match_matrix(drafts: np.ndarray, tokens: np.ndarray, length: int) -> np.ndar
     k_steps, seq = drafts.shape
     out = np.zeros((k_steps, seq), dtype=bool)
     for j in range(1, k_steps + 1):
-        last = length - 1 - j  # start t needs t + j + 1 <= length - 1
+        last = length - 2 - j  # start t needs t + j + 1 <= length - 1
         if last < 0:
             continue
         ref = tokens[j + 1: last + j + 2]
@@ -38,7 +40,7 @@ def verify_walk(matches: np.ndarray, prompt_len: int, length: int) -> list[int]:
     accepted = leading_accepts(matches)
     steps: list[int] = []
     t = prompt_len - 1
-    while t + k_steps + 1 <= length - 1:
+    while t + k_steps + 2 <= length - 1:
         n = int(accepted[t])
         steps.append(n)
         t += n + 1

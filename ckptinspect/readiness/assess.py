@@ -8,6 +8,7 @@ version range are still reported, as info findings, so users of older engines se
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any, Mapping
 
@@ -49,14 +50,14 @@ def declared_depth(rule: FamilyRule, checkpoint: Checkpoint) -> tuple[str | None
 
 
 def build_facts(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleSet) -> Facts:
-    from ckptinspect.quant.declared import ExcludeMatcher
+    from ckptinspect.quant.declared import matcher_for
 
     rule = family if family is not None else (ruleset.generic or _empty_rule())
     layers = scan_layers(checkpoint.inventory.mtp_groups(), rule.mtp, checkpoint.config)
     key, value = declared_depth(rule, checkpoint)
     return Facts(checkpoint=checkpoint, family=family, rule=rule, layers=layers, declared_key=key,
                  declared_layers=value, engine_method=engine_method(checkpoint.declared),
-                 matcher=ExcludeMatcher(checkpoint.declared))
+                 matcher=matcher_for(checkpoint.declared))
 
 
 def assess_mtp(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleSet, *,
@@ -148,9 +149,19 @@ def _values(facts: Facts) -> dict[str, Any]:
         "L": cfg.num_hidden_layers, "present": facts.present, "declared": facts.declared_layers,
         "key": facts.declared_key, "keys": ", ".join(mtp.depth_keys) or "none", "default": mtp.depth_default,
         "prefix": prefix or "(generic patterns)", "prefix_hint": prefix or None,
-        "exclude_hint": f"{prefix}*" if prefix else "the MTP prefix", "method": facts.engine_method or "unquantized",
+        "exclude_hint": _exclude_hint(facts, prefix), "method": facts.engine_method or "unquantized",
         "family": facts.family.id if facts.family else None,
     }
+
+
+def _exclude_hint(facts: Facts, prefix: str) -> str:
+    """An exclude entry covering the MTP prefix, spelled for the checkpoint's list semantics."""
+    if not prefix:
+        return "the MTP prefix"
+    if any(lst.semantics == "ct_regex" for lst in facts.checkpoint.declared.excludes) or \
+            facts.engine_method == "compressed-tensors":
+        return "re:" + re.escape(prefix) + ".*"  # compressed-tensors: re.match, else exact names
+    return f"{prefix}*"  # ModelOpt / glob lists: fnmatch; the trailing dot keeps layer 3 from matching 30
 
 
 def _assessment(facts: Facts, verdicts: Mapping[str, EngineVerdict], findings: list[Finding]) -> MtpAssessment:

@@ -191,11 +191,11 @@ def uncovered_bf16(ctx: EngineContext, names: str = "either") -> list[str]:
             for g in scan.groups:
                 if not is_linear_weight(g) or g.scheme not in UNQUANTIZED:
                     continue
-                rel = scan.relative(g.module.format(*([g.index] if g.index is not None else [])
-                                                     + [0] * g.module.count("{}")))
+                modules = _sample_modules(g)
+                rel = scan.relative(modules[0])
                 if rel is not None and any(rel == m or rel.startswith(m + ".") for m in forced):
                     continue
-                bad = [n for n in _sample_modules(g) if not _covered(ctx, n, scan.k, names)]
+                bad = [n for n in modules if not _covered(ctx, n, scan.k, names)]
                 if bad:
                     out.append(g.module.replace("{}", str(g.index), 1) if g.index is not None else g.module)
     ctx._uncovered[names] = sorted(set(out))
@@ -207,7 +207,7 @@ def _sample_modules(g: TensorGroup) -> list[str]:
     so one group (e.g. all experts of a layer) is covered or not as a whole; three probes keep this
     O(groups) even for 256-expert MTP layers."""
     subs = sorted(g.sub_indices) or [()]
-    picks = {subs[0], subs[len(subs) // 2], subs[-1]}
+    picks = sorted({subs[0], subs[len(subs) // 2], subs[-1]})
     slots = g.module.count("{}")
     out = []
     for sub in picks:

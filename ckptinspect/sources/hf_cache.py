@@ -134,12 +134,18 @@ def describe_cache_gap(repo_id: str, revision: str | None = None) -> str:
     return f"{repo_id}@{commit[:12]} in the HF cache lacks {head}"
 
 
-def open_hf_cache(repo_id: str, *, revision: str | None = None, required: bool = False) -> RawCheckpoint | None:
+def open_hf_cache(repo_id: str, *, revision: str | None = None, required: bool | None = None) -> RawCheckpoint | None:
     """Read ``repo_id@revision`` from the HF cache; None when not fully cached.
 
     Args:
-        required: raise NotFoundError naming what is missing instead of returning None (HF_HUB_OFFLINE=1).
+        required: raise NotFoundError naming what is missing instead of returning None. Defaults to
+            HF_HUB_OFFLINE=1 (or TRANSFORMERS_OFFLINE=1): offline, the caller cannot fall back to the Hub,
+            so the error says which file the cache lacks.
     """
+    if required is None:
+        from ckptinspect.sources.hub import hub_offline
+
+        required = hub_offline()
     gap = describe_cache_gap(repo_id, revision)
     if gap:
         if required:

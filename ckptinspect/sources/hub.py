@@ -23,6 +23,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Mapping
+from urllib.parse import quote
 
 from ckptinspect.errors import AccessError, ConfigError, HeaderError, NetworkError, NotFoundError
 from ckptinspect.header.parser import read_length_prefix
@@ -118,8 +119,8 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
     headers = build_hf_headers(token=token)
     client = RangeClient(repo_id, headers, timeout=timeout, stats=stats)
 
-    def url(filename: str) -> str:
-        return f"{endpoint}/{repo_id}/resolve/{commit}/{filename}"
+    def url(filename: str) -> str:  # huggingface_hub's HUGGINGFACE_CO_URL_TEMPLATE, pinned to the commit
+        return f"{endpoint}/{repo_id}/resolve/{quote(commit, safe='')}/{quote(filename)}"
 
     json_files: dict[str, Any] = {}
     cached = 0

@@ -59,7 +59,7 @@ def write_snapshot(raw: RawCheckpoint, path: Path) -> None:
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "created_by": f"ckptinspect {__version__}",
-        "source": {"ref": raw.ref, "kind": raw.kind, "location": raw.location, "revision": raw.revision},
+        "source": _provenance(raw),
         "files": list(raw.files),
         "shards": list(raw.headers),  # the source's shard order (JSON objects below are key-sorted)
         "json_files": dict(raw.json_files),
@@ -131,6 +131,14 @@ def read_snapshot(path: Path) -> RawCheckpoint:
         )
     except (KeyError, AttributeError, TypeError, ValueError) as exc:
         raise ConfigError(f"snapshot is missing or has a malformed field: {exc}", path=str(path)) from None
+
+
+def _provenance(raw: RawCheckpoint) -> dict[str, Any]:
+    """Where the metadata came from; a snapshot of a snapshot keeps the original source."""
+    original = raw.stats.get("snapshot_of") if raw.kind == "snapshot" else None
+    if isinstance(original, dict):
+        return dict(original)
+    return {"ref": raw.ref, "kind": raw.kind, "location": raw.location, "revision": raw.revision}
 
 
 def _umask() -> int:

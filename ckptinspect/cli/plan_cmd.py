@@ -1,0 +1,63 @@
+"""`ckptinspect plan`: fit a checkpoint on GPUs and print SGLang / vLLM launch commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ckptinspect.errors import PlanError
+
+
+@click.command()
+@click.argument("model")
+@click.option("--gpu", required=True, help="GPU name or alias, e.g. rtx-pro-6000, b200, h200 (unknown names list the catalog).")
+@click.option("--gpus", type=click.IntRange(1, 1024), required=True, help="Number of GPUs (TP size).")
+@click.option("--context", type=click.IntRange(1), default=None, help="Context length in tokens (default: the model's max).")
+@click.option("--goal", type=click.Choice(["latency", "throughput"]), default="latency", show_default=True)
+@click.option("--engine", type=click.Choice(["sglang", "vllm", "both"]), default="both", show_default=True)
+@click.option("--probe-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Probe JSON whose recommendation sets the speculative steps / draft tokens.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
+@click.option("--rules-dir", "rules_dirs", multiple=True, type=click.Path(exists=True, file_okay=False,
+              path_type=Path), help="Extra MTP family rule files. Repeatable.")
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
+@click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hub token.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def plan(model: str, gpu: str, gpus: int, context: int | None, goal: str, engine: str, probe_report: Path | None,
+         fmt: str, rules_dirs: tuple[Path, ...], revision: str | None, token: str | None, quiet: bool) -> None:
+    """Plan MODEL on GPUS x GPU: TP/EP that loads, memory, KV capacity, launch commands with reasons."""
+    from ckptinspect.pipeline import build_report
+    from ckptinspect.plan import find_gpu, make_plan, render_plan_markdown, render_plan_text
+
+    find_gpu(gpu)  # fail on a bad GPU name before reading any checkpoint
+    probe = _read_probe(probe_report) if probe_report else None
+    report = build_report(model, rules_dirs=rules_dirs, revision=revision, token=token, progress=not quiet)
+    result = make_plan(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal, engine=engine,
+                       probe_report=probe)
+    if fmt == "json":
+        click.echo(json.dumps(result.to_json(), indent=2))
+    elif fmt == "markdown":
+        click.echo(render_plan_markdown(result), nl=False)
+    else:
+        click.echo(render_plan_text(result), nl=False)
+
+
+def _read_probe(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"cannot read probe report: {exc}", path=str(path)) from exc
+    if not isinstance(data, dict):
+        raise PlanError("probe report is not a JSON object", path=str(path))
+    rec = data.get("recommendation")
+    if rec is not None and not isinstance(rec, dict):
+        raise PlanError("probe report 'recommendation' is not an object", path=str(path))
+    for engine, keys in (("sglang", ("num_steps", "eagle_topk", "num_draft_tokens")), ("vllm", ("num_speculative_tokens",))):
+        values = (rec or {}).get(engine) or {}
+        for key in keys:
+            if key in values and (not isinstance(values[key], int) or values[key] < 1):
+                raise PlanError(f"recommendation.{engine}.{key} must be a positive integer, got {values[key]!r}",
+                                path=str(path))
+    return data

@@ -1,0 +1,81 @@
+"""Pick each engine setting from its rule file: first matching `picks` entry wins.
+
+A pick that is listed as `bad` for the same facts, or missing from the arch's `valid` list, is a
+broken rule file: RuleError, caught by the rule tests rather than shipped in a command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ckptinspect.errors import RuleError
+from ckptinspect.plan.rules import Facts, engine_rules, first_match
+
+
+@dataclass(frozen=True)
+class Choice:
+    setting: str
+    flag: str
+    value: str | bool | None  # None: flag left out, engine default applies
+    reason: str
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"setting": self.setting, "flag": self.flag, "value": self.value, "reason": self.reason,
+                "source": self.source}
+
+
+@dataclass(frozen=True)
+class Avoid:
+    flag: str
+    value: str
+    reason: str
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"flag": self.flag, "value": self.value, "reason": self.reason, "source": self.source}
+
+
+def arch_class(engine: str, arch: str) -> str:
+    classes = engine_rules(engine)["arch_classes"]
+    if arch not in classes:
+        raise RuleError(f"no {engine} arch class for {arch}", path=f"rules/engines/{engine}.yaml")
+    return classes[arch]
+
+
+def choose(engine: str, facts: Facts) -> tuple[tuple[Choice, ...], tuple[Avoid, ...]]:
+    rules = engine_rules(engine)
+    cls = arch_class(engine, facts.arch)
+    choices, avoid = [], []
+    for name, setting in rules["settings"].items():
+        if not facts.matches(setting.get("applies", {})):
+            continue
+        pick = first_match(setting["picks"], facts)
+        if pick is None:
+            continue
+        bad_here = [b for b in setting.get("bad", []) if facts.matches(b["when"])]
+        value = pick["value"]
+        _check_pick(engine, name, value, bad_here, setting.get("valid", {}).get(cls))
+        choices.append(Choice(name, setting["flag"], value, pick["reason"], pick["source"]))
+        avoid.extend(Avoid(setting["flag"], b["value"], b["reason"], b["source"]) for b in bad_here)
+    return tuple(choices), tuple(avoid)
+
+
+def _check_pick(engine: str, name: str, value: Any, bad: list[Mapping[str, Any]], valid: list[str] | None) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if any(b["value"] == value for b in bad):
+        raise RuleError(f"{name}: pick {value!r} is also listed as known-bad", path=f"rules/engines/{engine}.yaml")
+    if valid is not None and value not in valid:
+        raise RuleError(f"{name}: pick {value!r} is not in the valid list {valid}", path=f"rules/engines/{engine}.yaml")
+
+
+def env_for(engine: str, facts: Facts) -> tuple[tuple[str, str, str, str], ...]:
+    """(name, value, reason, source) of every environment variable whose rule holds."""
+    return tuple((e["name"], e["value"], e["reason"], e["source"])
+                 for e in engine_rules(engine).get("env", []) if facts.matches(e["when"]))
+
+
+def parsers_for(engine: str, facts: Facts) -> Mapping[str, Any] | None:
+    return first_match(engine_rules(engine)["parsers"], facts)

@@ -1,0 +1,100 @@
+"""A launch command as data: flags with a one-line reason and a source each, rendered as shell."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptinspect.plan.backends import Avoid, Choice
+
+
+@dataclass(frozen=True)
+class FlagLine:
+    flag: str
+    value: str | None  # None for boolean flags
+    reason: str
+    source: str
+
+    def args(self) -> list[str]:
+        return [self.flag] if self.value is None else [self.flag, self.value]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"flag": self.flag, "value": self.value, "reason": self.reason, "source": self.source}
+
+
+@dataclass(frozen=True)
+class EnvLine:
+    name: str
+    value: str
+    reason: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Command:
+    engine: str
+    version: str
+    launcher: tuple[str, ...]
+    positional: tuple[str, ...]
+    flags: tuple[FlagLine, ...]
+    env: tuple[EnvLine, ...] = ()
+    avoid: tuple[Avoid, ...] = ()
+    caveats: tuple[str, ...] = ()
+
+    def args(self) -> list[str]:
+        """Arguments after the launcher, as the engine's argument parser receives them."""
+        out = list(self.positional)
+        for f in self.flags:
+            out.extend(f.args())
+        return out
+
+    def shell(self) -> str:
+        """Copy-pasteable shell: env assignments, launcher, one flag per continued line."""
+        head = " ".join([*(f"{e.name}={shlex.quote(e.value)}" for e in self.env), *self.launcher,
+                         *(shlex.quote(p) for p in self.positional)])
+        lines = [head] + ["  " + " ".join(shlex.quote(a) for a in f.args()) for f in self.flags]
+        return " \\\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine, "version": self.version, "shell": self.shell(),
+            "argv": [*self.launcher, *self.args()],
+            "env": [{"name": e.name, "value": e.value, "reason": e.reason, "source": e.source} for e in self.env],
+            "flags": [f.to_json() for f in self.flags],
+            "avoid": [a.to_json() for a in self.avoid],
+            "caveats": list(self.caveats),
+        }
+
+
+@dataclass(frozen=True)
+class LaunchInputs:
+    """Everything a command writer needs, decided by plan.py."""
+
+    model_path: str
+    tp: int
+    ep: int
+    context: int
+    goal: str
+    mem_fraction: float
+    mem_fraction_reason: str
+    mem_fraction_source: str
+    max_running_requests: int
+    running_reason: str
+    running_source: str
+    choices: tuple[Choice, ...]
+    avoid: tuple[Avoid, ...]
+    parsers: Any  # rule entry or None
+    spec_enabled: bool
+    spec: dict = field(default_factory=dict)  # engine-specific speculative values
+    spec_reason: str = ""
+    trust_remote_code: bool = False
+
+
+def choice_lines(choices: tuple[Choice, ...]) -> list[FlagLine]:
+    out = []
+    for c in choices:
+        if c.value is None or c.value is False:
+            continue
+        out.append(FlagLine(c.flag, None if c.value is True else str(c.value), c.reason, c.source))
+    return out

@@ -1,0 +1,78 @@
+"""Plan -> text (terminal) and Markdown (report section)."""
+
+from __future__ import annotations
+
+from ckptinspect.plan.plan import Plan
+
+
+def _summary(plan: Plan) -> list[str]:
+    c, g = plan.chosen, plan.gib
+    kv = c.kv
+    mtp = ", ".join(f"{k} {v / g:.2f} GiB" for k, v in plan.mtp_dtypes.items()) or "none"
+    lines = [
+        f"{plan.model} on {plan.gpus}x {plan.gpu.name} ({plan.gpu.arch}, {plan.gpu.memory_gib:g} GiB, "
+        f"{plan.gpu.interconnect}), goal {plan.goal}, context {plan.context}",
+        f"quantization: {plan.quant_label or plan.quant_kind} ({plan.quant_kind}); attention: {plan.attention_kind}"
+        f"{'; MoE' if plan.moe else ''}",
+        f"parallel: TP {c.memory.tp} EP {c.memory.ep} -- {plan.parallel_reason}",
+        f"weights per GPU: {c.memory.main_bytes_per_rank / g:.2f} GiB + MTP draft {c.memory.mtp_bytes_per_rank / g:.2f} GiB"
+        f" (MTP stored as: {mtp})",
+        f"static pool: --mem-fraction-static {c.mem.value:g} of {plan.gpu.memory_gib:g} GiB"
+        f" (SGLang rule {c.mem.formula:g}{'; ' + c.mem.cap_reason if c.mem.cap_reason else ''})",
+        f"KV cache ({kv.kv_dtype}): {kv.budget_bytes / g:.2f} GiB per GPU, {kv.bytes_per_token:.0f} B/token/GPU"
+        + (f", {kv.state_bytes_per_request / 2**20:.1f} MiB state per request" if kv.state_bytes_per_request else "")
+        + f" -> {kv.tokens:,} tokens = {kv.tokens // kv.context} full-context requests;"
+        f" max running requests {kv.max_running_requests}",
+        f"smallest GPU count: {plan.min_gpus}x {plan.gpu.name}"
+        + (f" ({plan.min_gpus_reason})" if plan.min_gpus_reason else ""),
+    ]
+    return lines
+
+
+def _options(plan: Plan) -> list[str]:
+    g = plan.gib
+    out = []
+    for o in plan.options:
+        state = "ok" if o.loads and o.fits else o.why_not(g)
+        out.append(f"TP {o.memory.tp:>2} EP {o.memory.ep:>2}: weights {o.memory.main_bytes_per_rank / g:7.2f} GiB"
+                   f" + MTP {o.memory.mtp_bytes_per_rank / g:5.2f} GiB per GPU -- {state}")
+    return out
+
+
+def render_plan_text(plan: Plan) -> str:
+    lines = ["Deployment plan", "==============="] + _summary(plan) + ["", "TP / EP options:"]
+    lines += ["  " + x for x in _options(plan)]
+    for name, cmd in plan.commands.items():
+        lines += ["", f"{name} {cmd.version}:", cmd.shell(), "", "Why each flag:"]
+        lines += [f"  {f.flag}: {f.reason} [{f.source}]" for f in cmd.flags]
+        lines += [f"  env {e.name}={e.value}: {e.reason} [{e.source}]" for e in cmd.env]
+        if cmd.avoid:
+            lines.append("Avoid on this GPU:")
+            lines += [f"  {a.flag} {a.value}: {a.reason} [{a.source}]" for a in cmd.avoid]
+        lines += [f"Caveat: {c}" for c in cmd.caveats]
+    if plan.notes:
+        lines += ["", "Notes:"] + [f"  [{n.severity}] {n.message} [{n.source}]" for n in plan.notes]
+    return "\n".join(lines) + "\n"
+
+
+def render_plan_markdown(plan: Plan) -> str:
+    lines = ["## Deployment plan", ""] + [f"- {x}" for x in _summary(plan)]
+    lines += ["", "| TP | EP | weights GiB/GPU | MTP GiB/GPU | status |", "|---|---|---|---|---|"]
+    g = plan.gib
+    for o in plan.options:
+        state = "ok" if o.loads and o.fits else o.why_not(g).replace("|", "/")
+        lines.append(f"| {o.memory.tp} | {o.memory.ep} | {o.memory.main_bytes_per_rank / g:.2f} | "
+                     f"{o.memory.mtp_bytes_per_rank / g:.2f} | {state} |")
+    for name, cmd in plan.commands.items():
+        lines += ["", f"### {name} {cmd.version}", "", "```sh", cmd.shell(), "```", "",
+                  "| flag | value | why | source |", "|---|---|---|---|"]
+        lines += [f"| `{f.flag}` | `{f.value if f.value is not None else ''}` | {f.reason} | {f.source} |"
+                  for f in cmd.flags]
+        lines += [f"| env `{e.name}` | `{e.value}` | {e.reason} | {e.source} |" for e in cmd.env]
+        if cmd.avoid:
+            lines += ["", "Avoid on this GPU: " + "; ".join(f"`{a.flag} {a.value}` ({a.reason}, {a.source})"
+                                                          for a in cmd.avoid)]
+        lines += [f"\n> {c}" for c in cmd.caveats]
+    if plan.notes:
+        lines += ["", "Notes:"] + [f"- **{n.severity}**: {n.message} ({n.source})" for n in plan.notes]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,152 @@
+"""``--main-url``: the main model runs in an SGLang server, the MTP layer runs locally.
+
+Protocol (SGLang 0.5.x native API, server started with ``--enable-return-hidden-states``):
+``POST /generate`` with ``{"input_ids": [...], "sampling_params": {"temperature": 0, "max_new_tokens": N},
+"return_hidden_states": true}`` returns ``{"output_ids": [...], "meta_info": {"hidden_states": [...]}}``
+where ``hidden_states[0]`` holds the prompt's rows ([P, H]) and each further entry one decode step's
+row ([H]) (`srt/managers/scheduler_output_processor_mixin.py`; SGLang test `test_hidden_states.py`).
+Those are the post-final-norm states the logits processor saw (mtp_families.md §5.1). Locally we
+only need the embedding, the lm_head and the MTP layer: a one-decoder-layer shell of the main
+model carries them (its decoder layer is never run).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import torch
+
+from ckptinspect.errors import ProbeError
+from ckptinspect.probe import loader
+from ckptinspect.probe.evaluate import Sequence, score_batch
+from ckptinspect.probe.metrics import Tally
+
+
+def post_json(url: str, payload: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise ProbeError(f"server answered HTTP {exc.code}: {exc.read()[:200]!r}", path=url) from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise ProbeError(f"cannot reach the main-model server ({exc})", path=url) from exc
+    except json.JSONDecodeError as exc:
+        raise ProbeError("server reply is not JSON", path=url) from exc
+
+
+def hidden_rows(meta: dict[str, Any], url: str) -> torch.Tensor:
+    hs = meta.get("hidden_states")
+    if not hs:
+        raise ProbeError("reply has no meta_info.hidden_states (start SGLang with --enable-return-hidden-states)",
+                         path=url)
+    rows = []
+    for item in hs:
+        t = torch.tensor(item, dtype=torch.float32)
+        rows.append(t[None] if t.dim() == 1 else t)
+    return torch.cat(rows, dim=0)
+
+
+def load_shell(model_dir: str, config: dict[str, Any], spec, dtype: torch.dtype, device: str):
+    """Main-model class with one decoder layer; embedding, final norm and lm_head loaded from the checkpoint."""
+    from transformers import AutoConfig, AutoModelForCausalLM, CONFIG_MAPPING
+
+    if spec.main_model_type:
+        cfg = CONFIG_MAPPING[spec.main_model_type](**{k: v for k, v in config.items()
+                                                       if k not in ("auto_map", "architectures", "model_type")})
+    else:
+        cfg = AutoConfig.from_pretrained(model_dir)
+    text = cfg.get_text_config()
+    num_layers = int(text.num_hidden_layers)
+    shell_cfg = copy.deepcopy(cfg)
+    shell_text = shell_cfg.get_text_config()
+    shell_text.num_hidden_layers = 1
+    if getattr(shell_text, "layer_types", None):
+        shell_text.layer_types = ["full_attention"]
+    main = AutoModelForCausalLM.from_config(shell_cfg, dtype=dtype)
+    metas = loader.read_headers(model_dir)
+    wanted = {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"}
+    tensors = dict(loader.iter_tensors(model_dir, metas, lambda n: n in wanted, dtype))
+    main.get_input_embeddings().weight.data.copy_(tensors["model.embed_tokens.weight"])
+    if "lm_head.weight" in tensors:
+        main.get_output_embeddings().weight.data.copy_(tensors["lm_head.weight"])
+    return main.to(device).eval(), num_layers
+
+
+def build_remote_head(spec, main, model_dir: str, num_layers: int):
+    from ckptinspect.probe.heads.fusion import FusionHead, fuse_expert_tensors
+    from ckptinspect.probe.heads.transformers_mtp import TransformersMtpHead
+
+    metas = loader.read_headers(model_dir)
+    prefix = spec.concrete_prefix(num_layers)
+    ref = next(main.parameters())
+    tensors = {n[len(prefix):]: t for n, t in loader.iter_tensors(model_dir, metas, lambda n: n.startswith(prefix), ref.dtype)}
+    if spec.kind != "transformers":
+        return FusionHead(main, spec, tensors, source=model_dir)
+    head = TransformersMtpHead.fresh(main, family=spec.id)
+    layer = head.mtp.layers[0]
+    top = {"enorm", "hnorm", "eh_proj"}
+    state: dict[str, torch.Tensor] = {}
+    block_in = {}
+    for name, t in tensors.items():
+        first = name.split(".")[0]
+        if first in top:
+            state[name] = t
+        elif name.startswith("shared_head.norm."):
+            state["post_norm." + name[len("shared_head.norm."):]] = t
+        elif not name.startswith(("shared_head.head", "embed_tokens")):
+            block_in[name] = t
+    expected = set(layer.mtp_block.state_dict())
+    state.update({"mtp_block." + k: v for k, v in fuse_expert_tensors(block_in, expected).items() if k in expected})
+    missing = sorted(set(layer.state_dict()) - set(state))
+    if missing:
+        raise ProbeError(f"MTP layer is missing {', '.join(missing[:5])}", path=model_dir)
+    layer.load_state_dict({k: v.to(ref.dtype) for k, v in state.items()})
+    head.to(ref.device)
+    return head
+
+
+def run_remote(url: str, *, model_dir, config, metas, spec, prompts, steps, max_new_tokens, gpu, readiness, device,
+               dtype, started, ref, batch_size, progress, temperature):
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from ckptinspect.probe.result import build_result
+    from ckptinspect.probe.runner import _encode
+
+    base = url.rstrip("/")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    main, num_layers = load_shell(model_dir, config, spec, dtype, device)
+    head = build_remote_head(spec, main, model_dir, num_layers)
+    eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    tallies: dict[str, Tally] = {}
+    for prompt in tqdm(prompts, desc="remote generate+mtp", unit="prompt", disable=not progress):
+        ids = _encode(tok, prompt, chat=True)
+        reply = post_json(f"{base}/generate", {"input_ids": ids, "return_hidden_states": True,
+                                               "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}})
+        out = list(reply.get("output_ids", []))
+        for c, t in enumerate(out):
+            if t in eos:
+                out = out[: c + 1]
+                break
+        tokens = ids + out
+        rows = hidden_rows(reply.get("meta_info", {}), base)
+        if rows.shape[0] < len(tokens) - 1:
+            raise ProbeError(f"server returned {rows.shape[0]} hidden rows for {len(tokens)} tokens", path=base)
+        hidden = torch.zeros(1, len(tokens), rows.shape[1], dtype=dtype, device=device)
+        hidden[0, : len(tokens) - 1] = rows[: len(tokens) - 1].to(dtype)
+        seq = Sequence(prompt.category, tuple(tokens), len(ids))
+        pad = tok.pad_token_id or 0
+        for cat, t in score_batch(main, head, [seq], steps, mode="greedy", temperature=temperature, pad_id=pad,
+                                  device=device, hidden=hidden, with_target=False).items():
+            tallies.setdefault(cat, Tally(steps)).merge(t)
+    return build_result(ref=ref, model_dir=model_dir, config=config, metas=metas, spec=spec, mode="greedy",
+                        steps=steps, temperature=temperature, gpu=gpu, tallies=tallies, readiness=readiness,
+                        devices=[device], dtype=str(dtype).replace("torch.", ""), started=started,
+                        max_new_tokens=max_new_tokens, main_source=f"SGLang-compatible server {base}",
+                        dequantized=False)
