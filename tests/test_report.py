@@ -255,3 +255,13 @@ def test_help_lists_every_command():
     for command in ("report", "diff", "rules", "plan", "snapshot", "probe"):
         assert command in result.stdout
     assert os.environ.get("CKPTINSPECT_DEBUG") is None
+
+
+def test_mtp_cost_per_gpu_shrinks_with_tp(make_fixture):
+    path = make_fixture("qwen3_5_moe_nvfp4")
+    one = report_json(path, "--tp", "1")["mtp"]["cost"][0]
+    four = report_json(path, "--tp", "4")["mtp"]["cost"][0]
+    assert one["bytes_per_gpu"] == one["loaded_bytes"]  # TP1 holds the whole (loaded) MTP layer
+    assert four["ep"] == 4 and four["bytes_per_gpu"] < one["bytes_per_gpu"]
+    text = run_cli("report", str(path), "--tp", "4", "--quiet")
+    assert "MTP cost at TP=4 EP=4" in text.stdout

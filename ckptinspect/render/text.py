@@ -67,7 +67,13 @@ def sections(report: Any) -> list[tuple[str, list[str], list[list[Any]]]]:
         out.append(("MTP readiness", ["engine", "version", "verdict", "method", "draft class", "draft quant",
                                       "layers used", "because"], ready_rows))
     for cost in report.mtp_costs:
-        out.append(cost.section())
+        out.append((f"MTP cost at TP={cost.tp} EP={cost.ep}", ["", ""], [
+            ["MTP params / stored size", f"{human_count(cost.params)} / {human_bytes(cost.bytes)}"],
+            ["Loaded by the engine", f"{human_bytes(cost.loaded_bytes)} (embedding / head shared with the target;"
+                                     f" routed experts {human_bytes(cost.expert_bytes)})"],
+            ["Per GPU", f"{human_bytes(cost.bytes_per_gpu)} of {human_bytes(cost.total_bytes_per_gpu)} weights "
+                        f"({100 * cost.share_per_gpu:.2f}%)"],
+        ]))
 
     findings = sorted(list(ck.findings) + (list(mtp.findings) if mtp else []),
                       key=lambda f: _SEVERITY_ORDER.get(f.severity, 3))
