@@ -1,0 +1,197 @@
+"""make_plan acceptance scenarios and edge cases (rules and memory model at full scale)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from ckptinspect.errors import PlanError
+from ckptinspect.plan import make_plan, render_plan_markdown, render_plan_text
+from ckptinspect.plan.rules import engine_rules
+from plan_checkpoints import deepseek_v3_fp8, glm_4_5_fp8, mtp_ready
+
+SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "ckptinspect" / "plan" / "plan.schema.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def qwen35(tmp_path_factory: pytest.TempPathFactory):
+    """The full-scale nvidia/Qwen3.5-397B-A17B-NVFP4 layout (94 sparse shards) read by the real pipeline."""
+    from fixtures.replica import build_replica
+    from ckptinspect.pipeline import build_report
+
+    path = build_replica(tmp_path_factory.mktemp("replica"))
+    report = build_report(str(path), progress=False)
+    return report.checkpoint, report.mtp
+
+
+def _flags(plan, engine: str = "sglang") -> dict[str, str | None]:
+    return {f.flag: f.value for f in plan.commands[engine].flags}
+
+
+def _valid(engine: str, setting: str, cls: str) -> list[str]:
+    return engine_rules(engine)["settings"][setting]["valid"][cls]
+
+
+def _bad(setting: str, arch: str) -> set[str]:
+    return {b["value"] for b in engine_rules("sglang")["settings"][setting].get("bad", []) if arch in b["when"].get("arch", [arch])}
+
+
+def test_qwen35_nvfp4_on_8x_rtx_pro_6000(qwen35) -> None:
+    ck, mtp = qwen35
+    plan = make_plan(ck, mtp, gpu="rtx-pro-6000", gpus=8)
+    f = _flags(plan)
+    assert f["--quantization"] == "modelopt_fp4"
+    assert f["--moe-runner-backend"] == "flashinfer_cutlass"
+    assert f["--fp4-gemm-backend"] in _valid("sglang", "fp4_gemm_backend", "blackwell_rtx")
+    assert f["--fp4-gemm-backend"] not in _bad("fp4_gemm_backend", "sm120")
+    assert f["--attention-backend"] in _valid("sglang", "attention_backend", "blackwell_rtx")
+    assert f["--attention-backend"] not in _bad("attention_backend", "sm120")
+    # moe_intermediate_size 1024 / TP 8 = 128 breaks the NVFP4 group rule, so EP must be on.
+    assert (plan.chosen.memory.tp, plan.chosen.memory.ep) == (8, 8)
+    assert f["--tp-size"] == "8" and f["--ep-size"] == "8"
+    failing = [o for o in plan.options if o.memory.tp == 8 and o.memory.ep == 1][0]
+    assert [c.id for c in failing.checks if not c.ok] == ["nvfp4-moe-group"]
+    assert plan.chosen.fits and plan.chosen.kv.tokens > plan.context
+    assert f["--speculative-algorithm"] in ("NEXTN", "EAGLE")
+    assert (f["--speculative-num-steps"], f["--speculative-eagle-topk"], f["--speculative-num-draft-tokens"]) == ("3", "1", "4")
+    assert "--disable-custom-all-reduce" in f  # PCIe box
+    # 397B NVFP4 weights (~222 GiB + BF16 MTP) fit on 4 but not 2 cards of 95.6 GiB.
+    assert plan.min_gpus == 4 and plan.min_gpus_reason.startswith("2x")
+    # MTP layer is BF16 in this checkpoint and is counted per GPU.
+    assert set(plan.mtp_dtypes) == {"bf16"} and plan.chosen.memory.mtp_bytes_per_rank > 0
+    vf = _flags(plan, "vllm")
+    assert json.loads(vf["--speculative-config"]) == {"method": "mtp", "num_speculative_tokens": 2}
+    assert vf["--tensor-parallel-size"] == "8" and "--enable-expert-parallel" in vf
+
+
+def test_qwen35_nvfp4_on_8x_b200_uses_sm100_choices(qwen35) -> None:
+    ck, mtp = qwen35
+    plan = make_plan(ck, mtp, gpu="b200", gpus=8)
+    f = _flags(plan)
+    assert f["--moe-runner-backend"] == "flashinfer_trtllm"
+    assert f["--attention-backend"] == "trtllm_mha"
+    assert f["--fp4-gemm-backend"] in _valid("sglang", "fp4_gemm_backend", "blackwell_dc")
+    assert f["--kv-cache-dtype"] == "fp8_e4m3"
+    assert "--disable-custom-all-reduce" not in f  # NVLink
+    assert plan.chosen.mem.cap_reason is None  # the SM120 cap does not apply
+    assert plan.min_gpus == 2
+
+
+def test_qwen35_nvfp4_on_8x_h200_says_no_native_hopper_path(qwen35) -> None:
+    ck, mtp = qwen35
+    plan = make_plan(ck, mtp, gpu="h200", gpus=8)
+    warning = [n for n in plan.notes if n.severity == "warning" and "NVFP4" in n.message]
+    assert warning and "no native path" in warning[0].message and "FP8" in warning[0].message
+    f = _flags(plan)
+    assert f["--fp4-gemm-backend"] == "marlin" and f["--moe-runner-backend"] == "marlin"
+    assert "Marlin" in render_plan_text(plan)
+
+
+def test_deepseek_v3_fp8_mla_tp8_on_h200() -> None:
+    plan = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="h200", gpus=8)
+    assert (plan.chosen.memory.tp, plan.chosen.memory.ep) == (8, 1)  # 2048 / 8 = 256, block 128 ok
+    assert all(c.ok for c in plan.chosen.checks)
+    f = _flags(plan)
+    assert "--quantization" not in f  # FP8 is auto-detected
+    assert f["--attention-backend"] == "fa3"
+    assert "--kv-cache-dtype" not in f  # FA3 MLA has no FP8 KV
+    # MLA caches one (512 + 64)-wide latent per layer (61 + 1 MTP layer) on every rank, BF16.
+    assert plan.chosen.kv.bytes_per_token == (512 + 64) * 62 * 2
+    assert plan.min_gpus == 8 and "4x" in plan.min_gpus_reason
+
+
+def test_glm45_fp8_tp8_fails_block_128_and_ep_fixes_it() -> None:
+    plan = make_plan(glm_4_5_fp8(), mtp_ready(), gpu="h200", gpus=8, engine="sglang")
+    tp_only = [o for o in plan.options if o.memory.tp == 8 and o.memory.ep == 1][0]
+    failed = [c for c in tp_only.checks if not c.ok]
+    assert [c.id for c in failed] == ["fp8-block-moe"] and failed[0].fix == "ep"
+    assert "192" in failed[0].message and "128" in failed[0].message
+    assert plan.chosen.memory.ep == 8 and _flags(plan)["--ep-size"] == "8"
+    assert "192" in plan.parallel_reason
+    tp4 = [o for o in plan.options if o.memory.tp == 4 and o.memory.ep == 1][0]
+    assert tp4.loads  # 1536 / 4 = 384 = 3 x 128
+
+
+def test_impossible_fit_says_by_how_much() -> None:
+    with pytest.raises(PlanError) as err:
+        make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="rtx-5090", gpus=8)
+    text = str(err.value)
+    assert "does not run on 8x RTX-5090" in text and "GiB more per GPU" in text
+    assert "smallest that works" in text or "no count" in text
+
+
+def test_probe_report_overrides_speculative_defaults(qwen35) -> None:
+    ck, mtp = qwen35
+    probe = {"recommendation": {"sglang": {"num_steps": 2, "eagle_topk": 1, "num_draft_tokens": 3},
+                                "vllm": {"num_speculative_tokens": 1}}}
+    plan = make_plan(ck, mtp, gpu="b200", gpus=4, probe_report=probe)
+    f = _flags(plan)
+    assert (f["--speculative-num-steps"], f["--speculative-num-draft-tokens"]) == ("2", "3")
+    assert json.loads(_flags(plan, "vllm")["--speculative-config"])["num_speculative_tokens"] == 1
+    assert plan.speculative["sglang"]["from"] == "probe report"
+
+
+def test_throughput_goal_prefers_ep_and_adds_caveat(qwen35) -> None:
+    ck, mtp = qwen35
+    plan = make_plan(ck, mtp, gpu="b200", gpus=4, goal="throughput")
+    assert plan.chosen.memory.ep == 4
+    assert plan.commands["sglang"].caveats and "concurrency" in plan.commands["sglang"].caveats[0]
+    assert int(_flags(plan)["--max-running-requests"]) == engine_rules("sglang")["requests"]["throughput"]
+
+
+def test_no_speculative_flags_without_usable_mtp() -> None:
+    plan = make_plan(deepseek_v3_fp8(), mtp_ready(verdict="unusable"), gpu="h200", gpus=8)
+    assert not any(f.startswith("--speculative") for f in _flags(plan))
+    assert "--speculative-config" not in _flags(plan, "vllm")
+    # Without the draft its MTP weights are not loaded.
+    assert plan.chosen.memory.mtp_bytes_per_rank == 0
+
+
+def test_smaller_context_raises_running_capacity() -> None:
+    big = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="h200", gpus=8)
+    small = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="h200", gpus=8, context=8192)
+    assert small.chosen.kv.tokens == big.chosen.kv.tokens
+    assert small.chosen.kv.tokens // 8192 > big.chosen.kv.tokens // big.context
+
+
+def test_json_matches_schema_and_text_renders(qwen35) -> None:
+    ck, mtp = qwen35
+    plan = make_plan(ck, mtp, gpu="rtx-pro-6000", gpus=8)
+    data = plan.to_json()
+    jsonschema.validate(data, SCHEMA)
+    json.dumps(data)
+    assert data["parallel"] == {"tp": 8, "ep": 8, "reason": plan.parallel_reason}
+    for cmd in data["commands"].values():
+        assert all(f["source"] and f["reason"] for f in cmd["flags"])
+    md = render_plan_markdown(plan)
+    assert "```sh" in md and "--moe-runner-backend" in md
+
+
+def test_bad_inputs_raise_plan_error(qwen35) -> None:
+    ck, mtp = qwen35
+    with pytest.raises(PlanError, match="known GPUs"):
+        make_plan(ck, mtp, gpu="v100", gpus=8)
+    with pytest.raises(PlanError, match="goal"):
+        make_plan(ck, mtp, gpu="b200", gpus=8, goal="cheap")
+    with pytest.raises(PlanError, match="gpus"):
+        make_plan(ck, mtp, gpu="b200", gpus=0)
+
+
+def test_cli_plan_json_and_errors(qwen35, cli, tmp_path: Path) -> None:
+    ck, _ = qwen35
+    proc = cli("plan", ck.location, "--gpu", "b200", "--gpus", "8", "--format", "json", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    jsonschema.validate(data, SCHEMA)
+    assert data["commands"]["sglang"]["argv"][:3] == ["python", "-m", "sglang.launch_server"]
+    bad = cli("plan", ck.location, "--gpu", "v100", "--gpus", "8")
+    assert bad.returncode == 2 and "known GPUs" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    tiny = cli("plan", ck.location, "--gpu", "rtx-5090", "--gpus", "2", "--quiet")
+    assert tiny.returncode == 2 and "GiB more per GPU" in tiny.stderr
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"recommendation": {"sglang": {"num_steps": 0}}}))
+    badprobe = cli("plan", ck.location, "--gpu", "b200", "--gpus", "8", "--probe-report", str(probe), "--quiet")
+    assert badprobe.returncode == 2 and "num_steps" in badprobe.stderr

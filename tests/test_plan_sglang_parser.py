@@ -1,0 +1,107 @@
+"""Every generated SGLang command is parsed by SGLang 0.5.23's own argument parser.
+
+tests/sglang_parser.py installs sglang==0.5.23 without dependencies plus the packages its
+server_args module imports (once, cached) and runs `ServerArgs.add_cli_args` in a subprocess.
+vLLM 0.33.0's parser is not imported (see docs/readme/plan.md); its commands are checked against
+the flag vocabulary copied from the v0.33.0 sources into rules/engines/vllm.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ckptinspect.plan import make_plan
+from ckptinspect.plan.rules import engine_rules
+from plan_checkpoints import deepseek_v3_fp8, glm_4_5_fp8, mtp_ready
+from sglang_parser import parse_with_sglang
+
+GPUS = ["rtx-pro-6000", "b200", "b300", "h200", "h100", "h20", "gb200", "l40s", "a100", "mi300x", "mi355x",
+        "dgx-spark"]
+
+
+@pytest.fixture(scope="session")
+def qwen35(tmp_path_factory: pytest.TempPathFactory):
+    from fixtures.replica import build_replica
+    from ckptinspect.pipeline import build_report
+
+    report = build_report(str(build_replica(tmp_path_factory.mktemp("replica"))), progress=False)
+    return report.checkpoint, report.mtp
+
+
+@pytest.fixture(scope="session")
+def plans(qwen35) -> list:
+    out = []
+    cases = [(qwen35[0], qwen35[1]), (deepseek_v3_fp8(), mtp_ready()), (glm_4_5_fp8(), mtp_ready("NEXTN"))]
+    for ck, mtp in cases:
+        for gpu in GPUS:
+            for goal in ("latency", "throughput"):
+                try:
+                    out.append(make_plan(ck, mtp, gpu=gpu, gpus=8, goal=goal))
+                except Exception as exc:  # an impossible fit on small cards is expected
+                    assert "does not run" in str(exc), exc
+    assert len(out) >= 30
+    return out
+
+
+@pytest.fixture(scope="session")
+def sglang_parsed(plans) -> dict:
+    return parse_with_sglang([p.commands["sglang"].args() for p in plans])
+
+
+def test_sglang_parser_accepts_every_generated_command(plans, sglang_parsed) -> None:
+    for plan, result in zip(plans, sglang_parsed["results"]):
+        assert result["ok"], f"{plan.model} on {plan.gpu.name}: {result.get('error')}"
+        values = result["values"]
+        flags = {f.flag: f.value for f in plan.commands["sglang"].flags}
+        assert values["tp_size"] == int(flags["--tp-size"])
+        if "--moe-runner-backend" in flags:
+            assert values["moe_runner_backend"] == flags["--moe-runner-backend"]
+
+
+def test_sglang_parser_rejects_what_it_does_not_know(sglang_parsed) -> None:
+    # The harness must be able to fail: a renamed flag and an unknown choice are refused.
+    bad = parse_with_sglang([["--model-path", "m", "--mamba-scheduler-strategy", "no_buffer"],
+                             ["--model-path", "m", "--attention-backend", "fa5"]])
+    assert [r["ok"] for r in bad["results"]] == [False, False]
+
+
+def test_rule_values_are_sglang_choices(sglang_parsed) -> None:
+    choices = sglang_parsed["choices"]
+    for name, setting in engine_rules("sglang")["settings"].items():
+        flag = setting["flag"]
+        if setting.get("boolean"):
+            continue
+        known = choices.get(flag)
+        assert known is not None, f"{flag} has no choices in SGLang 0.5.23"
+        values = [p["value"] for p in setting["picks"] if p["value"] is not None]
+        values += [b["value"] for b in setting.get("bad", [])]
+        values += [v for vs in setting.get("valid", {}).values() for v in vs]
+        unknown = sorted(set(values) - set(known))
+        assert not unknown, f"{flag}: {unknown} are not SGLang 0.5.23 choices"
+    for entry in engine_rules("sglang")["parsers"]:
+        for key, flag in (("reasoning", "--reasoning-parser"), ("tool", "--tool-call-parser")):
+            if entry[key]:
+                assert entry[key] in choices[flag], f"{flag} {entry[key]}"
+
+
+def test_speculative_algorithm_is_registered(plans) -> None:
+    algorithms = engine_rules("sglang")["speculative"]["algorithms"]
+    seen = {f.value for p in plans for f in p.commands["sglang"].flags if f.flag == "--speculative-algorithm"}
+    assert seen and seen <= set(algorithms)
+
+
+def test_vllm_commands_use_documented_flags_and_choices(plans) -> None:
+    cli = engine_rules("vllm")["cli"]
+    for plan in plans:
+        cmd = plan.commands["vllm"]
+        assert cmd.launcher == ("vllm", "serve") and cmd.positional
+        for f in cmd.flags:
+            assert f.flag in cli["flags"], f"{f.flag} is not a vLLM 0.33.0 flag"
+            if f.flag in cli["choices"]:
+                assert f.value in cli["choices"][f.flag], f"{f.flag} {f.value}"
+            if f.flag == "--speculative-config":
+                spec = json.loads(f.value)
+                assert spec["method"] in cli["choices"]["speculative_method"]
+                assert spec["num_speculative_tokens"] >= 1
