@@ -12,9 +12,11 @@ from typing import Any, Sequence
 
 from ckptinspect.config.normalize import normalize_config
 from ckptinspect.errors import ConfigError
-from ckptinspect.inventory.build import build_inventory, count_shard_names
+from ckptinspect.inventory.build import build_inventory
+from ckptinspect.inventory.index_summary import IndexSummary
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
-from ckptinspect.inventory.scan import ShardScan, scan_all
+from ckptinspect.inventory.parallel import scan_checkpoint
+from ckptinspect.inventory.scan import ShardScan
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
 from ckptinspect.records import Checkpoint, Finding, Inventory, ModelConfig, MtpAssessment, RawCheckpoint
@@ -66,9 +68,10 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) 
     templates = family.mtp_prefixes if family is not None else GENERIC_MTP_PREFIXES
     prefixes = compile_prefixes(tuple(templates), config.num_hidden_layers)
 
-    scans = scan_all(raw)
+    scans, index_summary = scan_checkpoint(raw)
     findings: list[Finding] = []
-    findings.extend(_index_findings(raw, scans))
+    if index_summary is not None:
+        findings.extend(_index_findings(raw, scans, index_summary))
     inventory, inv_findings = build_inventory(scans, config, prefixes)
     findings.extend(inv_findings)
     declared, decl_findings = read_declared(config.raw, raw.json_files.get(HF_QUANT_CONFIG))
@@ -84,16 +87,14 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) 
     return checkpoint, (ruleset, family)
 
 
-def _index_findings(raw: RawCheckpoint, scans: list[ShardScan]) -> list[Finding]:
+def _index_findings(raw: RawCheckpoint, scans: list[ShardScan], summary: IndexSummary) -> list[Finding]:
     """The index must name exactly the tensors the headers hold (engines load by the index)."""
-    index = raw.json_files.get(INDEX)
-    if not isinstance(index, dict):
-        return []
     findings = []
-    weight_map = index.get("weight_map", {})
-    counts, hashes = count_shard_names(weight_map)
-    bad = [s for s in scans if counts.get(s.shard, 0) != s.tensors or hashes.get(s.shard, 0) != s.name_hash]
+    bad = [s for s in scans if summary.counts.get(s.shard, 0) != s.tensors
+           or summary.name_hashes.get(s.shard, 0) != s.name_hash]
     if bad:
+        # Rare: only now are the names themselves compared, to say which ones.
+        weight_map = raw.json_files[INDEX]["weight_map"]
         for scan in bad:
             header_names = set(_header_names(raw, scan.shard))
             index_names = {n for n, s in weight_map.items() if s == scan.shard}
@@ -105,12 +106,11 @@ def _index_findings(raw: RawCheckpoint, scans: list[ShardScan]) -> list[Finding]
                 parts.append(f"{len(extra)} header tensor(s) not in the index (e.g. {extra[0]})")
             findings.append(Finding("index-header-mismatch", "error", f"{scan.shard}: " + "; ".join(parts),
                                     subject=scan.shard))
-    total = (index.get("metadata") or {}).get("total_size")
     data = sum(s.data_bytes for s in scans)
-    if isinstance(total, int) and total != data:
+    if summary.total_size is not None and summary.total_size != data:
         findings.append(Finding("index-total-size-mismatch", "info",
-                                f"index metadata.total_size is {total:,} but the headers hold {data:,} bytes of tensors",
-                                subject=INDEX))
+                                f"index metadata.total_size is {summary.total_size:,} but the headers hold "
+                                f"{data:,} bytes of tensors", subject=INDEX))
     return findings
 
 

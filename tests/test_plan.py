@@ -195,3 +195,73 @@ def test_cli_plan_json_and_errors(qwen35, cli, tmp_path: Path) -> None:
     probe.write_text(json.dumps({"recommendation": {"sglang": {"num_steps": 0}}}))
     badprobe = cli("plan", ck.location, "--gpu", "b200", "--gpus", "8", "--probe-report", str(probe), "--quiet")
     assert badprobe.returncode == 2 and "num_steps" in badprobe.stderr
+
+
+def test_gpu_count_that_breaks_heads_names_the_check() -> None:
+    with pytest.raises(PlanError) as err:
+        make_plan(glm_4_5_fp8(), mtp_ready(), gpu="h200", gpus=6)
+    # 96 heads / 6 = 16 is fine, but 8 KV heads neither divide nor are divisible by 6.
+    assert "num_key_value_heads 8" in str(err.value) and "smallest that works: 4x" in str(err.value)
+
+
+def test_rocm_nvfp4_uses_petit_and_warns(qwen35) -> None:
+    ck, mtp = qwen35
+    plan = make_plan(ck, mtp, gpu="mi355x", gpus=8)
+    f = _flags(plan)
+    assert f["--quantization"] == "petit_nvfp4" and f["--attention-backend"] == "aiter"
+    assert "--fp4-gemm-backend" not in f
+    assert any("Petit" in n.message for n in plan.notes)
+
+
+def test_context_beyond_model_max_warns() -> None:
+    plan = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="b200", gpus=8, context=200_000)
+    assert any("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in n.message for n in plan.notes)
+
+
+def test_pick_listed_as_known_bad_is_a_rule_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import copy
+
+    from ckptinspect.errors import RuleError
+    from ckptinspect.plan import backends
+
+    broken = copy.deepcopy(engine_rules("sglang"))
+    broken["settings"]["moe_runner_backend"]["picks"].insert(
+        0, {"when": {"arch": ["sm120"]}, "value": "flashinfer_trtllm", "reason": "wrong", "source": "test"})
+    monkeypatch.setattr(backends, "engine_rules", lambda name: broken if name == "sglang" else engine_rules(name))
+    facts = backends.Facts(arch="sm120", quant="nvfp4", attention="hybrid_linear", moe=True, interconnect="pcie",
+                           spec=True, goal="latency", model_type="qwen3_5_moe", name="x")
+    with pytest.raises(RuleError, match="known-bad"):
+        backends.choose("sglang", facts)
+
+
+def test_rule_file_failing_schema_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from ckptinspect.errors import RuleError
+    from ckptinspect.plan import rules
+
+    root = tmp_path / "rules"
+    shutil.copytree(rules.rules_root(), root)
+    import yaml
+
+    data = yaml.safe_load((root / "engines" / "vllm.yaml").read_text())
+    del data["settings"]["kv_cache_dtype"]["picks"][0]["source"]
+    (root / "engines" / "vllm.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(rules, "rules_root", lambda: root)
+    rules.engine_rules.cache_clear()
+    try:
+        with pytest.raises(RuleError) as err:
+            rules.engine_rules("vllm")
+        assert "vllm.yaml" in str(err.value) and "source" in str(err.value)
+    finally:
+        rules.engine_rules.cache_clear()
+
+
+def test_tree_drafting_from_probe_moves_off_topk1_only_backend(qwen35) -> None:
+    ck, mtp = qwen35
+    probe = {"recommendation": {"sglang": {"num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8}}}
+    plan = make_plan(ck, mtp, gpu="b200", gpus=8, engine="sglang", probe_report=probe)
+    f = _flags(plan)
+    assert f["--speculative-eagle-topk"] == "4"
+    assert f["--attention-backend"] in engine_rules("sglang")["speculative"]["topk_gt1_backends"]
+    assert f["--attention-backend"] != "trtllm_mha"

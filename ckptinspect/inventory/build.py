@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Iterable
 
 from ckptinspect.inventory.classify import (
@@ -135,12 +135,3 @@ def _show(pattern: str, index: int | None) -> str:
     if index is None:
         return pattern
     return pattern.replace("{}", str(index), 1).replace("{}", "N")
-
-
-def count_shard_names(weight_map: dict) -> tuple[Counter, dict[str, int]]:
-    """Per shard: how many names the index maps to it, and the hash sum of those names."""
-    counts: Counter = Counter(weight_map.values())
-    hashes: dict[str, int] = defaultdict(int)
-    for name, shard in weight_map.items():
-        hashes[shard] += hash(name)
-    return counts, {s: h & 0xFFFFFFFFFFFFFFFF for s, h in hashes.items()}

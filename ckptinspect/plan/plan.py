@@ -156,6 +156,11 @@ def _option(ck: Checkpoint, gpu: GpuSpec, facts: Facts, tp: int, ep: int, contex
     return Option(wm, run_checks(ck, facts, tp, ep), mem, kv)
 
 
+def _closeness(o: Option) -> tuple:
+    # The option to explain when none works: fewest failed checks, then the smallest memory miss.
+    return (o.loads, -sum(1 for c in o.checks if not c.ok), -o.kv.miss_bytes)
+
+
 def _ep_order(moe: bool, tp: int, goal: str) -> tuple[int, ...]:
     if not moe or tp == 1:
         return (1,)
@@ -211,7 +216,7 @@ def make_plan(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: str, gp
             min_gpus = n
             if previous is not None:
                 p = by_count[previous]
-                best = max(p, key=lambda o: (o.loads, -o.kv.miss_bytes))
+                best = max(p, key=_closeness)
                 min_reason = f"{previous}x {spec_gpu.name}: {best.why_not(gib)}"
             break
         previous = n
@@ -219,7 +224,7 @@ def make_plan(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: str, gp
     chosen = works(by_count[gpus])
     if chosen is None:
         opts = by_count[gpus]
-        best = max(opts, key=lambda o: (o.loads, -o.kv.miss_bytes))
+        best = max(opts, key=_closeness)
         hint = (f"smallest that works: {min_gpus}x {spec_gpu.name}" if min_gpus
                 else f"no count up to {max(by_count)}x {spec_gpu.name} works")
         raise PlanError(f"{ck.ref} does not run on {gpus}x {spec_gpu.name} at TP {gpus}: {best.why_not(gib)}", hint=hint)
@@ -235,6 +240,11 @@ def make_plan(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: str, gp
                       + ("" if chosen.kv.max_running_requests == target else
                          f", lowered so the KV pool still holds one {context}-token request"))
     notes = [Note(n["severity"], n["message"], n["source"]) for n in common.get("notes", []) if facts.matches(n["when"])]
+    if cfg.max_position_embeddings and context > cfg.max_position_embeddings:
+        notes.append(Note("warning", f"--context {context} exceeds the model's max_position_embeddings "
+                          f"{cfg.max_position_embeddings}: SGLang refuses it unless "
+                          "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (quality beyond the trained length is not assured)",
+                          "SG:configs/model_config.py (derived context_length check)"))
     speculative: dict[str, Any] = {}
     commands: dict[str, Command] = {}
     for name in engines:
@@ -242,6 +252,8 @@ def make_plan(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: str, gp
         efacts = Facts(**{**facts.__dict__, "spec": spec_on})
         choices, avoid = (sg_choices, sg_avoid) if name == "sglang" and spec_on == facts.spec else choose(name, efacts)
         spec_values, spec_reason = _spec_values(name, mtp, goal, probe_report) if spec_on else ({}, "")
+        if name == "sglang" and spec_values.get("eagle_topk", 1) > 1:
+            choices = _tree_draft_attention(choices, efacts)
         speculative[name] = spec_values or None
         if mtp and name in mtp.verdicts and not spec_on:
             notes.append(Note("info", f"{name}: no speculative flags, MTP verdict is {mtp.verdicts[name].verdict}",
@@ -261,6 +273,23 @@ def make_plan(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: str, gp
     return Plan(ck.ref, spec_gpu, gpus, context, goal, engines, facts.quant, ck.declared.label, cfg.attention_kind,
                 moe, chosen, reason, tuple(options), min_gpus, min_reason, mtp_dtypes(ck), _verdicts(mtp),
                 speculative, commands, tuple(notes), gib)
+
+
+def _tree_draft_attention(choices: tuple[Choice, ...], facts: Facts) -> tuple[Choice, ...]:
+    """Swap the attention backend for one that supports --speculative-eagle-topk > 1."""
+    from ckptinspect.plan.backends import arch_class
+
+    rules = engine_rules("sglang")
+    allowed = rules["speculative"]["topk_gt1_backends"]
+    valid = rules["settings"]["attention_backend"]["valid"].get(arch_class("sglang", facts.arch), allowed)
+    out = []
+    for c in choices:
+        if c.setting == "attention_backend" and c.value not in allowed:
+            pick = next((b for b in allowed if b in valid), allowed[-1])
+            c = Choice(c.setting, c.flag, pick, f"probe asks for eagle_topk > 1, which {c.value} cannot run",
+                       rules["speculative"]["topk_source"])
+        out.append(c)
+    return tuple(out)
 
 
 def _mem_flag(engine: str, mem: MemFraction, facts: Facts) -> tuple[float, str, str]:

@@ -33,7 +33,8 @@ def _load_validated(path: Path, schema_name: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
-        raise RuleError(f"cannot read rule file: {exc}", path=str(path)) from exc
+        detail = " ".join(str(exc).split())  # YAML errors span lines; the CLI prints one
+        raise RuleError(f"cannot read rule file: {detail}", path=str(path)) from exc
     schema = json.loads((rules_root() / "schema" / schema_name).read_text(encoding="utf-8"))
     try:
         jsonschema.validate(data, schema)

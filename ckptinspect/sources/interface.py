@@ -116,6 +116,9 @@ class LazyJsonFiles(Mapping[str, Any]):
             self._parsed[name] = parse_json_bytes(data, source=str(path))
         return self._parsed[name]
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._names  # Mapping's default would parse the file to answer
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
@@ -141,6 +144,10 @@ class LocalHeaders(Mapping[str, bytes]):
         if self._shards is None:
             self._shards = self._resolve()
         return self._shards
+
+    def set_shards(self, shards: tuple[str, ...]) -> None:
+        """Shard list already read from the index elsewhere (a worker process)."""
+        self._shards = tuple(shards)
 
     def __getitem__(self, shard: str) -> bytes:
         return read_header_file(self.directory / shard, source=shard)[0]
