@@ -265,3 +265,11 @@ def test_mtp_cost_per_gpu_shrinks_with_tp(make_fixture):
     assert four["ep"] == 4 and four["bytes_per_gpu"] < one["bytes_per_gpu"]
     text = run_cli("report", str(path), "--tp", "4", "--quiet")
     assert "MTP cost at TP=4 EP=4" in text.stdout
+
+
+@pytest.mark.parametrize("name", ["broken_missing_shard", "broken_index_escape", "broken_unknown_dtype"])
+def test_bad_input_in_the_parallel_scan_path(name, make_fixture):
+    """Errors raised inside worker processes (index summary, header scan) still become one line."""
+    result = run_cli("report", str(make_fixture(name)), env={"CKPTINSPECT_WORKERS": "2"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and BROKEN[name] in result.stderr
