@@ -41,6 +41,10 @@ def plans(qwen35) -> list:
                     out.append(make_plan(ck, mtp, gpu=gpu, gpus=8, goal=goal))
                 except Exception as exc:  # an impossible fit on small cards is expected
                     assert "does not run" in str(exc), exc
+    # Probe-driven tree drafting (topk > 1) swaps the attention backend; SGLang must accept that too.
+    probe = {"recommendation": {"sglang": {"num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8}}}
+    for gpu in ("b200", "rtx-pro-6000", "h200"):
+        out.append(make_plan(qwen35[0], qwen35[1], gpu=gpu, gpus=8, probe_report=probe))
     assert len(out) >= 30
     return out
 

@@ -273,3 +273,18 @@ def test_bad_input_in_the_parallel_scan_path(name, make_fixture):
     result = run_cli("report", str(make_fixture(name)), env={"CKPTINSPECT_WORKERS": "2"})
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and BROKEN[name] in result.stderr
+
+
+@pytest.mark.parametrize("name,engine,gate,code", [
+    ("deepseek_v3_nvfp4_nomtp", "vllm", "unusable", 1),     # declared but absent
+    ("deepseek_v3_nvfp4_nomtp", "both", "degraded", 1),
+    ("qwen3_5_moe_nvfp4", "both", "degraded", 0),           # complete BF16 MTP: ready on both
+    ("llama_bf16", "both", "degraded", 0),                   # no MTP at all is not a failure
+    ("mimo_v2_flash", "vllm", "degraded", 1),               # vLLM reuses layer 0 of 3
+    ("mimo_v2_flash", "sglang", "degraded", 0),
+])
+def test_fail_on_gate(name, engine, gate, code, make_fixture):
+    result = run_cli("report", str(make_fixture(name)), "--engine", engine, "--fail-on", gate, "--quiet")
+    assert result.returncode == code, (result.stdout[-500:], result.stderr)
+    if code:
+        assert result.stderr.startswith(f"fail-on {gate}: MTP verdict")

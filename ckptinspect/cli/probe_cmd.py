@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import click
 
@@ -68,7 +67,7 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
     result = run_probe(model, device=device, devices=_parse_devices(devices), prompts=prompts_file,
                        max_new_tokens=max_new_tokens, steps=steps, mode=mode, temperature=temperature, gpu=gpu,
                        trust_remote_code=trust_remote_code, batch_size=batch_size, dtype=dtype,
-                       progress=not quiet and sys.stderr.isatty() or None, main_url=main_url,
+                       progress=not quiet, main_url=main_url,
                        max_prompts=max_prompts)
     text = json.dumps(result.to_json(), indent=2) if fmt == "json" else render_text(result)
     if output:

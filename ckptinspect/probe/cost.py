@@ -21,7 +21,7 @@ from typing import Any
 BW_EFF = 0.80
 FLOP_EFF = 0.60
 
-# Fallback GPU constants used only when ckptinspect.plan.gpus (rules/gpus.yaml) is unavailable.
+# Fallback GPU constants used only when ckptinspect.plan.gpus (rules/gpus.yaml) is not importable.
 # Dense (no sparsity) tensor TFLOPS per precision and HBM bandwidth, NVIDIA datasheets:
 # H200 SXM (141 GB HBM3e, 4.8 TB/s), H100 SXM (80 GB, 3.35 TB/s), B200 (180 GB, 8 TB/s), A100 80GB SXM (2.039 TB/s).
 FALLBACK_GPUS: dict[str, dict[str, Any]] = {
@@ -62,36 +62,34 @@ class ModelCost:
 
 
 def resolve_gpu(name: str, precision: str) -> GpuFacts:
-    spec = None
-    try:  # the plan helper's catalog, when present
-        from ckptinspect.plan.gpus import find_gpu  # type: ignore[import-not-found]
+    """GPU facts from the project catalog (rules/gpus.yaml via ckptinspect.plan.gpus), else the
+    builtin table above. Precision falls back fp4 -> fp8 -> bf16 where the GPU lacks it."""
+    from ckptinspect.errors import CkptInspectError, ProbeError
 
-        spec = find_gpu(name)
-    except Exception:  # noqa: BLE001 - missing module or unknown name -> builtin table
-        spec = None
-    if spec is not None:
-        bw = _first(spec, ("bandwidth_tbs", "memory_bandwidth_tbs", "bandwidth_tb_s"))
-        tfl = _first(spec, ("tflops",)) or {}
-        if bw and isinstance(tfl, dict) and tfl:
-            prec = precision if precision in tfl else ("bf16" if "bf16" in tfl else next(iter(tfl)))
-            return GpuFacts(getattr(spec, "name", name), float(bw) * 1e12, float(tfl[prec]) * 1e12, prec,
-                            "rules/gpus.yaml")
+    try:
+        from ckptinspect.plan.gpus import find_gpu
+    except ImportError:
+        find_gpu = None
+    if find_gpu is not None:
+        try:
+            spec = find_gpu(name)
+        except CkptInspectError as exc:
+            raise ProbeError(str(exc)) from exc
+        tflops = {"bf16": spec.tflops_bf16, "fp8": spec.tflops_fp8, "fp4": spec.tflops_fp4}
+        prec = next(p for p in _fallbacks(precision) if tflops.get(p))
+        return GpuFacts(spec.name, float(spec.bandwidth_tbps) * 1e12, float(tflops[prec]) * 1e12, prec,
+                        "rules/gpus.yaml")
     key = next((k for k in FALLBACK_GPUS if k.lower() in name.lower().replace("-", "")), None)
     if key is None:
-        from ckptinspect.errors import ProbeError
-
         raise ProbeError(f"unknown GPU {name!r} for the cost model (known: {', '.join(FALLBACK_GPUS)})")
     facts = FALLBACK_GPUS[key]
-    prec = precision if precision in facts["tflops"] else ("fp8" if precision == "fp4" and "fp8" in facts["tflops"] else "bf16")
+    prec = next(p for p in _fallbacks(precision) if p in facts["tflops"])
     return GpuFacts(key, facts["bandwidth_tbs"] * 1e12, facts["tflops"][prec] * 1e12, prec, "builtin")
 
 
-def _first(obj: Any, names: tuple[str, ...]) -> Any:
-    for n in names:
-        v = obj.get(n) if isinstance(obj, dict) else getattr(obj, n, None)
-        if v:
-            return v
-    return None
+def _fallbacks(precision: str) -> tuple[str, ...]:
+    order = ("fp4", "fp8", "bf16")
+    return order[order.index(precision):] if precision in order else ("bf16",)
 
 
 def _touched(num_experts: int, top_k: int, tokens: int) -> float:
