@@ -179,7 +179,9 @@ def test_nvfp4_copy_dequantizes_and_tracks_bf16(tmp_path):
     fp4 = run_probe(fixture("qwen35moe_nvfp4"), prompts=prompts, steps=2, max_new_tokens=NEW, progress=False).to_json()
     assert fp4["main_model"]["dequantized"] is True and bf16["main_model"]["dequantized"] is False
     assert fp4["cost_model"]["precision"] in ("fp4", "fp8")
-    assert bf16["overall"]["depths"][0]["conditional"] > 0.3
+    # a trained, non-degenerate fixture: drafts neither always nor never right, real distributions
+    assert 0.3 < bf16["overall"]["depths"][0]["conditional"] < 0.99
+    assert 0.0 < bf16["overall"]["depths"][0]["sampled_acceptance"] < 1.0
     assert abs(fp4["overall"]["depths"][0]["conditional"] - bf16["overall"]["depths"][0]["conditional"]) < 0.25
     assert not any(f.startswith("ckptinspect-probe-") for f in os.listdir(os.path.dirname(fixture("qwen35moe_nvfp4"))))
 
@@ -249,6 +251,7 @@ def test_main_url_against_protocol_server_equals_in_process(tmp_path, kind):
     rj, lj = remote.to_json(), local.to_json()
     assert rj["main_model"]["source"].startswith("SGLang-compatible server")
     assert rj["overall"]["histogram"] == lj["overall"]["histogram"] and sum(lj["overall"]["histogram"]) > 10
+    assert lj["overall"]["histogram"][0] < sum(lj["overall"]["histogram"])  # not a degenerate all-accept
     assert rj["overall"]["depths"][0]["sampled_acceptance"] is None  # no target logits over the wire
     with pytest.raises(ProbeError, match="cannot reach"):
         run_probe(fixture(kind), prompts=prompts, steps=1, max_new_tokens=8, main_url="http://127.0.0.1:9",

@@ -60,7 +60,8 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
             raise click.UsageError("--gpu and --gpus go together")
         from ckptinspect.plan import make_plan
 
-        result = replace(result, plan=make_plan(result.checkpoint, result.mtp, gpu=gpu, gpus=gpus, context=context))
+        result = replace(result, plan=make_plan(result.checkpoint, result.mtp, gpu=gpu, gpus=gpus,
+                                                   context=context, engine=engine))
 
     if fmt == "json":
         from ckptinspect.render.json_out import dumps, report_to_json

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ckptinspect.errors import ProbeError
 from ckptinspect.probe.chain import run_chain
 from ckptinspect.probe.heads.base import MtpHead
 from ckptinspect.probe.metrics import Tally
@@ -42,6 +43,9 @@ def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode:
     ids = ids.to(device)
     if hidden is None:
         hidden = target_hidden(main, ids)
+    if not torch.isfinite(hidden).all():
+        raise ProbeError("the main model produced non-finite hidden states (NaN/inf): check the weights "
+                         "or use --dtype fp32")
     lm_head = main.get_output_embeddings()
 
     def target_logits(start: int, end: int) -> torch.Tensor:
