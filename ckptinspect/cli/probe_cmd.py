@@ -58,6 +58,8 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
     except ImportError as exc:
         raise ProbeError(f"probe needs torch and transformers: pip install 'ckptinspect[probe]' ({exc.name} missing)") from exc
     transformers.logging.set_verbosity_error()
+    if quiet:
+        transformers.utils.logging.disable_progress_bar()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from ckptinspect.probe.result import render_text
     from ckptinspect.probe.runner import run_probe

@@ -96,6 +96,12 @@ class FusionHead(MtpHead):
         self.to(device=ref.device, dtype=ref.dtype)
         if tensors is not None:
             self._load(tensors, source)
+        else:
+            # Fused expert parameters are created with torch.empty; initialise everything the way the
+            # main model's class does (PreTrainedModel._init_weights) so a fresh head is finite.
+            with torch.no_grad():
+                for module in self.modules():
+                    main_model._init_weights(module)
         self.eval()
 
     def export(self) -> dict[str, torch.Tensor]:
