@@ -45,7 +45,15 @@ class TransformersMtpHead(MtpHead):
         """A randomly initialised MTP layer (fixture training and tests)."""
         from transformers.modeling_layers import MtpModel
 
-        return cls(main_model, MtpModel(main_model, 1), family=family)
+        import torch
+
+        mtp = MtpModel(main_model, 1)
+        # Fused expert parameters start as torch.empty memory; initialise the MTP layers (not the shared
+        # embedding / head) the way the main model's class does.
+        with torch.no_grad():
+            for module in mtp.layers.modules():
+                main_model._init_weights(module)
+        return cls(main_model, mtp, family=family)
 
     def rotary(self, x: torch.Tensor, position_ids: torch.Tensor):
         return None if self.mtp.rotary_emb is None else self.mtp.rotary_emb(x, position_ids)
