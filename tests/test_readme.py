@@ -1,0 +1,39 @@
+"""The README stays true: its test command is what CI runs, and every command is documented."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _blocks() -> list[str]:
+    return re.findall(r"```\n(.*?)```", README, re.S)
+
+
+def test_set_up_has_exactly_the_two_commands():
+    setup = README.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    commands = [b.strip() for b in re.findall(r"```\n(.*?)```", setup, re.S)]
+    assert commands == ["pip install -e . && ckptinspect report",
+                        "python -m pip install -e '.[dev]' 'torch==2.13.0' && python -m pytest -n 2"]
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme_test_command = "python -m pip install -e '.[dev]' 'torch==2.13.0' && python -m pytest -n 2"
+    assert readme_test_command in ci.splitlines()
+
+
+def test_every_cli_command_is_documented():
+    from ckptinspect.cli import COMMANDS
+
+    for name in COMMANDS:
+        assert f"ckptinspect {name}" in README, name
+
+
+def test_json_contract_keys_are_documented():
+    for key in ('"schema_version"', '"totals"', '"experts"', '"quantization"', '"mtp"', '"findings"',
+                '"declared_key"', '"verdict"'):
+        assert key in README
