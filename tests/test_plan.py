@@ -134,6 +134,17 @@ def test_probe_report_overrides_speculative_defaults(qwen35) -> None:
     assert plan.speculative["sglang"]["from"] == "probe report"
 
 
+def test_probe_saying_mtp_does_not_pay_is_surfaced(qwen35) -> None:
+    ck, mtp = qwen35
+    probe = {"recommendation": {"enabled": False, "projected_speedup_bs1": 0.87,
+                                "sglang": {"num_steps": 1, "eagle_topk": 1, "num_draft_tokens": 2},
+                                "vllm": {"num_speculative_tokens": 1}}}
+    plan = make_plan(ck, mtp, gpu="b200", gpus=4, probe_report=probe)
+    warnings = [n.message for n in plan.notes if n.severity == "warning" and "does not pay off" in n.message]
+    assert len(warnings) == 2 and "x0.87" in warnings[0]
+    assert make_plan(ck, mtp, gpu="b200", gpus=4).notes != plan.notes
+
+
 def test_throughput_goal_prefers_ep_and_adds_caveat(qwen35) -> None:
     ck, mtp = qwen35
     plan = make_plan(ck, mtp, gpu="b200", gpus=4, goal="throughput")

@@ -258,7 +258,13 @@ def make_plan(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: str, gp
         if mtp and name in mtp.verdicts and not spec_on:
             notes.append(Note("info", f"{name}: no speculative flags, MTP verdict is {mtp.verdicts[name].verdict}",
                               "ckptinspect readiness (MtpAssessment)"))
-        elif spec_on and mtp.verdicts[name].verdict == "degraded":
+        if spec_on and ((probe_report or {}).get("recommendation") or {}).get("enabled") is False:
+            rec = probe_report["recommendation"]
+            notes.append(Note(
+                "warning", f"{name}: the probe projects that MTP does not pay off (x"
+                f"{rec.get('projected_speedup_bs1', 0):.2f} at batch 1); the speculative flags below use its "
+                "least costly setting; drop them to serve without MTP", "ckptinspect probe --format json"))
+        if spec_on and mtp.verdicts[name].verdict == "degraded":
             notes.append(Note("warning", f"{name}: MTP verdict is degraded; expect lower acceptance "
                               f"({', '.join(mtp.verdicts[name].reasons)})", "ckptinspect readiness (MtpAssessment)"))
         mem_value, mem_reason, mem_source = _mem_flag(name, chosen.mem, efacts)
