@@ -211,6 +211,17 @@ def test_cli_json_matches_schema_and_teacher_mode(tmp_path):
     assert json.loads(teacher.stdout)["overall"]["depths"][0]["scored"] > 0
 
 
+def test_plot_writes_a_png_with_one_curve_per_depth(tmp_path):
+    pytest.importorskip("matplotlib")
+    prompts = write_prompts(tmp_path, PROMPTS[:2])
+    png = tmp_path / "acceptance.png"
+    proc = _cli("probe", fixture("mimo"), "--device", "cpu", "--prompts", prompts, "--max-new-tokens", "16",
+                "--steps", "2", "--plot", str(png), "-q")
+    assert proc.returncode == 0, proc.stderr
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
 def test_cli_bad_inputs_one_line_exit_2(tmp_path):
     # no MTP layer: quote the readiness verdict
     src = fixture("deepseek")
