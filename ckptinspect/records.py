@@ -17,6 +17,7 @@ inventory builder.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterator, Mapping
 
 SEVERITIES = ("error", "warning", "info")
@@ -76,8 +77,10 @@ class TensorGroup:
     ``pattern`` is the tensor name with every dotted numeric segment replaced by ``{}``;
     ``index`` is the value of the first such segment (the decoder layer for
     ``model.layers.{}.…``, the MTP layer for ``mtp.layers.{}.…``), None when the name has none.
-    ``sub_indices`` holds the remaining numeric segments of every member (e.g. expert ids),
-    so ``name(index, *sub)`` rebuilds each tensor name exactly.
+    ``subs`` holds the remaining numeric segments of every member (e.g. expert ids) as the scan
+    produced them (nothing, one int per member, or one tuple per member); ``sub_indices`` is the
+    same as a set of tuples, built on first use (370k members on large MoE checkpoints), so
+    ``name(index, *sub)`` rebuilds each tensor name exactly.
     """
 
     pattern: str
@@ -94,11 +97,20 @@ class TensorGroup:
     elements: int  # stored elements (packed U8 counts bytes, not logical values)
     params: int  # logical weight elements; 0 for scales / zero points / companions
     scheme: str  # one of SCHEMES; companions carry the scheme of their weight
-    sub_indices: frozenset[tuple[int, ...]]
     shards: frozenset[str]
+    subs: tuple[Any, ...] = ()
     shapes_vary: bool = False  # True when members have different shapes
     kind: str = ""  # attention: mla|gqa|mha|linear|sliding; routed_expert: per_expert|grouped
     experts: int | None = None  # routed-expert weight groups: experts held (ids, or dim 0 when grouped)
+
+    @cached_property
+    def sub_indices(self) -> frozenset[tuple[int, ...]]:
+        """Remaining numeric segments of every member, as tuples (``{()}`` when there are none)."""
+        if not self.subs:
+            return frozenset({()})
+        if isinstance(self.subs[0], int):
+            return frozenset(zip(self.subs))
+        return frozenset(self.subs)
 
     def name(self, *indices: int) -> str:
         """The concrete tensor name for ``indices`` (index first, then sub-indices)."""

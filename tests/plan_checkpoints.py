@@ -39,7 +39,7 @@ def _group(name: str, component: str, scheme: str, params: int, bytes_per_param:
     return TensorGroup(pattern=name, index=None, component=component, role="weight", module=name, layer=None,
                        mtp_layer=0 if mtp else None, dtypes=("F8_E4M3",) if scheme.startswith("fp8") else ("BF16",),
                        shape=(params,), tensors=1, bytes=nbytes, elements=params, params=params, scheme=scheme,
-                       sub_indices=frozenset({()}), shards=frozenset({"model.safetensors"}))
+                       shards=frozenset({"model.safetensors"}))
 
 
 def _moe_checkpoint(ref: str, raw: dict, attn_params_per_layer: int) -> Checkpoint:

@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import math
 import struct
-from itertools import chain
 from math import prod
-from operator import add, mul, sub
+from operator import add
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -138,33 +137,36 @@ def parse_header(data: bytes, *, source: str, file_size: int | None = None) -> H
 def _columns(obj: dict) -> tuple[list, list, list, list, list] | None:
     """Validated columns (dtypes, shapes, sizes, numels, begins), or None when any entry is invalid.
 
-    Every check runs over whole columns with C-level map / set / min (the per-entry loop costs
-    ~3x more on 370k tensors); the caller re-walks the entries only to explain a failure.
+    One tight pass (~0.45 us per tensor); the caller re-walks the entries only to explain a failure.
+    A single negative dim makes numel negative and fails the size check; two or more could cancel
+    out, hence min() for multi-dim shapes.
     """
-    infos = list(obj.values())
+    bits_of = DTYPE_BITS.get
+    dtypes: list[str] = []
+    shapes: list[list[int]] = []
+    sizes: list[int] = []
+    numels: list[int] = []
+    begins: list[int] = []
+    add_dtype, add_shape, add_size, add_numel, add_begin = (
+        dtypes.append, shapes.append, sizes.append, numels.append, begins.append)
     try:
-        if set(map(type, infos)) - {dict}:
-            return None
-        dtypes = [i["dtype"] for i in infos]
-        shapes = [i["shape"] for i in infos]
-        offsets = [i["data_offsets"] for i in infos]
-        bits = list(map(DTYPE_BITS.__getitem__, dtypes))
-        if set(map(type, shapes)) - {list} or set(map(type, offsets)) - {list} or set(map(len, offsets)) - {2}:
-            return None
-        dims = list(chain.from_iterable(shapes))
-        if dims and (set(map(type, dims)) - {int} or min(dims) < 0):
-            return None
-        numels = list(map(prod, shapes))
-        begins = [o[0] for o in offsets]
-        ends = [o[1] for o in offsets]
-        if begins and (set(map(type, begins)) - {int} or set(map(type, ends)) - {int} or min(begins) < 0):
-            return None
-        sizes = list(map(sub, ends, begins))
-        if sizes and min(sizes) < 0:
-            return None
-        if list(map(mul, numels, bits)) != [size * 8 for size in sizes]:
-            return None
-    except (KeyError, TypeError):
+        for info in obj.values():
+            dtype = info["dtype"]
+            shape = info["shape"]
+            begin, end = info["data_offsets"]
+            numel = prod(shape)
+            bits = bits_of(dtype)
+            size = end - begin
+            if (bits is None or type(numel) is not int or type(begin) is not int or type(end) is not int
+                    or type(shape) is not list or begin < 0 or size < 0 or numel * bits != size * 8
+                    or (len(shape) > 1 and min(shape) < 0)):
+                return None
+            add_dtype(dtype)
+            add_shape(shape)
+            add_size(size)
+            add_numel(numel)
+            add_begin(begin)
+    except (KeyError, TypeError, ValueError):
         return None
     return dtypes, shapes, sizes, numels, begins
 

@@ -58,15 +58,14 @@ def build_inventory(scans: Iterable[ShardScan], config: ModelConfig,
         mtp = assign_mtp(pattern, index, prefixes, layers)
         layer = index if (mtp is None and index is not None and _is_layer_pattern(pattern)) else None
         component = component_of(module)
-        subs = _sub_tuples(acc[5])
-        kind, experts = _kind_and_experts(component, pattern, role, subs, acc[4], config, layer)
+        kind, experts = _kind_and_experts(component, pattern, role, acc[5], acc[4], config, layer)
         dtypes = tuple(sorted(acc[6])) if acc[6] else (acc[3],)
         params = 0 if role in COMPANION_ROLES or role == "other_companion" else logical_params(
             scheme, role, acc[3], acc[2])
         groups.append(TensorGroup(
             pattern=pattern, index=index, component=component, role=role, module=module, layer=layer,
             mtp_layer=mtp, dtypes=dtypes, shape=tuple(acc[4]), tensors=acc[0], bytes=acc[1],
-            elements=acc[2], params=params, scheme=scheme, sub_indices=subs,
+            elements=acc[2], params=params, scheme=scheme, subs=tuple(acc[5]),
             shards=frozenset(shards_of[key]), shapes_vary=acc[7], kind=kind, experts=experts,
         ))
         if acc[6]:
@@ -88,16 +87,7 @@ def _is_layer_pattern(pattern: str) -> bool:
     return head.endswith(("layers.", "layer.", "h.", "blocks.", "block.", "decoder.layers."))
 
 
-def _sub_tuples(subs: list) -> frozenset[tuple[int, ...]]:
-    """Scans store no sub-indices as [], one as ints, several as tuples; groups hold tuples."""
-    if not subs:
-        return frozenset({()})
-    if isinstance(subs[0], int):
-        return frozenset(zip(subs))  # 1-tuples built in C
-    return frozenset(subs)
-
-
-def _kind_and_experts(component: str, pattern: str, role: str, subs: frozenset, shape: list,
+def _kind_and_experts(component: str, pattern: str, role: str, subs: list, shape: list,
                       config: ModelConfig, layer: int | None) -> tuple[str, int | None]:
     if component == "attention":
         layer_type = config.layer_types[layer] if layer is not None and layer < len(config.layer_types) else None
@@ -106,6 +96,8 @@ def _kind_and_experts(component: str, pattern: str, role: str, subs: frozenset, 
         return ("", None)
     slot = expert_slot(pattern)
     if slot is not None and slot >= 1:
+        if subs and isinstance(subs[0], int):  # one sub-index per member: it is the expert id
+            return "per_expert", len(set(subs)) if slot == 1 else None
         ids = {sub[slot - 1] for sub in subs if len(sub) >= slot}
         return "per_expert", len(ids)
     if len(shape) >= 3:

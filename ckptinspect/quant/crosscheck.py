@@ -88,7 +88,11 @@ def _concrete(g) -> str:  # noqa: ANN001 - TensorGroup
 
 
 def _concrete_module(g) -> str:  # noqa: ANN001 - TensorGroup
-    sub = min(g.sub_indices) if g.sub_indices else ()
+    if not g.subs:
+        sub: tuple = ()
+    else:
+        first = min(g.subs)
+        sub = (first,) if isinstance(first, int) else first
     indices = ((g.index,) if g.index is not None else ()) + tuple(sub)
     return g.module.format(*indices) if indices else g.module
 
