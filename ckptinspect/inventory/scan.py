@@ -87,13 +87,18 @@ def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> Shar
 
 
 def _members_by_shape(names: list[str]) -> list[list[int]]:
-    """Indices of the names grouped by digit-masked shape (all C-level: join, translate, sort)."""
-    joined = "\n".join(names)
-    masked = joined.encode().translate(_MASK_DIGITS).split(b"\n")
+    """Indices of the names grouped by digit-masked shape (masking in C: join, translate, split)."""
+    masked = "\n".join(names).encode().translate(_MASK_DIGITS).split(b"\n")
     if len(masked) != len(names):  # a name containing a newline: mask one by one
         masked = [n.encode().translate(_MASK_DIGITS) for n in names]
-    order = sorted(range(len(names)), key=masked.__getitem__)
-    return [list(run) for _, run in groupby(order, key=masked.__getitem__)]
+    buckets: dict[bytes, list[int]] = {}
+    for i, key in enumerate(masked):
+        bucket = buckets.get(key)
+        if bucket is None:
+            buckets[key] = [i]
+        else:
+            bucket.append(i)
+    return list(buckets.values())
 
 
 def _add(groups: dict, key: tuple[str, int | None], members: list[int], header, subs: list | None) -> None:
