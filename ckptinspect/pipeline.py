@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from ckptinspect.config.normalize import normalize_config
 from ckptinspect.errors import ConfigError
 from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.index_summary import IndexSummary
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
-from ckptinspect.inventory.parallel import Prescan, scan_checkpoint
+from ckptinspect.inventory.parallel import scan_checkpoint
 from ckptinspect.inventory.scan import ShardScan
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
@@ -45,21 +45,18 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
 def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                  token: str | None = None, progress: bool = True) -> Report:
     """Checkpoint plus its MTP assessment."""
-    prescan = Prescan()
-    raw = open_source(ref, revision=revision, token=token, progress=progress, on_header=prescan)
-    return report_from_raw(raw, rules_dirs=rules_dirs, prescanned=prescan.scans)
+    raw = open_source(ref, revision=revision, token=token, progress=progress)
+    return report_from_raw(raw, rules_dirs=rules_dirs)
 
 
-def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (),
-                    prescanned: Mapping[str, ShardScan] | None = None) -> Report:
-    checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs, prescanned=prescanned)
+def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) -> Report:
+    checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs)
     from ckptinspect.readiness import assess_mtp
 
     return Report(checkpoint=checkpoint, mtp=assess_mtp(checkpoint, family, ruleset))
 
 
-def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (),
-                        prescanned: Mapping[str, ShardScan] | None = None) -> tuple[Checkpoint, tuple]:
+def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) -> tuple[Checkpoint, tuple]:
     """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage."""
     from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 
@@ -71,7 +68,7 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (),
     templates = family.mtp_prefixes if family is not None else GENERIC_MTP_PREFIXES
     prefixes = compile_prefixes(tuple(templates), config.num_hidden_layers)
 
-    scans, index_summary = scan_checkpoint(raw, prescanned)
+    scans, index_summary = scan_checkpoint(raw)
     findings: list[Finding] = []
     if index_summary is not None:
         findings.extend(_index_findings(raw, scans, index_summary))

@@ -41,7 +41,6 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
     """
     from dataclasses import replace
 
-    from ckptinspect.inventory.parallel import Prescan
     from ckptinspect.pipeline import report_from_raw
     from ckptinspect.sources import open_source
 
@@ -50,10 +49,8 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
 
         model = str(EXAMPLE_DIR)
     started = time.perf_counter()
-    prescan = Prescan()  # Hub sources: each header is scanned while the others are still downloading
-    raw = open_source(model, revision=revision, token=token, progress=not quiet and fmt == "text",
-                      on_header=prescan)
-    result = report_from_raw(raw, rules_dirs=rules_dirs, prescanned=prescan.scans)
+    raw = open_source(model, revision=revision, token=token, progress=not quiet and fmt == "text")
+    result = report_from_raw(raw, rules_dirs=rules_dirs)
     if tp is not None:
         from ckptinspect.readiness.cost import mtp_cost
 

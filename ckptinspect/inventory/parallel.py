@@ -11,15 +11,10 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import replace
 from multiprocessing import get_context
-from typing import Mapping
-
-from ckptinspect.errors import CkptInspectError, HeaderError
 from ckptinspect.inventory.index_summary import IndexSummary, summarize_index, summarize_index_file
-from ckptinspect.inventory.scan import ShardScan, scan_header, scan_header_unpaused
+from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
 from ckptinspect.records import RawCheckpoint
 from ckptinspect.sources.interface import INDEX, LocalHeaders, gc_paused
 
@@ -40,36 +35,8 @@ _Batch = list[tuple[str, "int | None"]]
 _SOURCE: RawCheckpoint | None = None
 
 
-class Prescan:
-    """Scan headers while a remote source is still downloading the others.
-
-    Passed as ``on_header`` to the Hub reader: each header is scanned in the fetch thread as soon as it
-    arrives (the other threads are waiting on the network meanwhile). A header that fails is left for
-    scan_checkpoint to scan again and report.
-    """
-
-    def __init__(self) -> None:
-        self.scans: dict[str, ShardScan] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, shard: str, data: bytes) -> None:
-        try:
-            with self._lock:  # one at a time: scanning is CPU-bound and pauses the global GC
-                self.scans[shard] = scan_header(shard, data, None)
-        except CkptInspectError:
-            pass
-
-
-def scan_checkpoint(raw: RawCheckpoint, prescanned: Mapping[str, ShardScan] | None = None,
-                    ) -> tuple[list[ShardScan], IndexSummary | None]:
+def scan_checkpoint(raw: RawCheckpoint) -> tuple[list[ShardScan], IndexSummary | None]:
     """(one ShardScan per shard in index order, the index summary when there is an index)."""
-    if prescanned:
-        with gc_paused():
-            scans = [_with_size(prescanned[s], raw.file_sizes.get(s)) if s in prescanned
-                     else scan_header_unpaused(s, raw.headers[s], raw.file_sizes.get(s)) for s in raw.headers]
-            summary = _summary_in_process(raw)
-        gc.freeze()
-        return scans, summary
     processes = process_count(raw)
     if processes <= 1:
         with gc_paused():
@@ -78,14 +45,6 @@ def scan_checkpoint(raw: RawCheckpoint, prescanned: Mapping[str, ShardScan] | No
         gc.freeze()  # the scans live until the report is rendered; never traverse them again
         return scans, summary
     return _scan_parallel(raw, processes - 1)
-
-
-def _with_size(scan: ShardScan, size: int | None) -> ShardScan:
-    """A prescan did not know the file size: check the data buffer against it now."""
-    if size is not None and 8 + scan.header_length + scan.data_bytes != size:
-        raise HeaderError(f"data ends at byte {8 + scan.header_length + scan.data_bytes:,} but the file has "
-                          f"{size:,} bytes (truncated or trailing data)", path=scan.shard)
-    return replace(scan, file_size=size)
 
 
 def _summary_in_process(raw: RawCheckpoint) -> IndexSummary | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Callable
 
 from ckptinspect.errors import NotFoundError
 from ckptinspect.records import RawCheckpoint
@@ -32,12 +31,8 @@ def is_offline() -> bool:
 
 
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
-                progress: bool = True, on_header: Callable[[str, bytes], None] | None = None) -> RawCheckpoint:
+                progress: bool = True) -> RawCheckpoint:
     """Open a model reference (directory, snapshot file, or Hub repo id).
-
-    ``on_header(shard, header_bytes)`` is called as each header arrives from the Hub (see
-    inventory.parallel.Prescan); local sources read headers later, on demand.
-
     Raises:
         NotFoundError: nothing matches the reference.
         SourceError / ConfigError / HeaderError: see the individual sources.
@@ -70,4 +65,4 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
                             path=ref)
     from ckptinspect.sources.hub import open_hub
 
-    return open_hub(repo_id, revision=revision, token=token, progress=progress, on_header=on_header)
+    return open_hub(repo_id, revision=revision, token=token, progress=progress)
