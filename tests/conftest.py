@@ -41,6 +41,22 @@ def make_fixture(fixture_root: Path) -> Callable[[str], Path]:
 
 
 @pytest.fixture(scope="session")
+def qwen35_replica(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The full-scale nvidia/Qwen3.5-397B-A17B-NVFP4 layout: 94 sparse shards, ~371k tensors (~6-10 s)."""
+    from fixtures.replica import build_replica
+
+    return build_replica(tmp_path_factory.mktemp("replica"))
+
+
+@pytest.fixture(scope="session")
+def qwen35_report(qwen35_replica: Path):
+    """The real pipeline's Report on the full-scale replica (shared by report and plan tests)."""
+    from ckptinspect.pipeline import build_report
+
+    return build_report(str(qwen35_replica), progress=False)
+
+
+@pytest.fixture(scope="session")
 def fixture_specs() -> dict:
     return FIXTURES
 

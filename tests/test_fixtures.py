@@ -315,8 +315,6 @@ def test_replica_reduced_scale(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("CKPTINSPECT_FULL_REPLICA"),
-                    reason="full-scale replica (~6-13 s, 93 MB on disk); set CKPTINSPECT_FULL_REPLICA=1")
 def test_replica_full_scale(tmp_path):
     s = build_replica_summary(tmp_path)
     assert s.seconds < 30

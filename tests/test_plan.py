@@ -17,14 +17,9 @@ SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "ckptinspect" / "p
 
 
 @pytest.fixture(scope="session")
-def qwen35(tmp_path_factory: pytest.TempPathFactory):
+def qwen35(qwen35_report):
     """The full-scale nvidia/Qwen3.5-397B-A17B-NVFP4 layout (94 sparse shards) read by the real pipeline."""
-    from fixtures.replica import build_replica
-    from ckptinspect.pipeline import build_report
-
-    path = build_replica(tmp_path_factory.mktemp("replica"))
-    report = build_report(str(path), progress=False)
-    return report.checkpoint, report.mtp
+    return qwen35_report.checkpoint, qwen35_report.mtp
 
 
 def _flags(plan, engine: str = "sglang") -> dict[str, str | None]:

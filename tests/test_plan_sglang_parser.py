@@ -22,12 +22,9 @@ GPUS = ["rtx-pro-6000", "b200", "b300", "h200", "h100", "h20", "gb200", "l40s", 
 
 
 @pytest.fixture(scope="session")
-def qwen35(tmp_path_factory: pytest.TempPathFactory):
-    from fixtures.replica import build_replica
-    from ckptinspect.pipeline import build_report
-
-    report = build_report(str(build_replica(tmp_path_factory.mktemp("replica"))), progress=False)
-    return report.checkpoint, report.mtp
+def qwen35(qwen35_report):
+    """The full-scale nvidia/Qwen3.5-397B-A17B-NVFP4 layout (94 sparse shards) read by the real pipeline."""
+    return qwen35_report.checkpoint, qwen35_report.mtp
 
 
 @pytest.fixture(scope="session")

@@ -288,3 +288,21 @@ def test_fail_on_gate(name, engine, gate, code, make_fixture):
     assert result.returncode == code, (result.stdout[-500:], result.stderr)
     if code:
         assert result.stderr.startswith(f"fail-on {gate}: MTP verdict")
+
+
+def test_full_scale_qwen35_nvfp4_replica(qwen35_report):
+    """The seed checkpoint's layout at full scale: 94 shards, ~371k tensors, BF16 MTP with all 512 experts."""
+    from ckptinspect.render.json_out import report_to_json
+
+    doc = report_to_json(qwen35_report)
+    validate_report_json(doc)
+    assert doc["shards"]["count"] == 94
+    assert doc["experts"]["routed"] == doc["experts"]["present_min"] == doc["experts"]["present_max"] == 512
+    assert doc["experts"]["moe_layers"] == doc["model"]["num_hidden_layers"] == 60
+    assert doc["mtp"]["tensors"] == 1553 and doc["mtp"]["schemes"] == {"bf16": 1553}
+    assert doc["mtp"]["layers"][0]["experts_present"] == 512 and doc["mtp"]["complete"]
+    assert doc["mtp"]["verdict"] == {"sglang": "ready", "vllm": "ready"}
+    nvfp4 = doc["quantization"]["schemes"]["nvfp4"]
+    assert nvfp4["tensors"] == 60 * 512 * 3 * 4  # weight, weight_scale, weight_scale_2, input_scale
+    assert doc["totals"]["tensors"] == sum(b["tensors"] for b in doc["quantization"]["schemes"].values())
+    assert 390e9 < doc["totals"]["params"] < 410e9  # "397B": packed NVFP4 counted as logical values

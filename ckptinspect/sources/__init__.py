@@ -33,6 +33,7 @@ def is_offline() -> bool:
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
                 progress: bool = True) -> RawCheckpoint:
     """Open a model reference (directory, snapshot file, or Hub repo id).
+
     Raises:
         NotFoundError: nothing matches the reference.
         SourceError / ConfigError / HeaderError: see the individual sources.
