@@ -11,7 +11,6 @@ import errno
 import fnmatch
 import json
 import math
-import os
 import re
 import struct
 import time

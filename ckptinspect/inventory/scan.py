@@ -55,7 +55,7 @@ def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> Shar
     """scan_header for callers that already paused the cyclic GC (the trees are acyclic and freed by
     refcounting; the header is released before returning, so the collector never traverses it)."""
     header = parse_header(data, source=shard, file_size=file_size)
-    names, sizes = header.names, header.sizes
+    names = header.names
     groups: dict[tuple[str, int | None], list] = {}
     for members in _members_by_shape(names):
         pattern, spans = _shape_of(names[members[0]])

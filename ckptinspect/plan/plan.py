@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ckptinspect.errors import PlanError
-from ckptinspect.plan.backends import Avoid, Choice, choose, parsers_for
+from ckptinspect.plan.backends import Choice, choose, parsers_for
 from ckptinspect.plan.command import Command, LaunchInputs
 from ckptinspect.plan.fit import CheckResult, run_checks
 from ckptinspect.plan.gpus import GpuSpec, find_gpu

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 import re
 import shutil
-import struct
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
@@ -22,8 +22,6 @@ from ckptinspect.errors import ProbeError
 from ckptinspect.probe import dequant
 
 _COMPANIONS = ("weight_scale", "weight_scale_2", "input_scale", "weight_scale_inv", "k_scale", "v_scale")
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "U8": 1, "I8": 1,
-                "I32": 4, "I64": 8, "BOOL": 1, "F8_E8M0": 1}
 
 
 @dataclass(frozen=True)
@@ -32,6 +30,7 @@ class TensorMeta:
     dtype: str
     shape: tuple[int, ...]
     shard: str
+    nbytes: int  # from data_offsets (exact for packed dtypes)
 
 
 def resolve_model_dir(ref: str) -> str:
@@ -61,24 +60,25 @@ def read_config(model_dir: str) -> dict[str, Any]:
 
 
 def read_headers(model_dir: str) -> dict[str, TensorMeta]:
-    """Every tensor's dtype / shape / shard from the safetensors headers (no tensor data read)."""
+    """Every tensor's dtype / shape / shard / size from the safetensors headers, validated by the same
+    bounded parser as `report` (no tensor data read)."""
+    from ckptinspect.errors import CkptInspectError
+    from ckptinspect.header.parser import parse_header
+    from ckptinspect.sources.interface import read_header_file
+
     shards = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
     if not shards:
         raise ProbeError("no .safetensors files (the probe never loads pickle checkpoints)", path=model_dir)
     metas: dict[str, TensorMeta] = {}
     for shard in shards:
         path = os.path.join(model_dir, shard)
-        with open(path, "rb") as fh:
-            raw = fh.read(8)
-            if len(raw) != 8:
-                raise ProbeError("truncated safetensors file", path=path)
-            (n,) = struct.unpack("<Q", raw)
-            if n > 100 * 1024 * 1024:
-                raise ProbeError(f"safetensors header of {n} bytes is implausible", path=path)
-            header = json.loads(fh.read(n))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                metas[name] = TensorMeta(name, entry["dtype"], tuple(entry["shape"]), shard)
+        try:
+            data, size = read_header_file(Path(path), source=path)
+            header = parse_header(data, source=path, file_size=size)
+        except CkptInspectError as exc:
+            raise ProbeError(str(exc)) from None
+        for name, dtype, shape, nbytes in zip(header.names, header.dtypes, header.shapes, header.sizes):
+            metas[name] = TensorMeta(name, dtype, tuple(shape), shard, nbytes)
     return metas
 
 
@@ -121,7 +121,7 @@ def logical_params(metas: Mapping[str, TensorMeta], keep: Callable[[str], bool] 
 
 
 def stored_bytes(metas: Mapping[str, TensorMeta], keep: Callable[[str], bool] = lambda n: True) -> int:
-    return sum(_numel(m.shape) * _DTYPE_BYTES.get(m.dtype, 2) for n, m in metas.items() if keep(n))
+    return sum(m.nbytes for n, m in metas.items() if keep(n))
 
 
 def needs_dequant(metas: Mapping[str, TensorMeta]) -> bool:
