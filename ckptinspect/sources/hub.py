@@ -48,7 +48,7 @@ DEFAULT_FIRST_RANGE = 131_072
 FIRST_ENTRY_GUESS = 100
 # Margin over the largest per-entry size measured so far: offsets grow by a digit between shards at most,
 # and shapes differ by a few digits. Measured on the 94-shard Qwen3.5-397B NVFP4 replica: see
-# docs/bench/hub.md (0 second requests, total bytes within 1.05x of the exact header bytes).
+# BENCHMARKS.md section 2 (0 second requests, total bytes within 1.05x of the exact header bytes).
 ENTRY_MARGIN = 3
 FIXED_SLACK = 256  # __metadata__ ({"format":"pt"}) and the writer's padding to a multiple of 8
 DEFAULT_MAX_WORKERS = int(os.environ.get("CKPTINSPECT_MAX_WORKERS", "16"))  # I/O bound, not CPU bound
