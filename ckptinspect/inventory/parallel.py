@@ -67,6 +67,8 @@ def _scan_parallel(raw: RawCheckpoint, workers: int) -> tuple[list[ShardScan], I
                 summary_future = pool.submit(summarize_index_file, headers.directory / INDEX)
                 first = dict(headers.candidates)  # files present; the index is parsed meanwhile
             else:
+                if INDEX in raw.json_files:  # already parsed (Hub, snapshot): summarize in a worker
+                    summary_future = pool.submit(_summary_in_worker)
                 first = {s: raw.file_sizes.get(s) for s in headers}
             batches = _balanced_batches(first, (workers + 1) * BATCHES_PER_WORKER)
             futures = [pool.submit(_scan_batch, batch) for batch in batches]
@@ -88,6 +90,11 @@ def _scan_parallel(raw: RawCheckpoint, workers: int) -> tuple[list[ShardScan], I
             return [scans[s] for s in shards], summary
     finally:
         _SOURCE = None
+
+
+def _summary_in_worker() -> IndexSummary | None:
+    assert _SOURCE is not None
+    return _summary_in_process(_SOURCE)
 
 
 def _scan_batch(batch: _Batch) -> list[ShardScan]:
