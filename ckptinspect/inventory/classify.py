@@ -57,7 +57,8 @@ _COMPONENT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
                           r"multi_modal_projector|audio_tower|vision)(\.|$)")),
     ("embedding", re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embeddings|embedding)$")),
     ("lm_head", re.compile(r"(^|\.)(lm_head|shared_head\.head|shared_head\.output)$|^output$")),
-    ("norm", re.compile(r"(norm|layernorm|ln_f|ln_\d|\.m)$")),
+    # Last segment names a norm: layernorm, q_norm, enorm / hnorm, pre_fc_norm_hidden, LongCat's enorm.m.
+    ("norm", re.compile(r"(^|\.)[a-z0-9_]*norm[a-z0-9_]*$|(^|\.)(ln_f|ln_\d)$|norm\.m$")),
     ("mtp_fusion", re.compile(r"(^|\.)(eh_proj|input_proj|mtp_linear_proj(\.\{\})?)$|^(model\.)?mtp\.fc$")),
     ("shared_expert", re.compile(r"\.(shared_experts?|shared_mlp|shared_expert_gate)(\.|$)")),
     ("routed_expert", re.compile(r"\.(experts|local_experts)(\.|$)")),
