@@ -59,7 +59,9 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
     every query only attends earlier positions."""
     bsz, n = tokens.shape
     seq = n - 1
-    device = hidden.device
+    origin = hidden.device
+    device = head.device  # the MTP layer's GPU (differs from the hidden's when the main model is split)
+    hidden = hidden.to(device)
     tokens = tokens.to(device)
     base_pos = torch.arange(1, seq + 1, device=device)[None].expand(bsz, seq)
     embs = [head.embed(tokens[:, 1:]).to(hidden.dtype)]
@@ -72,13 +74,14 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
         mask = stream_mask(depth, seq, hidden.dtype, device).expand(bsz, -1, -1, -1)
         out = head.step(emb, hid, pos, mask)[:, -seq:]
         logits = head.logits(out)
-        d = logits.argmax(dim=-1)
+        d = logits.argmax(dim=-1).to(device)
         drafts.append(d)
         if target_logits_fn is not None:
             min_pq.append(_min_pq(logits, target_logits_fn, depth, n, temperature))
         embs.append(head.embed(d).to(hidden.dtype))
         hids.append(out.to(hidden.dtype))
-    return ChainOutput(torch.stack(drafts), torch.stack(min_pq) if min_pq else None)
+    return ChainOutput(torch.stack(drafts).to(origin),
+                       torch.stack([m.to(origin) for m in min_pq]) if min_pq else None)
 
 
 def _min_pq(draft_logits: torch.Tensor, target_logits_fn, depth: int, n: int, temperature: float) -> torch.Tensor:
@@ -91,6 +94,6 @@ def _min_pq(draft_logits: torch.Tensor, target_logits_fn, depth: int, n: int, te
     q_logits = target_logits_fn(depth, depth + valid)  # target positions depth .. n-1
     t = max(temperature, 1e-6)
     p = torch.softmax(draft_logits[:, :valid].float() / t, dim=-1)
-    q = torch.softmax(q_logits.float() / t, dim=-1)
+    q = torch.softmax(q_logits.to(p.device).float() / t, dim=-1)
     out[:, :valid] = torch.minimum(p, q).sum(dim=-1)
     return out

@@ -28,8 +28,18 @@ class MtpHead(nn.Module):
     def main(self) -> nn.Module:
         return self._main  # type: ignore[attr-defined]
 
+    @property
+    def device(self) -> torch.device:
+        """Where the MTP layer runs. With --devices the main model is split over GPUs (embedding on the
+        first, last layers and head on the last), so inputs and outputs are moved explicitly."""
+        own = next(self.parameters(), None)
+        if own is None:
+            own = next(self.main.get_decoder().layers[-1].parameters())
+        return own.device
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.main.get_input_embeddings()(ids)
+        table = self.main.get_input_embeddings()
+        return table(ids.to(table.weight.device)).to(self.device)
 
     def rotary(self, x: torch.Tensor, position_ids: torch.Tensor):
         rotary = getattr(self.main.get_decoder(), "rotary_emb", None)
@@ -39,11 +49,15 @@ class MtpHead(nn.Module):
             # multimodal RoPE (Qwen3.5): text positions repeated on the 3 grid axes; transformers 5.17
             # requires the (3, B, S) form, 5.24 expands a (B, S) one itself.
             position_ids = position_ids[None].expand(3, -1, -1)
-        return rotary(x, position_ids)
+        buffer = next(rotary.buffers(), None)
+        where = buffer.device if buffer is not None else x.device
+        cos, sin = rotary(x.to(where), position_ids.to(where))
+        return cos.to(x.device), sin.to(x.device)
 
     def step(self, emb: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
              mask: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
 
     def logits(self, out_hidden: torch.Tensor) -> torch.Tensor:
-        return self.main.get_output_embeddings()(out_hidden)
+        head = self.main.get_output_embeddings()
+        return head(out_hidden.to(head.weight.device))

@@ -56,7 +56,7 @@ class TransformersMtpHead(MtpHead):
         return cls(main_model, mtp, family=family)
 
     def rotary(self, x: torch.Tensor, position_ids: torch.Tensor):
-        return None if self.mtp.rotary_emb is None else self.mtp.rotary_emb(x, position_ids)
+        return None if self.mtp.rotary_emb is None else self.mtp.rotary_emb(x, position_ids.to(x.device))
 
     def step(self, emb, hidden, position_ids, mask):
         layer = self.mtp.layers[0]
@@ -67,4 +67,5 @@ class TransformersMtpHead(MtpHead):
         return out
 
     def logits(self, out_hidden):
-        return self.mtp._project_to_logits(out_hidden)
+        head = self.main.get_output_embeddings()
+        return self.mtp._project_to_logits(out_hidden.to(head.weight.device))
