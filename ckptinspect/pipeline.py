@@ -5,7 +5,6 @@ Never imports torch or transformers: ``tests/test_report_imports.py`` proves it.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -79,10 +78,13 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) 
     findings.extend(crosscheck(inventory, declared, matcher_for(declared)))
     findings.extend(_expert_findings(inventory, config))
     findings.extend(_file_findings(raw))
+    stats = dict(raw.stats)
+    if raw.revision:
+        stats["revision"] = raw.revision
     checkpoint = Checkpoint(
         ref=raw.ref, kind=raw.kind, location=raw.location, files=raw.files, config=config, declared=declared,
         inventory=inventory, findings=tuple(findings), family=family.id if family is not None else None,
-        stats=dict(raw.stats),
+        stats=stats,
     )
     return checkpoint, (ruleset, family)
 
@@ -125,10 +127,7 @@ def _expert_findings(inventory: Inventory, config: ModelConfig) -> list[Finding]
     expected = config.routed_experts
     if not expected:
         return []
-    per_layer: dict[int, int] = defaultdict(int)
-    for g in inventory.groups:
-        if g.component == "routed_expert" and g.experts is not None and g.layer is not None:
-            per_layer[g.layer] = max(per_layer[g.layer], g.experts)
+    per_layer = inventory.experts_per_layer()
     short = {layer: n for layer, n in per_layer.items() if n < expected}
     findings = []
     if not per_layer:

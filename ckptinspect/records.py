@@ -222,6 +222,14 @@ class Inventory:
     def main_groups(self) -> tuple[TensorGroup, ...]:
         return tuple(g for g in self.groups if g.mtp_layer is None)
 
+    def experts_per_layer(self) -> dict[int, int]:
+        """Routed experts held by each main-model MoE layer (the most any of its expert weights has)."""
+        counts: dict[int, int] = {}
+        for g in self.groups:
+            if g.component == "routed_expert" and g.experts is not None and g.layer is not None:
+                counts[g.layer] = max(counts.get(g.layer, 0), g.experts)
+        return counts
+
     def tensor_names(self) -> Iterator[str]:
         for g in self.groups:
             yield from g.names()

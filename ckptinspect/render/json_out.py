@@ -23,7 +23,7 @@ def report_to_json(report: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "source": {"ref": ck.ref, "kind": ck.kind, "location": ck.location,
-                   "revision": getattr(ck, "revision", None) or ck.stats.get("revision")},
+                   "revision": ck.stats.get("revision")},
         "model": {
             "architecture": cfg.architecture, "model_type": cfg.model_type, "family": ck.family,
             "num_hidden_layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,

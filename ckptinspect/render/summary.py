@@ -54,10 +54,7 @@ def by_component(inventory: Inventory) -> dict[str, dict]:
 
 def experts_present(checkpoint: Checkpoint) -> Mapping[str, int | None]:
     """Routed experts found per MoE layer (min / max over layers), None for dense models."""
-    counts: dict[int, int] = defaultdict(int)
-    for g in checkpoint.inventory.main_groups():
-        if g.component == "routed_expert" and g.experts is not None and g.layer is not None:
-            counts[g.layer] = max(counts[g.layer], g.experts)
+    counts = checkpoint.inventory.experts_per_layer()
     if not counts:
         return {"present_min": None, "present_max": None, "moe_layers": 0}
     return {"present_min": min(counts.values()), "present_max": max(counts.values()), "moe_layers": len(counts)}
