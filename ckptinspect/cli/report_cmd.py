@@ -41,16 +41,15 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
     """
     from dataclasses import replace
 
-    from ckptinspect.pipeline import report_from_raw
-    from ckptinspect.sources import open_source
+    from ckptinspect.pipeline import build_report
 
     if model is None:
         from ckptinspect.examples import EXAMPLE_DIR
 
         model = str(EXAMPLE_DIR)
     started = time.perf_counter()
-    raw = open_source(model, revision=revision, token=token, progress=not quiet and fmt == "text")
-    result = report_from_raw(raw, rules_dirs=rules_dirs)
+    result = build_report(model, rules_dirs=rules_dirs, revision=revision, token=token,
+                          progress=not quiet and fmt == "text")
     if tp is not None:
         from ckptinspect.readiness.cost import mtp_cost
 
@@ -76,7 +75,7 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
 
         click.echo(render_text(result), nl=False)
     if verbose:
-        stats = dict(raw.stats)
+        stats = dict(result.checkpoint.stats)
         stats["wall_s"] = round(time.perf_counter() - started, 3)
         click.echo("stats: " + ", ".join(f"{k}={v}" for k, v in stats.items()), err=True)
     if fail_on is not None and result.mtp is not None:
