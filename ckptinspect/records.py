@@ -230,10 +230,6 @@ class Inventory:
                 counts[g.layer] = max(counts.get(g.layer, 0), g.experts)
         return counts
 
-    def tensor_names(self) -> Iterator[str]:
-        for g in self.groups:
-            yield from g.names()
-
 
 @dataclass(frozen=True)
 class RawCheckpoint:

@@ -15,7 +15,6 @@ from operator import itemgetter
 from typing import Mapping
 
 from ckptinspect.header.parser import parse_header
-from ckptinspect.sources.interface import gc_paused
 
 _NUMERIC_SEGMENT = re.compile(r"\.(\d+)(?=\.|$)")
 _MASK_DIGITS = bytes.maketrans(b"0123456789", b"##########")
@@ -45,15 +44,11 @@ def _shape_of(name: str) -> tuple[str, tuple[tuple[int, int], ...]]:
     return ".{}".join(text), spans
 
 
-def scan_header(shard: str, data: bytes, file_size: int | None) -> ShardScan:
-    """Validate one header and aggregate its tensors by (pattern, first index)."""
-    with gc_paused():
-        return scan_header_unpaused(shard, data, file_size)
-
-
 def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> ShardScan:
-    """scan_header for callers that already paused the cyclic GC (the trees are acyclic and freed by
-    refcounting; the header is released before returning, so the collector never traverses it)."""
+    """Validate one header and aggregate its tensors by (pattern, first index).
+
+    Callers pause the cyclic GC around it (sources.interface.gc_paused): the trees are acyclic and freed
+    by refcounting, and the header is released before returning, so the collector never traverses it."""
     header = parse_header(data, source=shard, file_size=file_size)
     names = header.names
     groups: dict[tuple[str, int | None], list] = {}
