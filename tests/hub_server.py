@@ -146,9 +146,19 @@ class HubServer:
         self.stop()
 
     # -- counters -------------------------------------------------------------------------------
-    def reset_stats(self) -> None:
+    def reset_stats(self, settle_s: float = 2.0) -> None:
+        """Forget the log, after the requests still being answered have logged (see stats)."""
+        self._settle(settle_s)
         with self._lock:
             self._log.clear()
+
+    def _settle(self, settle_s: float) -> None:
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._in_flight == 0:
+                    return
+            time.sleep(0.01)
 
     def stats(self, settle_s: float = 2.0) -> dict[str, Any]:
         """requests (every HTTP request received, redirects and HEADs included), body bytes sent.
@@ -156,12 +166,7 @@ class HubServer:
         Waits up to ``settle_s`` for requests still being answered: a client can have all its bytes
         before the handler thread logs them.
         """
-        deadline = time.monotonic() + settle_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._in_flight == 0:
-                    break
-            time.sleep(0.01)
+        self._settle(settle_s)
         with self._lock:
             log = list(self._log)
         return {
@@ -283,7 +288,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _control(self, path: str, method: str) -> None:
         if path == "/_test/reset":
-            self.hub.reset_stats()
+            self.hub.reset_stats(settle_s=0)  # this request itself is in flight
             payload: Any = {"ok": True}
         else:
             # in_flight includes this request: settle on the others only

@@ -71,7 +71,7 @@ def test_second_run_reads_json_from_hf_cache(server, repo, tmp_path):
     assert raw.stats["json_from_cache"] == 4
     # huggingface_hub 2.x may also refresh its user-agent registry (/api/agent-harnesses) on its own.
     ours = [e for e in server.stats()["log"] if not e[1].startswith("/api/agent-harnesses")]
-    assert len(ours) == 1 + 3 * 2  # info + shard GETs (+ redirects), no JSON
+    assert len(ours) == 1 + 3 * 2, [e[:4] for e in ours]  # info + shard GETs (+ redirects), no JSON
     assert dict(raw.headers) == headers
 
     # The cache layout is huggingface_hub's own: its offline lookup finds the file we stored.
