@@ -78,6 +78,15 @@ def test_every_safetensors_dtype_is_known():
       "b": {"dtype": "F32", "shape": [2], "data_offsets": [12, 20]}}, "leaves a hole"),
     ({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "__metadata__": {"k": 1}},
      "__metadata__ must map strings to strings"),
+    # Each of these slips past one column check if another is missing (parser._columns).
+    ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8, 16]}}, "is not \\[begin, end\\]"),
+    ({"t": {"dtype": "U8", "shape": [1], "data_offsets": [False, True]}}, "is not \\[begin, end\\]"),
+    ({"t": {"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}}, "not a list of non-negative integers"),
+    ({"t": {"dtype": "U8", "shape": "ab", "data_offsets": [0, 2]}}, "not a list of non-negative integers"),
+    ({"t": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}}, "unknown dtype"),
+    ({"t": [1, 2]}, "entry is not an object"),
+    ({"ok": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+      "t": {"dtype": "U8", "shape": [2, -2, -1], "data_offsets": [2, 6]}}, "not a list of non-negative integers"),
 ])
 def test_invalid_entries_are_rejected_with_the_reason(entries, message):
     raw = json.dumps(entries).encode()

@@ -222,7 +222,7 @@ def _raise_entry_error(name: str, info: Any, source: str) -> None:
         if key not in info:
             raise HeaderError(f"{where}: missing '{key}'", path=source)
     dtype = info["dtype"]
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:  # a list would not even hash
         raise HeaderError(f"{where}: unknown dtype {dtype!r}", path=source)
     shape = info["shape"]
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
