@@ -90,6 +90,7 @@ class HubServer:
         self._lock = threading.Lock()
         self._log: list[tuple[str, str, str | None, int, int]] = []
         self._in_flight = 0
+        self.authorized: list[str] = []  # paths of requests that carried an Authorization header
         self._httpd: ThreadingHTTPServer | None = None
         self._cdn: ThreadingHTTPServer | None = None
 
@@ -258,6 +259,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         with self.hub._lock:
             self.hub._in_flight += 1
+            if self.headers.get("Authorization"):
+                self.hub.authorized.append(self.path)
         try:
             self._route(method)
         finally:

@@ -57,7 +57,7 @@ def test_transient_fault_is_retried(served, kind):
     ("timeout", "timed out"),
     ("5xx", "HTTP 503"),
     ("reset", "connection error"),
-    ("truncate", "connection error"),  # peer closed before Content-Length bytes arrived
+    ("truncate", "truncated body"),  # peer closed before Content-Length bytes arrived
     ("wrong-range", "wrong Content-Range"),
 ])
 def test_persistent_fault_gives_one_line_naming_repo_and_file(served, kind, needle):

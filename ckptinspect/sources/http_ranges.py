@@ -9,6 +9,7 @@ Used by the Hub source to read safetensors headers. Rules behind the code:
   ``Content-Range`` (huggingface/huggingface_hub#2248).
 - A server may ignore ``Range`` and answer ``200`` with the whole (multi-GB) file: the body is streamed
   and the connection dropped as soon as the asked bytes are in, so weights are never downloaded.
+- Redirects (the Hub sends weights to its CDN) are followed, up to 5, each counted as a request.
 - GET is idempotent, so timeouts, resets, truncated bodies, 429 / 5xx and inconsistent ``Content-Range``
   are retried with exponential backoff, a bounded number of times, then reported as one NetworkError
   line naming the repo and file.
@@ -16,28 +17,25 @@ Used by the Hub source to read safetensors headers. Rules behind the code:
 
 from __future__ import annotations
 
+import http.client
 import os
 import random
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-from huggingface_hub.utils import get_session
 
 from ckptinspect.errors import AccessError, NetworkError, NotFoundError
-
-try:  # huggingface_hub >= 2 ships httpx2; 1.x used httpx; both have the same exception tree
-    import httpx2 as _httpx
-except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
-    import httpx as _httpx  # type: ignore[no-redef]
+from ckptinspect.sources.http_conn import (MAX_REDIRECTS, REDIRECTS, ConnectionPool, Origin, redirect_target,
+                                           request_target)
 
 # Retried like huggingface_hub's http_backoff does (utils/_http.py _DEFAULT_RETRY_ON_STATUS_CODES).
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 DEFAULT_ATTEMPTS = int(os.environ.get("CKPTINSPECT_HTTP_ATTEMPTS", "4"))
 DEFAULT_BACKOFF_S = float(os.environ.get("CKPTINSPECT_HTTP_BACKOFF_S", "0.25"))
 MAX_RETRY_AFTER_S = 30.0  # a 429 Retry-After longer than this is not worth waiting for in a CLI
+ERROR_BODY_LIMIT = 1 << 20  # error / redirect bodies read to keep the connection; larger ones close it
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 
 
@@ -72,7 +70,7 @@ class FetchStats:
 
 
 class RangeClient:
-    """Ranged GETs over huggingface_hub's shared keep-alive client (``get_session()``).
+    """Ranged GETs over per-thread keep-alive connections (sources/http_conn.py says why not httpx).
 
     Args:
         repo_id: named in every error message.
@@ -90,7 +88,7 @@ class RangeClient:
         self.stats = stats
         self.attempts = max(1, attempts if attempts is not None else DEFAULT_ATTEMPTS)
         self.backoff_s = backoff_s if backoff_s is not None else DEFAULT_BACKOFF_S
-        self.client = get_session()
+        self.pool = ConnectionPool(timeout)
 
     def get(self, url: str, filename: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end]`` (inclusive) of ``url``; may be shorter if the server sent less.
@@ -113,54 +111,74 @@ class RangeClient:
                            path=f"{self.repo_id}/{filename}")
 
     def _once(self, url: str, filename: str, start: int, end: int) -> bytes:
-        want = end - start + 1
         headers = {**self.headers, "Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"}
-        received = 0
+        for _ in range(MAX_REDIRECTS + 1):
+            origin = Origin.of(url)
+            try:
+                resp = self._send(origin, url, headers)
+                self.stats.add(requests=1)
+                status = resp.status
+                if status in REDIRECTS and resp.getheader("Location"):
+                    self._finish_small(origin, resp)
+                    url, headers = redirect_target(url, resp.getheader("Location"), headers)
+                    continue
+                if status not in (200, 206):
+                    self._finish_small(origin, resp)
+                    self._raise_for(status, resp, filename)
+                return self._body(origin, resp, status, start, end)
+            except (socket.timeout, TimeoutError):
+                self.pool.discard(origin)
+                raise _Retryable(f"timed out after {self.timeout:g} s") from None
+            except (http.client.HTTPException, OSError) as exc:  # resets, refused, broken status lines
+                self.pool.discard(origin)
+                raise _Retryable(f"connection error: {type(exc).__name__}: {_short(exc)}") from None
+        raise _Retryable(f"more than {MAX_REDIRECTS} redirects")
+
+    def _send(self, origin: Origin, url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+        route = self.pool.get(origin)
+        target = url if route.absolute else request_target(url)
+        route.conn.request("GET", target, headers={**headers, **route.extra_headers})
+        return route.conn.getresponse()
+
+    def _body(self, origin: Origin, resp: http.client.HTTPResponse, status: int, start: int, end: int) -> bytes:
+        """The asked bytes of a 200 / 206 body, never reading past them."""
+        want = end - start + 1
+        declared = resp.getheader("Content-Length")
+        data = b""
         try:
-            with self.client.stream("GET", url, headers=headers, timeout=self.timeout) as resp:
-                self.stats.add(requests=1 + len(resp.history))
-                status = resp.status_code
-                if status in (401, 403):
-                    raise AccessError(f"HTTP {status}: gated or private repo; accept its terms on the Hub and "
-                                      "pass --token or set HF_TOKEN", path=f"{self.repo_id}/{filename}")
-                if status == 404:
-                    raise NotFoundError("HTTP 404: file not found", path=f"{self.repo_id}/{filename}")
-                if status in RETRY_STATUS:
-                    raise _Retryable(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
-                if status == 206:
-                    skip = _check_content_range(resp.headers, start, end)
-                elif status == 200:
-                    skip = start  # Range ignored: the body starts at byte 0 of the file
-                else:
-                    raise NetworkError(f"unexpected HTTP {status} for a range request",
-                                       path=f"{self.repo_id}/{filename}")
-                chunks: list[bytes] = []
-                kept = 0
-                for chunk in resp.iter_raw():
-                    received += len(chunk)
-                    if skip:
-                        drop = min(skip, len(chunk))
-                        chunk, skip = chunk[drop:], skip - drop
-                    if chunk:
-                        chunks.append(chunk[: want - kept])
-                        kept += len(chunks[-1])
-                    if kept >= want:
-                        break  # closing a half-read response drops the connection: no weights are read
-                declared = resp.headers.get("Content-Length")
-                if status == 206 and declared is not None and kept < want and received < int(declared):
-                    raise _Retryable(f"truncated body: {received} of {declared} bytes")
-                return b"".join(chunks)
-        except _httpx.TimeoutException:
-            raise _Retryable(f"timed out after {self.timeout:g} s") from None
-        except _httpx.TransportError as exc:  # resets, refused connections, truncated bodies
-            raise _Retryable(f"connection error: {type(exc).__name__}: {_short(exc)}") from None
+            skip = _check_content_range(resp.getheader("Content-Range"), start, end) if status == 206 else start
+            data = resp.read(skip + want)  # a 200 is the whole file: this stops after the asked bytes
         finally:
-            self.stats.add(nbytes=received)
+            self.stats.add(nbytes=len(data))
+            if not resp.isclosed():  # body left unread (a 200, or more than asked): drop the connection
+                self.pool.discard(origin)
+        if status == 206 and declared is not None and len(data) < min(int(declared), skip + want):
+            self.pool.discard(origin)
+            raise _Retryable(f"truncated body: {len(data)} of {declared} bytes")
+        return data[skip:]
+
+    def _finish_small(self, origin: Origin, resp: http.client.HTTPResponse) -> None:
+        """Read a redirect / error body so the connection can be reused, unless it is large or unsized."""
+        length = resp.getheader("Content-Length")
+        if length is not None and length.isdigit() and int(length) <= ERROR_BODY_LIMIT:
+            resp.read()
+        else:
+            self.pool.discard(origin)
+
+    def _raise_for(self, status: int, resp: http.client.HTTPResponse, filename: str) -> None:
+        where = f"{self.repo_id}/{filename}"
+        if status in (401, 403):
+            raise AccessError(f"HTTP {status}: gated or private repo; accept its terms on the Hub and "
+                              "pass --token or set HF_TOKEN", path=where)
+        if status == 404:
+            raise NotFoundError("HTTP 404: file not found", path=where)
+        if status in RETRY_STATUS:
+            raise _Retryable(f"HTTP {status}", _retry_after(resp.getheader("Retry-After")))
+        raise NetworkError(f"unexpected HTTP {status} for a range request", path=where)
 
 
-def _check_content_range(headers: Any, start: int, end: int) -> int:
+def _check_content_range(value: str | None, start: int, end: int) -> int:
     """Validate a 206's Content-Range against the range asked; return bytes to skip (always 0)."""
-    value = headers.get("Content-Range")
     match = _CONTENT_RANGE.match(value or "")
     if match is None:  # multipart/byteranges or a broken proxy
         raise _Retryable(f"206 without a usable Content-Range ({value!r})")
