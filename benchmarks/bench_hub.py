@@ -33,8 +33,7 @@ os.environ.pop("HF_HUB_OFFLINE", None)
 os.environ.pop("HF_TOKEN", None)
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import json  # noqa: E402
-import urllib.request  # noqa: E402
+from hub_server import ServerProcess  # noqa: E402
 
 REPO = "nvidia/Qwen3.5-397B-A17B-NVFP4"
 SMALL_JSON = ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "generation_config.json")
@@ -42,39 +41,6 @@ SMALL_JSON = ("config.json", "hf_quant_config.json", "model.safetensors.index.js
 
 def _cold_cache() -> None:
     shutil.rmtree(_CACHE / "hub", ignore_errors=True)
-
-
-class ServerProcess:
-    """tests/hub_server.py in its own process, so its threads do not share the client's GIL."""
-
-    def __init__(self, repo_dir: Path, latency_ms: float, redirects: bool) -> None:
-        cmd = [sys.executable, str(ROOT / "tests" / "hub_server.py"), "--latency-ms", str(latency_ms)]
-        cmd += ["--redirects"] if redirects else []
-        self.proc = subprocess.Popen(cmd + [REPO, str(repo_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
-        self.url = self.proc.stdout.readline().strip()
-        if not self.url.startswith("http://"):
-            raise RuntimeError("test Hub server did not start")
-
-    def _get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.url + path, timeout=30) as resp:
-            return json.loads(resp.read())
-
-    def reset_stats(self) -> None:
-        self._get("/_test/reset")
-
-    def stats(self) -> dict:
-        return self._get("/_test/stats")
-
-    def __enter__(self) -> "ServerProcess":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def _measure(server: ServerProcess, fn) -> dict:
@@ -153,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
           f"median wall; requests/bytes as counted by the server (last run)")
 
     rows = []
-    with ServerProcess(replica, args.latency_ms, args.redirects) as server:
+    with ServerProcess({REPO: replica}, latency_ms=args.latency_ms, redirects=args.redirects) as server:
         tools = [("ckptinspect open_hub (fetch only)", ours_fetch), ("ckptinspect open_hub + parse", ours),
                  ("get_safetensors_metadata", theirs)]
         if not args.no_report:

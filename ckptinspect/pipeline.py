@@ -12,13 +12,13 @@ from typing import Any, Sequence
 from ckptinspect.config.normalize import normalize_config
 from ckptinspect.errors import ConfigError
 from ckptinspect.inventory.build import build_inventory
-from ckptinspect.inventory.index_summary import IndexSummary
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
 from ckptinspect.inventory.parallel import scan_checkpoint
 from ckptinspect.inventory.scan import ShardScan
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
-from ckptinspect.records import Checkpoint, Finding, Inventory, ModelConfig, MtpAssessment, RawCheckpoint
+from ckptinspect.records import (Checkpoint, Finding, IndexSummary, Inventory, ModelConfig, MtpAssessment,
+                                 RawCheckpoint)
 from ckptinspect.sources import open_source
 from ckptinspect.sources.interface import CONFIG, HF_QUANT_CONFIG, INDEX, PICKLE_SUFFIXES
 

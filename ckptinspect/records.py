@@ -232,6 +232,17 @@ class Inventory:
 
 
 @dataclass(frozen=True)
+class IndexSummary:
+    """What the report needs from model.safetensors.index.json, in a few kilobytes (sources/index_summary.py)."""
+
+    shards: tuple[str, ...]  # unique shard files in first-seen order
+    counts: Mapping[str, int]  # shard -> tensor names mapped to it
+    name_bytes: Mapping[str, int]  # shard -> total length of those names (sizes the Hub header reads)
+    name_hashes: Mapping[str, int]  # shard -> sum of hash(name) & 2**64-1 (same process family only)
+    total_size: int | None  # metadata.total_size as written
+
+
+@dataclass(frozen=True)
 class RawCheckpoint:
     """What a source delivers: small JSON files and every shard's header bytes."""
 
@@ -244,6 +255,7 @@ class RawCheckpoint:
     file_sizes: Mapping[str, int | None]  # shard -> total file size when known
     revision: str | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)  # requests, bytes fetched, ...
+    index_summary: IndexSummary | None = None  # when the source already summarized the index (Hub)
 
 
 @dataclass(frozen=True)

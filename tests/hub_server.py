@@ -79,6 +79,14 @@ def _is_lfs(rel: str, size: int) -> bool:
     return rel.endswith(".safetensors") or size > LFS_THRESHOLD
 
 
+class _Listener(ThreadingHTTPServer):
+    # Class attributes: the listen backlog is set when the constructor binds, so assigning it on the
+    # instance afterwards does nothing (and the default of 5 drops the SYNs of 32 parallel connects,
+    # which then stall for the kernel's 1 s retransmit).
+    request_queue_size = 256
+    daemon_threads = True
+
+
 class HubServer:
     """Threaded Hub-protocol server on an ephemeral port. Use as a context manager or start()/stop()."""
 
@@ -124,9 +132,7 @@ class HubServer:
         like the Hub's redirects to its CDN host, so huggingface_hub reads HEAD metadata off the 302)."""
         handler = type("Handler", (_Handler,), {"hub": self})
         for attr in ("_httpd", "_cdn"):
-            httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-            httpd.daemon_threads = True
-            httpd.request_queue_size = 256
+            httpd = _Listener(("127.0.0.1", 0), handler)
             setattr(self, attr, httpd)
             threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self.url
@@ -303,7 +309,7 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(0.01)
             with self.hub._lock:
                 log = list(self.hub._log)
-            payload = {"requests": len(log), "bytes": sum(e[4] for e in log)}
+            payload = {"requests": len(log), "bytes": sum(e[4] for e in log), "log": log}
         body = json.dumps(payload).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -536,6 +542,48 @@ def make_sharded_repo(root: Path, *, shards: int = 3, layers_per_shard: int = 2,
     for name, value in (extra_json or {}).items():
         (root / name).write_text(json.dumps(value))
     return headers
+
+
+class ServerProcess:
+    """This server in its own process (``main`` below): its threads then share neither the client's GIL
+    nor its thread count (the Hub reader forks a helper only while it is single-threaded)."""
+
+    def __init__(self, repos: dict[str, Path], *, latency_ms: float = 0.0, redirects: bool = False) -> None:
+        import subprocess
+        import sys
+
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--latency-ms", str(latency_ms)]
+        cmd += ["--redirects"] if redirects else []
+        for repo_id, directory in repos.items():
+            cmd += [repo_id, str(directory)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http://"):
+            raise RuntimeError("test Hub server did not start")
+
+    def _get(self, path: str) -> dict:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + path, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def reset_stats(self) -> None:
+        self._get("/_test/reset")
+
+    def stats(self) -> dict:
+        return self._get("/_test/stats")
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import subprocess
+
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - used by benchmarks/bench_hub.py

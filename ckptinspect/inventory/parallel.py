@@ -13,9 +13,9 @@ import gc
 import os
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
-from ckptinspect.inventory.index_summary import IndexSummary, summarize_index, summarize_index_file
 from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
-from ckptinspect.records import RawCheckpoint
+from ckptinspect.records import IndexSummary, RawCheckpoint
+from ckptinspect.sources.index_summary import summarize_index, summarize_index_file
 from ckptinspect.sources.interface import INDEX, LocalHeaders, gc_paused
 
 # Worker processes pay off only with enough header JSON to parse: below this the pool start-up
@@ -48,8 +48,8 @@ def scan_checkpoint(raw: RawCheckpoint) -> tuple[list[ShardScan], IndexSummary |
 
 
 def _summary_in_process(raw: RawCheckpoint) -> IndexSummary | None:
-    if INDEX not in raw.json_files:
-        return None
+    if raw.index_summary is not None or INDEX not in raw.json_files:
+        return raw.index_summary
     return summarize_index(raw.json_files[INDEX], source=f"{raw.location}/{INDEX}")
 
 
@@ -67,7 +67,7 @@ def _scan_parallel(raw: RawCheckpoint, workers: int) -> tuple[list[ShardScan], I
                 summary_future = pool.submit(summarize_index_file, headers.directory / INDEX)
                 first = dict(headers.candidates)  # files present; the index is parsed meanwhile
             else:
-                if INDEX in raw.json_files:  # already parsed (Hub, snapshot): summarize in a worker
+                if INDEX in raw.json_files and raw.index_summary is None:  # parsed (snapshot): summarize there
                     summary_future = pool.submit(_summary_in_worker)
                 first = {s: raw.file_sizes.get(s) for s in headers}
             batches = _balanced_batches(first, (workers + 1) * BATCHES_PER_WORKER)

@@ -35,6 +35,7 @@ RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 DEFAULT_ATTEMPTS = int(os.environ.get("CKPTINSPECT_HTTP_ATTEMPTS", "4"))
 DEFAULT_BACKOFF_S = float(os.environ.get("CKPTINSPECT_HTTP_BACKOFF_S", "0.25"))
 MAX_RETRY_AFTER_S = 30.0  # a 429 Retry-After longer than this is not worth waiting for in a CLI
+META_HEADERS = ("x-repo-commit", "x-linked-etag", "etag", "content-range")
 ERROR_BODY_LIMIT = 1 << 20  # error / redirect bodies read to keep the connection; larger ones close it
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 
@@ -90,8 +91,11 @@ class RangeClient:
         self.backoff_s = backoff_s if backoff_s is not None else DEFAULT_BACKOFF_S
         self.pool = ConnectionPool(timeout)
 
-    def get(self, url: str, filename: str, start: int, end: int) -> bytes:
+    def get(self, url: str, filename: str, start: int, end: int, *, meta: dict[str, str] | None = None) -> bytes:
         """Bytes ``[start, end]`` (inclusive) of ``url``; may be shorter if the server sent less.
+
+        ``meta``, when given, receives the first value seen of each response header in META_HEADERS
+        (lower-case keys), across redirects: the Hub puts X-Repo-Commit and the etags on the first hop.
 
         Raises:
             AccessError: 401 / 403.  NotFoundError: 404.  NetworkError: anything else after retries.
@@ -99,7 +103,7 @@ class RangeClient:
         last = ""
         for attempt in range(1, self.attempts + 1):
             try:
-                return self._once(url, filename, start, end)
+                return self._once(url, filename, start, end, meta)
             except _Retryable as exc:
                 last = str(exc)
                 if attempt == self.attempts:
@@ -110,7 +114,20 @@ class RangeClient:
         raise NetworkError(f"{last} (bytes={start}-{end}, gave up after {self.attempts} attempts)",
                            path=f"{self.repo_id}/{filename}")
 
-    def _once(self, url: str, filename: str, start: int, end: int) -> bytes:
+    def rest(self, url: str, filename: str, start: int, stop: int) -> bytes:
+        """Bytes [start, stop) in as few ranges as the server allows; counts each as an extra request."""
+        parts: list[bytes] = []
+        while start < stop:
+            more = self.get(url, filename, start, stop - 1)
+            self.stats.add(extra=1)
+            if not more:
+                raise NetworkError(f"server sent no bytes for bytes={start}-{stop - 1}",
+                                   path=f"{self.repo_id}/{filename}")
+            parts.append(more)
+            start += len(more)
+        return b"".join(parts)
+
+    def _once(self, url: str, filename: str, start: int, end: int, meta: dict[str, str] | None) -> bytes:
         headers = {**self.headers, "Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"}
         for _ in range(MAX_REDIRECTS + 1):
             origin = Origin.of(url)
@@ -118,6 +135,10 @@ class RangeClient:
                 resp = self._send(origin, url, headers)
                 self.stats.add(requests=1)
                 status = resp.status
+                if meta is not None:
+                    for key in META_HEADERS:
+                        if key not in meta and resp.getheader(key) is not None:
+                            meta[key] = resp.getheader(key)
                 if status in REDIRECTS and resp.getheader("Location"):
                     self._finish_small(origin, resp)
                     url, headers = redirect_target(url, resp.getheader("Location"), headers)
@@ -147,7 +168,7 @@ class RangeClient:
         data = b""
         try:
             skip = _check_content_range(resp.getheader("Content-Range"), start, end) if status == 206 else start
-            data = resp.read(skip + want)  # a 200 is the whole file: this stops after the asked bytes
+            data = _read_at_most(resp, skip + want)  # a 200 is the whole file: this stops after the asked bytes
         finally:
             self.stats.add(nbytes=len(data))
             if not resp.isclosed():  # body left unread (a 200, or more than asked): drop the connection
@@ -175,6 +196,21 @@ class RangeClient:
         if status in RETRY_STATUS:
             raise _Retryable(f"HTTP {status}", _retry_after(resp.getheader("Retry-After")))
         raise NetworkError(f"unexpected HTTP {status} for a range request", path=where)
+
+
+def _read_at_most(resp: http.client.HTTPResponse, amount: int) -> bytes:
+    """Up to ``amount`` body bytes. http.client preallocates ``amount`` unless the length is known, so a
+    body of unknown length (no Content-Length, not chunked) is read in 1 MiB pieces."""
+    if resp.length is not None or resp.chunked:
+        return resp.read(amount)
+    parts, have = [], 0
+    while have < amount:
+        part = resp.read(min(1 << 20, amount - have))
+        if not part:
+            break
+        parts.append(part)
+        have += len(part)
+    return b"".join(parts)
 
 
 def _check_content_range(value: str | None, start: int, end: int) -> int:

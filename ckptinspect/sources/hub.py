@@ -2,8 +2,9 @@
 downloading weights: the file list, the small JSON files, and every shard's safetensors header.
 
 Round trips, for a repo of S shards: 1 (model info with blob metadata: file list, sizes, commit) + one GET
-per small JSON file that is not yet in the HF cache + S header GETs, in parallel over one keep-alive
-client. huggingface_hub's ``get_safetensors_metadata`` asks every shard for ``bytes=0-100000`` and needs a
+per small JSON file that is not yet in the HF cache + S header GETs, in parallel over keep-alive
+connections. On a cold cache the index GET is made by a child process forked first thing, so its
+download and parse overlap this process's start-up and repo-info call (sources/index_prefetch.py). huggingface_hub's ``get_safetensors_metadata`` asks every shard for ``bytes=0-100000`` and needs a
 second GET for every header over 99,992 bytes (hf_api.py ``parse_safetensors_file_metadata``); per-expert
 NVFP4 / FP8 MoE shards are far above that. Here the first range is sized per shard from the index: the
 header holds each tensor name once (the index lists them) plus a JSON entry of nearly constant size, so
@@ -27,9 +28,12 @@ from urllib.parse import quote
 
 from ckptinspect.errors import AccessError, ConfigError, HeaderError, NetworkError, NotFoundError
 from ckptinspect.header.parser import read_length_prefix
-from ckptinspect.records import RawCheckpoint
-from ckptinspect.sources.interface import check_relative_name, parse_json_bytes
+from ckptinspect.records import IndexSummary, RawCheckpoint
+from ckptinspect.sources import http_ranges
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient
+from ckptinspect.sources.index_prefetch import IndexPrefetch
+from ckptinspect.sources.index_summary import summarize_index
+from ckptinspect.sources.interface import LazyJson, parse_json_bytes
 
 # Small JSON files read next to the headers (the RawCheckpoint.json_files contract).
 JSON_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "generation_config.json")
@@ -53,6 +57,7 @@ ENTRY_MARGIN = 3
 FIXED_SLACK = 256  # __metadata__ ({"format":"pt"}) and the writer's padding to a multiple of 8
 # Concurrent header requests: 32 halves the waves of 16 on a 94-shard repo at 20 ms per request
 # (BENCHMARKS.md section 2); each thread keeps its own keep-alive connection.
+PREFETCH_ENV = "CKPTINSPECT_INDEX_PREFETCH"  # "0": read the index after the repo info, in this process
 DEFAULT_MAX_WORKERS = int(os.environ.get("CKPTINSPECT_MAX_WORKERS", "32"))
 
 
@@ -101,9 +106,6 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         NetworkError: timeouts, 5xx, resets, broken ranges after bounded retries.
         HeaderError: a header length prefix over 25,000,000 bytes or beyond the file size.
     """
-    from huggingface_hub import HfApi
-    from huggingface_hub.utils import build_hf_headers
-
     if hub_offline():
         from ckptinspect.sources.hf_cache import describe_cache_gap
 
@@ -112,6 +114,39 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
     started = time.perf_counter()
     endpoint = hub_endpoint(endpoint)
     timeout = download_timeout() if timeout is None else timeout
+    prefetch = _start_index_prefetch(endpoint, repo_id, revision, token, timeout)
+    try:
+        raw = _read_repo(repo_id, revision, token, endpoint, timeout, progress, max_workers, on_header, prefetch,
+                         started)
+    except BaseException:
+        if prefetch is not None:
+            prefetch.close(kill=True)  # its answer is not wanted: do not wait for its download
+        raise
+    if prefetch is not None:
+        prefetch.close()
+    return raw
+
+
+def _start_index_prefetch(endpoint: str, repo_id: str, revision: str | None, token: str | None,
+                          timeout: float) -> IndexPrefetch | None:
+    """Read the index in a child while this process starts up (sources/index_prefetch.py), unless the HF
+    cache already holds it for the commit the revision last pointed to."""
+    from ckptinspect.sources.hf_cache import cached_file, resolve_commit
+
+    if os.environ.get(PREFETCH_ENV, "1").strip() == "0":
+        return None
+    commit = resolve_commit(repo_id, revision)
+    if commit is not None and cached_file(repo_id, commit, INDEX_FILE) is not None:
+        return None
+    return IndexPrefetch.start(endpoint, repo_id, revision, token, timeout)
+
+
+def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: str, timeout: float,
+               progress: bool, max_workers: int | None, on_header: Callable[[str, bytes], None] | None,
+               prefetch: IndexPrefetch | None, started: float) -> RawCheckpoint:
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import build_hf_headers
+
     stats = FetchStats()
     api = HfApi(endpoint=endpoint, token=token)
     info = _model_info(api, repo_id, revision, timeout, stats)
@@ -128,16 +163,35 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
     cached = 0
     workers = max(1, max_workers or DEFAULT_MAX_WORKERS)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_json_file, client, repo_id, revision, commit, name, siblings[name], url(name)): name
-                   for name in JSON_FILES if name in siblings}
+        def fetch(name: str) -> Any:
+            return pool.submit(_json_file, client, repo_id, revision, commit, name, siblings[name], url(name))
+
+        wanted = [name for name in JSON_FILES if name in siblings]
+        futures = {fetch(name): name for name in wanted if not (name == INDEX_FILE and prefetch is not None)}
+        prefetched = None
+        if prefetch is not None and INDEX_FILE in siblings:
+            # The child's index counts only if it is this commit's (the small files download meanwhile).
+            prefetched = prefetch.result(info.sha, wait_s=timeout * 2 * http_ranges.DEFAULT_ATTEMPTS + 30)
+            if prefetched is None:
+                futures[fetch(INDEX_FILE)] = INDEX_FILE
+            else:
+                stats.add(requests=prefetched.stats["requests"], nbytes=prefetched.stats["bytes_fetched"],
+                          retries=prefetched.stats["retries"])
         for fut in as_completed(futures):
             value, from_cache = fut.result()
             json_files[futures[fut]] = value
             cached += from_cache
         phases["json_s"] = time.perf_counter() - started - phases["info_s"]
-        shards, per_shard = _shard_plan(repo_id, json_files.get(INDEX_FILE), siblings)
+        if prefetched is not None:
+            summary: IndexSummary | None = prefetched.summary
+            json_view: Mapping[str, Any] = LazyJson(json_files, {INDEX_FILE: prefetched.load}, prefix=repo_id)
+        else:
+            summary = (summarize_index(json_files[INDEX_FILE], source=f"{repo_id}/{INDEX_FILE}")
+                       if INDEX_FILE in json_files else None)
+            json_view = json_files
+        shards = _shard_plan(repo_id, summary, siblings)
         sizes = {shard: siblings[shard].size for shard in shards}
-        reader = _HeaderReader(client, per_shard, on_header)
+        reader = _HeaderReader(client, summary, on_header)
         header_bytes = reader.read_all(pool, shards, url, sizes, progress=progress)
     wall = time.perf_counter() - started
     phases["headers_s"] = wall - phases["info_s"] - phases["json_s"]
@@ -146,13 +200,14 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         kind="hub",
         location=f"{endpoint}/{repo_id}@{commit}",
         files=tuple(sorted(siblings)),
-        json_files=json_files,
+        json_files=json_view,
         headers=header_bytes,
         file_sizes=sizes,
         revision=commit,
         stats={**stats.as_dict(), "wall_s": round(wall, 3), "shards": len(shards), "json_from_cache": cached,
                "header_bytes": sum(len(h) for h in header_bytes.values()), "endpoint": endpoint,
-               **{k: round(v, 3) for k, v in phases.items()}},
+               "index_prefetched": prefetched is not None, **{k: round(v, 3) for k, v in phases.items()}},
+        index_summary=summary,
     )
 
 
@@ -162,8 +217,6 @@ def _model_info(api: Any, repo_id: str, revision: str | None, timeout: float, st
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
                                         RepositoryNotFoundError, RevisionNotFoundError)
     from huggingface_hub.utils import HFValidationError
-
-    from ckptinspect.sources import http_ranges
 
     rev = revision or "main"
     attempts = http_ranges.DEFAULT_ATTEMPTS
@@ -223,7 +276,7 @@ def _json_file(client: RangeClient, repo_id: str, revision: str | None, commit: 
         end = (size if size else MAX_JSON_BYTES) - 1
         data = client.get(url, name, 0, end) if end >= 0 else b""
         if size is not None and len(data) < size:
-            data += _rest_of(client, url, name, len(data), size)
+            data += client.rest(url, name, len(data), size)
         etag = sibling.lfs.sha256 if sibling.lfs is not None else sibling.blob_id
         # Written while this thread parses: the write releases the GIL, and a 41 MB index takes ~0.1 s
         # to write and ~0.3 s to parse here.
@@ -237,48 +290,31 @@ def _json_file(client: RangeClient, repo_id: str, revision: str | None, commit: 
 
 
 # -- shards ------------------------------------------------------------------------------------------
-def _shard_plan(repo_id: str, index: Any, siblings: Mapping[str, Any]) -> tuple[list[str], dict[str, list[int]]]:
-    """Shard names from the index's weight_map values (never from a name regex), else top-level files.
-
-    Returns the shards and, per shard, [tensor count, bytes of tensor names]: all the header predictor
-    needs, gathered in one pass over a weight_map that can hold 370,000 names.
-    """
-    if index is None:
+def _shard_plan(repo_id: str, summary: IndexSummary | None, siblings: Mapping[str, Any]) -> list[str]:
+    """Shard names from the index's weight_map values (never from a name regex), else top-level files."""
+    if summary is None:
         shards = sorted(n for n in siblings if n.endswith(".safetensors") and "/" not in n)
         if not shards:
             raise NotFoundError("no model.safetensors.index.json and no top-level .safetensors file", path=repo_id)
-        return shards, {}
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise ConfigError("index has no weight_map", path=f"{repo_id}/{INDEX_FILE}")
-    per_shard: dict[str, list[int]] = {}
-    try:
-        for tensor, shard in weight_map.items():
-            acc = per_shard.get(shard)
-            if acc is None:
-                acc = per_shard[shard] = [0, 0]
-            acc[0] += 1
-            acc[1] += len(tensor)  # names are ASCII in practice; JSON escapes are covered by the margin
-    except TypeError:  # an unhashable (non-string) shard value
-        raise ConfigError("weight_map values must be file names", path=f"{repo_id}/{INDEX_FILE}") from None
-    for shard in per_shard:  # plain relative names only, same rule as a local directory
-        check_relative_name(shard, source=f"{repo_id}/{INDEX_FILE}")
-    missing = sorted(s for s in per_shard if s not in siblings)
+        return shards
+    if not summary.shards:
+        raise ConfigError("index has an empty weight_map", path=f"{repo_id}/{INDEX_FILE}")
+    missing = sorted(s for s in summary.shards if s not in siblings)
     if missing:
         raise NotFoundError(f"the index names {len(missing)} shard(s) the repo does not have, e.g. {missing[0]}",
                             path=f"{repo_id}/{INDEX_FILE}")
-    return list(per_shard), per_shard  # first-seen order, like the local source
+    return list(summary.shards)  # first-seen order, like the local source
 
 
 class _HeaderReader:
     """Reads every shard header, first range sized from the index (see the module docstring)."""
 
-    def __init__(self, client: RangeClient, per_shard: Mapping[str, list[int]],
+    def __init__(self, client: RangeClient, summary: IndexSummary | None,
                  on_header: Callable[[str, bytes], None] | None = None) -> None:
         self.client = client
         self.on_header = on_header
-        self.counts = {s: acc[0] for s, acc in per_shard.items()}
-        self.name_bytes = {s: acc[1] for s, acc in per_shard.items()}
+        self.counts: Mapping[str, int] = summary.counts if summary is not None else {}
+        self.name_bytes: Mapping[str, int] = summary.name_bytes if summary is not None else {}
         self.entry_size: float | None = None  # largest measured bytes per entry beyond the name
         self.lock = threading.Lock()
 
@@ -304,6 +340,9 @@ class _HeaderReader:
 
         out: dict[str, bytes] = {}
         futures: dict[Any, str] = {}
+        # No monitor thread (tqdm starts one even for a disabled bar): a later Hub read in this process
+        # forks its index reader only while single-threaded (sources/index_prefetch.py).
+        tqdm.monitor_interval = 0
         bar = tqdm(total=len(shards), desc="Reading headers", unit="shard", file=sys.stderr,
                    disable=not progress, leave=False)
         try:
@@ -333,29 +372,16 @@ class _HeaderReader:
             want = min(want, size)
         body = self.client.get(url, shard, 0, want - 1)
         if len(body) < 8:  # a short 206 that did not even cover the length prefix
-            body += _rest_of(self.client, url, shard, len(body), 8)
+            body += self.client.rest(url, shard, len(body), 8)
         n = read_length_prefix(body[:8], source=where, file_size=size, max_length=MAX_HEADER_LENGTH)
         have = len(body) - 8  # ranges are inclusive: the header is complete iff n <= len(body) - 8
         if n > have:
-            body += _rest_of(self.client, url, shard, len(body), 8 + n)
+            body += self.client.rest(url, shard, len(body), 8 + n)
         self.learn(shard, n)
         header = body[8:8 + n]
         if self.on_header is not None:
             self.on_header(shard, header)
         return header
-
-
-def _rest_of(client: RangeClient, url: str, shard: str, start: int, stop: int) -> bytes:
-    """Bytes [start, stop) in as few ranges as the server allows; counts each as an extra request."""
-    parts: list[bytes] = []
-    while start < stop:
-        more = client.get(url, shard, start, stop - 1)
-        client.stats.add(extra=1)
-        if not more:
-            raise NetworkError(f"server sent no bytes for bytes={start}-{stop - 1}", path=f"{client.repo_id}/{shard}")
-        parts.append(more)
-        start += len(more)
-    return b"".join(parts)
 
 
 __all__ = ["open_hub", "hub_endpoint", "hub_offline"]

@@ -58,7 +58,10 @@ def shard_names_from_index(index: Any, *, source: str = INDEX) -> tuple[str, ...
     """The unique shard files named by an index's weight_map, in first-seen order, validated."""
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
         raise ConfigError("has no 'weight_map' object", path=source)
-    shards = dict.fromkeys(index["weight_map"].values())
+    try:
+        shards = dict.fromkeys(index["weight_map"].values())
+    except TypeError:  # an unhashable (list / object) value
+        raise ConfigError("weight_map values must be file names", path=source) from None
     for shard in shards:
         check_relative_name(shard, source=source)
     return tuple(shards)
@@ -124,6 +127,31 @@ class LazyJsonFiles(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._names)
+
+
+class LazyJson(Mapping[str, Any]):
+    """Parsed JSON files plus some kept as bytes until first asked for (the Hub index read by a child
+    process: the report needs only its summary, a snapshot or a mismatch explanation needs all of it)."""
+
+    def __init__(self, parsed: Mapping[str, Any], loaders: Mapping[str, Callable[[], bytes]], *, prefix: str) -> None:
+        self._parsed = dict(parsed)
+        self._loaders = dict(loaders)
+        self._prefix = prefix
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._parsed:
+            loader = self._loaders[name]  # KeyError for unknown names, as a dict
+            self._parsed[name] = parse_json_bytes(loader(), source=f"{self._prefix}/{name}")
+        return self._parsed[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._parsed or name in self._loaders  # without parsing
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**dict.fromkeys(self._parsed), **dict.fromkeys(self._loaders)})
+
+    def __len__(self) -> int:
+        return len(set(self._parsed) | set(self._loaders))
 
 
 class LocalHeaders(Mapping[str, bytes]):

@@ -1,0 +1,167 @@
+"""Fetch and summarize a Hub repo's safetensors index in a child process, while the parent starts up.
+
+Every header read is sized from the index (hub.py), so on a cold cache the index sits on the critical
+path: a 41 MB index takes ~0.3 s to parse and ~0.1 s to summarize. Meanwhile the parent spends ~0.3 s
+importing huggingface_hub and asking for the repo info. A child forked before those imports (cheap:
+the heap is small and no thread exists yet) reads the index by revision, parses it and sends back only
+its IndexSummary, so both run at once. The child never imports huggingface_hub; its request is an
+optimization the parent checks, not trusted: the parent uses it only when the commit the Hub answered
+with (X-Repo-Commit) is the commit of its own repo-info call, and otherwise (a moved branch, a gated repo
+the child had no token for, no index at all, any error) reads the index itself as before.
+
+The child also stores the index in the HF cache (as huggingface_hub would: the blob named by its etag)
+and leaves its bytes in a shared memory file, from which the parent parses the full index only if
+something asks for it (a snapshot, or a header/index mismatch to explain).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import quote
+
+from ckptinspect.records import IndexSummary
+from ckptinspect.sources.http_ranges import FetchStats, RangeClient
+
+INDEX_FILE = "model.safetensors.index.json"
+MAX_INDEX_BYTES = 512 * 1024 * 1024
+_FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class PrefetchedIndex:
+    summary: IndexSummary
+    size: int
+    load: Callable[[], bytes]  # the index bytes, read back from the shared file on demand
+    stats: dict[str, int]  # the child's requests and bytes, for --verbose
+
+
+class IndexPrefetch:
+    """The child process and the pipe its answer comes through. Always ``close()`` it."""
+
+    def __init__(self, process: Any, receive: Any, spool: Any) -> None:
+        self._process = process
+        self._receive = receive
+        self._spool = spool
+        self._answer: Any = None
+
+    @classmethod
+    def start(cls, endpoint: str, repo_id: str, revision: str | None, token: str | None,
+              timeout: float) -> "IndexPrefetch | None":
+        """Fork the child, or None where that is not safe or possible (then the parent reads serially)."""
+        if os.name != "posix" or threading.active_count() > 1:
+            return None
+        url = f"{endpoint}/{repo_id}/resolve/{quote(revision or 'main', safe='')}/{INDEX_FILE}"
+        headers = {"user-agent": "ckptinspect"}
+        bearer = _token(token)
+        if bearer:
+            headers["authorization"] = f"Bearer {bearer}"
+        try:
+            ctx = get_context("fork")
+            spool = _open_spool()
+            receive, send = ctx.Pipe(duplex=False)
+            process = ctx.Process(target=_child, args=(send, spool, url, headers, timeout, repo_id, revision),
+                                  daemon=True)
+            process.start()
+        except (OSError, ValueError):
+            return None
+        send.close()
+        return cls(process, receive, spool)
+
+    def result(self, commit: str | None, wait_s: float) -> PrefetchedIndex | None:
+        """The child's summary if it read ``commit``'s index; None means: read it yourself."""
+        if self._answer is None:
+            try:
+                self._answer = self._receive.recv() if self._receive.poll(wait_s) else (_FAILED, "no answer")
+            except (EOFError, OSError):
+                self._answer = (_FAILED, "child exited")
+        answer = self._answer
+        if answer[0] == _FAILED or commit is None or answer[1] != commit:
+            return None
+        _, _, summary, size, stats = answer
+        spool = self._spool
+
+        def load() -> bytes:
+            self._process.join()  # the child writes the file after answering
+            return os.pread(spool.fileno(), size, 0)
+
+        return PrefetchedIndex(summary=summary, size=size, load=load, stats=stats)
+
+    def close(self, *, kill: bool = False) -> None:
+        """Wait for the child (it finishes its cache write), or stop it; the shared file lives on for ``load``."""
+        if not kill:
+            self._process.join(timeout=30)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._receive.close()
+
+
+def _child(send: Any, spool: Any, url: str, headers: dict[str, str], timeout: float, repo_id: str,
+           revision: str | None) -> None:
+    from ckptinspect.sources.hf_cache import cache_store
+    from ckptinspect.sources.index_summary import summarize_index_bytes
+
+    gc.disable()
+    try:
+        stats = FetchStats()
+        client = RangeClient(repo_id, headers, timeout=timeout, stats=stats)
+        meta: dict[str, str] = {}
+        data = client.get(url, INDEX_FILE, 0, MAX_INDEX_BYTES - 1, meta=meta)
+        total = _total_size(meta.get("content-range"))
+        if total is not None and len(data) < min(total, MAX_INDEX_BYTES):
+            data += client.rest(url, INDEX_FILE, len(data), min(total, MAX_INDEX_BYTES))
+        summary = summarize_index_bytes(data, source=f"{repo_id}/{INDEX_FILE}")
+        commit = meta.get("x-repo-commit")
+        send.send(("ok", commit, summary, len(data), stats.as_dict()))
+    except Exception as exc:  # noqa: BLE001 - any failure: the parent reads the index itself
+        send.send((_FAILED, f"{type(exc).__name__}: {exc}"))
+        return
+    finally:
+        send.close()
+    os.pwrite(spool.fileno(), data, 0)
+    etag = (meta.get("x-linked-etag") or meta.get("etag") or "").removeprefix("W/").strip('"') or None
+    if commit:
+        cache_store(repo_id, commit, revision or "main", INDEX_FILE, data, etag)
+
+
+def _total_size(content_range: str | None) -> int | None:
+    if not content_range or "/" not in content_range:
+        return None
+    total = content_range.rsplit("/", 1)[1].strip()
+    return int(total) if total.isdigit() else None
+
+
+def _open_spool() -> Any:
+    """A file both processes share, memory-backed where the OS offers it."""
+    if hasattr(os, "memfd_create"):
+        return os.fdopen(os.memfd_create("ckptinspect-index", os.MFD_CLOEXEC), "r+b")
+    return tempfile.TemporaryFile()
+
+
+def _token(explicit: str | None) -> str | None:
+    """The token huggingface_hub would send, found without importing it (it costs ~0.2 s to import):
+    --token, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, then the token file. Guessing wrong costs only the
+    prefetch (a 401 makes the parent read the index itself, with huggingface_hub's own token)."""
+    if explicit:
+        return explicit
+    if os.environ.get("HF_HUB_DISABLE_IMPLICIT_TOKEN", "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
+        return None
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        if os.environ.get(var, "").strip():
+            return os.environ[var].strip()
+    path = os.environ.get("HF_TOKEN_PATH")
+    if not path:
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+        path = os.path.join(home, "token")
+    try:
+        return Path(path).expanduser().read_text().strip() or None
+    except OSError:
+        return None
