@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -108,6 +109,7 @@ def _child(send: Any, spool: Any, url: str, headers: dict[str, str], timeout: fl
     from ckptinspect.sources.hf_cache import cache_store
     from ckptinspect.sources.index_summary import summarize_index_bytes
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then kills us
     gc.disable()
     try:
         stats = FetchStats()
