@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from ckptinspect.errors import RuleError
+from ckptinspect.inventory.mtp_prefix import assign_mtp, check_template, compile_prefixes
 from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 from ckptinspect.readiness.conditions import CONDITIONS
 from ckptinspect.readiness.loader import builtin_dir, schema_path
-from ckptinspect.readiness.templates import check_template, compile_prefix, mtp_index_of
 from ckptinspect.readiness.versions import in_range, representative
 
 REPO = Path(__file__).resolve().parent.parent
@@ -208,16 +208,24 @@ def test_templates_grammar():
     assert check_template("model.layers.{L+k}.") is None
     assert "unknown placeholder" in check_template("model.layers.{N}.")
     assert "twice" in check_template("mtp.{k}.layers.{L+k}.")
-    prefixes = tuple(compile_prefix(t, 61) for t in GENERIC_MTP_PREFIXES)
-    assert mtp_index_of("model.layers.61.enorm.weight", prefixes, 61) == 0
-    assert mtp_index_of("model.layers.62.eh_proj.weight", prefixes, 61) == 1
-    assert mtp_index_of("model.layers.60.mlp.gate.weight", prefixes, 61) is None
-    assert mtp_index_of("mtp.layers.2.mlp.gate.weight", prefixes, 61) == 2
-    assert mtp_index_of("mtp.fc.weight", prefixes, 61) == 0
-    assert mtp_index_of("model.mtp_emb_norm.0.weight", prefixes, 61) == 0
-    assert mtp_index_of("lm_head.weight", prefixes, 61) is None
-    any_index = compile_prefix("model.layers.{*}.mtp.", 4)
-    assert any_index.mtp_index("model.layers.7.mtp.x", 4) == 0
+    prefixes = compile_prefixes(GENERIC_MTP_PREFIXES, 61)  # what the inventory matches group patterns with
+    assert assign_mtp("model.layers.{}.enorm.weight", 61, prefixes, 61) == 0
+    assert assign_mtp("model.layers.{}.eh_proj.weight", 62, prefixes, 61) == 1
+    assert assign_mtp("model.layers.{}.mlp.gate.weight", 60, prefixes, 61) is None
+    assert assign_mtp("mtp.layers.{}.mlp.gate.weight", 2, prefixes, 61) == 2
+    assert assign_mtp("mtp.fc.weight", None, prefixes, 61) == 0
+    assert assign_mtp("model.mtp_emb_norm.{}.weight", 0, prefixes, 61) == 0
+    assert assign_mtp("lm_head.weight", None, prefixes, 61) is None
+    assert assign_mtp("model.layers.{}.mtp.x", 7, compile_prefixes(("model.layers.{*}.mtp.",), 4), 4) == 0
+
+
+def test_bad_template_is_refused_when_the_rule_loads(tmp_path):
+    src = (builtin_dir() / "deepseek_v3.yaml").read_text()
+    bad = src.replace('"model.layers.{L+k}."', '"model.layers.{L+k}.mtp.{k}."', 1)
+    assert bad != src
+    (tmp_path / "deepseek_v3.yaml").write_text(bad.replace("id: deepseek_v3", "id: deepseek_v3_bad"))
+    with pytest.raises(RuleError, match=r"\$\.mtp\.prefixes\[0\]: .*captures it twice"):
+        load_rules([tmp_path])
 
 
 def test_version_ranges():

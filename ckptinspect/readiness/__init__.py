@@ -11,11 +11,11 @@ Pipeline entry points (see docs/ARCHITECTURE.md)::
 
 from __future__ import annotations
 
+from ckptinspect.inventory.mtp_prefix import GENERIC_MTP_PREFIXES
 from ckptinspect.readiness.assess import assess_mtp
 from ckptinspect.readiness.cost import MtpCost, mtp_cost
 from ckptinspect.readiness.loader import load_rules, read_rule_file
 from ckptinspect.readiness.model import FamilyRule, RuleSet
-from ckptinspect.readiness.templates import GENERIC_MTP_PREFIXES
 
 __all__ = ["GENERIC_MTP_PREFIXES", "FamilyRule", "MtpCost", "RuleSet", "assess_mtp", "load_rules", "mtp_cost",
            "read_rule_file"]

@@ -16,7 +16,7 @@ from ckptinspect.readiness.conditions import EngineContext, Facts, evaluate
 from ckptinspect.readiness.layout import scan_layers
 from ckptinspect.readiness.model import ENGINES, EngineRule, FamilyRule, RuleSet
 from ckptinspect.readiness.quant_method import engine_method
-from ckptinspect.readiness.templates import concrete_prefix
+from ckptinspect.inventory.mtp_prefix import concrete_prefix
 from ckptinspect.readiness.versions import in_range, representative
 from ckptinspect.records import (VERDICT_RANK, Checkpoint, EngineVerdict, Finding, MtpAssessment, MtpLayerInfo)
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from ckptinspect.readiness.layout import LayerScan
 from ckptinspect.readiness.model import EngineRule, FamilyRule
-from ckptinspect.readiness.templates import concrete_prefix
+from ckptinspect.inventory.mtp_prefix import concrete_prefix
 from ckptinspect.readiness.versions import in_range
 from ckptinspect.records import Checkpoint, TensorGroup
 

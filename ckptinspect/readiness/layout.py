@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ckptinspect.readiness.model import MtpLayout, Requirement
-from ckptinspect.readiness.templates import concrete_prefix
+from ckptinspect.inventory.mtp_prefix import concrete_prefix
 from ckptinspect.records import ModelConfig, TensorGroup
 
 _EXPERT = "\x00"  # stands for {e} while a required name is turned into a key

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ckptinspect.errors import RuleError
+from ckptinspect.inventory.mtp_prefix import check_template
 from ckptinspect.readiness.model import (
     DEFAULT_SEVERITY, ENGINES, Check, Defect, DraftQuantRule, EngineRule, ExpertLayout,
     FamilyRule, ForcedUnquantized, MtpLayout, Requirement, RuleSet, RuntimeName,
@@ -270,6 +271,12 @@ def _build(fid: str, doc: Mapping[str, Any], path: str, origin: int) -> FamilyRu
     abstract = bool(doc.get("abstract", False))
     if supported and not abstract and not (mtp_doc.get("prefixes") and mtp_doc.get("base")):
         raise RuleError("$.mtp: a family with MTP needs 'prefixes' and 'base'", path=path)
+    for key in ("prefixes", "base"):  # the grammar, checked here so `rules validate` reports it
+        templates = mtp_doc.get(key) or ()
+        for i, template in enumerate([templates] if isinstance(templates, str) else templates):
+            problem = check_template(template)
+            if problem:
+                raise RuleError(f"$.mtp.{key}[{i}]: {problem}", path=path)
     experts = mtp_doc.get("experts")
     depth = mtp_doc.get("depth", {})
     layout = MtpLayout(
