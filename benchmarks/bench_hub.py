@@ -34,7 +34,7 @@ os.environ.pop("HF_HUB_OFFLINE", None)
 os.environ.pop("HF_TOKEN", None)
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from hub_server import ServerProcess  # noqa: E402
+from hub_server_process import ServerProcess  # noqa: E402
 
 REPO = "nvidia/Qwen3.5-397B-A17B-NVFP4"
 SMALL_JSON = ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "generation_config.json")

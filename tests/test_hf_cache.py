@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import HubServer, isolate_hf, make_sharded_repo  # noqa: E402
+from hub_repos import isolate_hf, make_sharded_repo  # noqa: E402
+from hub_server import HubServer  # noqa: E402
 
 from ckptinspect.errors import NotFoundError  # noqa: E402
 from ckptinspect.sources.hf_cache import describe_cache_gap, hub_cache_dir, open_hf_cache  # noqa: E402

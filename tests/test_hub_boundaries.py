@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import HubServer, isolate_hf, names_for_header, write_safetensors  # noqa: E402
+from hub_repos import isolate_hf, names_for_header, write_safetensors  # noqa: E402
+from hub_server import HubServer  # noqa: E402
 
 from ckptinspect.errors import HeaderError  # noqa: E402
 from ckptinspect.sources import hub as hub_mod  # noqa: E402

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import HubServer, isolate_hf, make_sharded_repo, write_safetensors  # noqa: E402
+from hub_repos import isolate_hf, make_sharded_repo, write_safetensors  # noqa: E402
+from hub_server import HubServer  # noqa: E402
 
 from ckptinspect.errors import NetworkError  # noqa: E402
 from ckptinspect.sources import http_ranges  # noqa: E402

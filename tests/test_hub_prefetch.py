@@ -17,7 +17,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import ROOT  # noqa: E402
-from hub_server import ServerProcess, make_sharded_repo  # noqa: E402
+from hub_repos import make_sharded_repo  # noqa: E402
+from hub_server_process import ServerProcess  # noqa: E402
 
 from ckptinspect.sources import index_prefetch  # noqa: E402
 from ckptinspect.sources.hub import PREFETCH_ENV  # noqa: E402

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import HubServer, isolate_hf, make_sharded_repo  # noqa: E402
+from hub_repos import isolate_hf, make_sharded_repo  # noqa: E402
+from hub_server import HubServer  # noqa: E402
 
 from ckptinspect.errors import NetworkError  # noqa: E402
 from ckptinspect.sources import http_conn  # noqa: E402

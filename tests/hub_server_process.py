@@ -1,0 +1,73 @@
+"""The test Hub server (hub_server.py) in its own process: its threads then share neither the client's
+GIL nor its thread count. ``python tests/hub_server_process.py [--latency-ms MS] [--redirects] ORG/NAME DIR ...``
+prints the endpoint URL on one line and serves until stdin closes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from hub_server import HubServer
+
+
+class ServerProcess:
+    """The server in its own process (``main`` below), for clients that must stay single-threaded (the Hub
+    reader forks its index reader only then) or must not share a GIL with it (benchmarks)."""
+
+    def __init__(self, repos: dict[str, Path], *, latency_ms: float = 0.0, redirects: bool = False) -> None:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--latency-ms", str(latency_ms)]
+        cmd += ["--redirects"] if redirects else []
+        for repo_id, directory in repos.items():
+            cmd += [repo_id, str(directory)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http://"):
+            raise RuntimeError("test Hub server did not start")
+
+    def _get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def reset_stats(self) -> None:
+        self._get("/_test/reset")
+
+    def stats(self) -> dict:
+        return self._get("/_test/stats")
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def main(argv: list[str] | None = None) -> None:  # pragma: no cover - used by benchmarks/bench_hub.py
+    """python tests/hub_server_process.py [--latency-ms MS] [--redirects] ORG/NAME DIR [ORG/NAME DIR ...]
+
+    Prints the endpoint URL on one line, then serves until stdin closes or SIGTERM.
+    """
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--redirects", action="store_true")
+    ap.add_argument("pairs", nargs="+")
+    args = ap.parse_args(argv)
+    server = HubServer(latency_s=args.latency_ms / 1000, redirect_lfs=args.redirects)
+    for repo_id, directory in zip(args.pairs[::2], args.pairs[1::2]):
+        server.add_repo(repo_id, directory)
+    print(server.start(), flush=True)
+    try:
+        sys.stdin.read()  # the parent closes our stdin (or exits) to stop us
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
