@@ -18,9 +18,13 @@ class ServerProcess:
     """The server in its own process (``main`` below), for clients that must stay single-threaded (the Hub
     reader forks its index reader only then) or must not share a GIL with it (benchmarks)."""
 
-    def __init__(self, repos: dict[str, Path], *, latency_ms: float = 0.0, redirects: bool = False) -> None:
+    def __init__(self, repos: dict[str, Path], *, latency_ms: float = 0.0, redirects: bool = False,
+                 faults: tuple[tuple[str, str, int], ...] = ()) -> None:
+        """``faults``: (kind, path substring, times) for hub_server.Fault."""
         cmd = [sys.executable, str(Path(__file__).resolve()), "--latency-ms", str(latency_ms)]
         cmd += ["--redirects"] if redirects else []
+        for kind, where, times in faults:
+            cmd += ["--fault", f"{kind}:{where}:{times}"]
         for repo_id, directory in repos.items():
             cmd += [repo_id, str(directory)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -50,16 +54,21 @@ class ServerProcess:
 
 
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - used by benchmarks/bench_hub.py
-    """python tests/hub_server_process.py [--latency-ms MS] [--redirects] ORG/NAME DIR [ORG/NAME DIR ...]
+    """python tests/hub_server_process.py [--latency-ms MS] [--redirects] [--fault KIND:SUBSTRING:TIMES ...]
+    ORG/NAME DIR [ORG/NAME DIR ...]
 
     Prints the endpoint URL on one line, then serves until stdin closes or SIGTERM.
     """
     ap = argparse.ArgumentParser()
     ap.add_argument("--latency-ms", type=float, default=0.0)
     ap.add_argument("--redirects", action="store_true")
+    ap.add_argument("--fault", action="append", default=[])
     ap.add_argument("pairs", nargs="+")
     args = ap.parse_args(argv)
     server = HubServer(latency_s=args.latency_ms / 1000, redirect_lfs=args.redirects)
+    for spec in args.fault:
+        kind, where, times = spec.split(":")
+        server.add_fault(kind, path_contains=where, times=int(times), delay_s=2.0)
     for repo_id, directory in zip(args.pairs[::2], args.pairs[1::2]):
         server.add_repo(repo_id, directory)
     print(server.start(), flush=True)

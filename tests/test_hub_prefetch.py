@@ -88,6 +88,17 @@ def test_child_stores_the_index_in_the_hf_cache(served, tmp_path):
     assert not [e for e in stats["log"] if e[1].endswith(INDEX)]
 
 
+def test_a_failed_read_in_the_child_falls_back_to_the_parent(tmp_path):
+    root = tmp_path / "repo"
+    make_sharded_repo(root, shards=2, experts=8)
+    with ServerProcess({REPO: root}, faults=(("5xx", INDEX, 1),)) as server:
+        doc, stats = _report(server, tmp_path / "home", prefetch=True)
+    assert doc["source"]["stats"]["index_prefetched"] is False
+    assert doc["totals"]["tensors"] == len(json.loads((root / INDEX).read_text())["weight_map"])
+    index_gets = [e for e in stats["log"] if e[1].endswith(INDEX)]
+    assert [e[3] for e in index_gets] == [503, 206]  # the child's one attempt, then the parent's read
+
+
 def test_snapshot_of_a_prefetched_read_holds_the_whole_index(served, tmp_path):
     server, root, _ = served
     out = tmp_path / "s.json.gz"

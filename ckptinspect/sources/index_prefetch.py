@@ -113,7 +113,9 @@ def _child(send: Any, spool: Any, url: str, headers: dict[str, str], timeout: fl
     gc.disable()
     try:
         stats = FetchStats()
-        client = RangeClient(repo_id, headers, timeout=timeout, stats=stats)
+        # One attempt: on any failure the parent reads the index with its own retries, so a flaky
+        # server costs one request more, not a second round of backoff.
+        client = RangeClient(repo_id, headers, timeout=timeout, stats=stats, attempts=1)
         meta: dict[str, str] = {}
         data = client.get(url, INDEX_FILE, 0, MAX_INDEX_BYTES - 1, meta=meta)
         total = _total_size(meta.get("content-range"))
