@@ -4,9 +4,10 @@ downloading weights: the file list, the small JSON files, and every shard's safe
 Round trips, for a repo of S shards: 1 (model info with blob metadata: file list, sizes, commit) + one GET
 per small JSON file that is not yet in the HF cache + S header GETs, in parallel over keep-alive
 connections. On a cold cache the index GET is made by a child process forked first thing, so its
-download and parse overlap this process's start-up and repo-info call (sources/index_prefetch.py). huggingface_hub's ``get_safetensors_metadata`` asks every shard for ``bytes=0-100000`` and needs a
-second GET for every header over 99,992 bytes (hf_api.py ``parse_safetensors_file_metadata``); per-expert
-NVFP4 / FP8 MoE shards are far above that. Here the first range is sized per shard from the index: the
+download and parse overlap this process's start-up and repo-info call (sources/index_prefetch.py).
+huggingface_hub's ``get_safetensors_metadata`` asks every shard for ``bytes=0-100000`` and needs a second
+GET for every header over 99,992 bytes (hf_api.py ``parse_safetensors_file_metadata``); per-expert NVFP4 /
+FP8 MoE shards are far above that. Here the first range is sized per shard from the index: the
 header holds each tensor name once (the index lists them) plus a JSON entry of nearly constant size, so
 one shard is read first to measure that entry size, and the rest are asked for exactly what they need
 (plus a small margin). A second GET happens only for the remainder when a prediction falls short.
@@ -57,8 +58,11 @@ ENTRY_MARGIN = 3
 FIXED_SLACK = 256  # __metadata__ ({"format":"pt"}) and the writer's padding to a multiple of 8
 # Concurrent header requests: 32 halves the waves of 16 on a 94-shard repo at 20 ms per request
 # (BENCHMARKS.md section 2); each thread keeps its own keep-alive connection.
-PREFETCH_ENV = "CKPTINSPECT_INDEX_PREFETCH"  # "0": read the index after the repo info, in this process
 DEFAULT_MAX_WORKERS = int(os.environ.get("CKPTINSPECT_MAX_WORKERS", "32"))
+PREFETCH_ENV = "CKPTINSPECT_INDEX_PREFETCH"  # "0": read the index after the repo info, in this process
+# How long to wait for the index child before reading the index here. Only a safety net: the child's
+# own socket timeouts end a stalled read sooner, and a slow but moving download is worth waiting for.
+PREFETCH_WAIT_S = 600.0
 
 
 def hub_endpoint(endpoint: str | None = None) -> str:
@@ -171,7 +175,7 @@ def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: 
         prefetched = None
         if prefetch is not None and INDEX_FILE in siblings:
             # The child's index counts only if it is this commit's (the small files download meanwhile).
-            prefetched = prefetch.result(info.sha, wait_s=timeout * 2 * http_ranges.DEFAULT_ATTEMPTS + 30)
+            prefetched = prefetch.result(info.sha, wait_s=PREFETCH_WAIT_S)
             if prefetched is None:
                 futures[fetch(INDEX_FILE)] = INDEX_FILE
             else:
