@@ -246,3 +246,58 @@ def test_cost_model_limits():
     assert rows[0]["by_steps"]["1"] == pytest.approx(1.8 / (1 + r), rel=1e-6)  # memory bound: tau / (1 + K r)
     assert rows[1]["by_steps"]["3"] < 1.0  # compute bound at huge batch: MTP stops paying
     assert rows[1]["best_steps"] == 0
+
+
+# ---- loader: which tensors are dequantized how (the scheme comes from quant/detect.py) -------------
+def _metas(entries):
+    from ckptinspect.probe.loader import TensorMeta
+
+    return {n: TensorMeta(n, d, tuple(s), "m.safetensors", 0) for n, d, s in entries}
+
+
+@pytest.mark.parametrize("entries,name,kind", [
+    # ModelOpt NVFP4: packed U8 + F8 block scale + F32 global scale
+    ([("l.weight", "U8", [64, 16]), ("l.weight_scale", "F8_E4M3", [64, 2]), ("l.weight_scale_2", "F32", []),
+      ("l.input_scale", "F32", [])], "l.weight", "nvfp4"),
+    # DeepSeek FP8 block (scale_inv) and the same blocks under the compressed-tensors name
+    ([("l.weight", "F8_E4M3", [256, 256]), ("l.weight_scale_inv", "F32", [2, 2])], "l.weight", "fp8_block"),
+    ([("l.weight", "F8_E4M3", [256, 256]), ("l.weight_scale", "F32", [2, 2])], "l.weight", "fp8_block"),
+    # FP8 per channel / per tensor, and FP8 with no scale at all (a plain cast)
+    ([("l.weight", "F8_E4M3", [64, 32]), ("l.weight_scale", "F32", [64, 1])], "l.weight", "fp8_scaled"),
+    ([("l.weight", "F8_E4M3", [64, 32]), ("l.weight_scale", "F32", [])], "l.weight", "fp8_scaled"),
+    ([("l.weight", "F8_E4M3", [64, 32])], "l.weight", None),
+    # gpt-oss MXFP4
+    ([("e.down_blocks", "U8", [4, 64, 2, 16]), ("e.down_scales", "U8", [4, 64, 2])], "e.down_blocks", "mxfp4"),
+    ([("l.weight", "BF16", [8, 8])], "l.weight", None),
+    # packed formats the probe cannot dequantize are refused by name, not loaded as raw bytes
+    ([("l.weight_packed", "U8", [64, 16]), ("l.weight_scale", "F8_E4M3", [64, 2]),
+      ("l.weight_global_scale", "F32", [])], "l.weight_packed", "unsupported:nvfp4"),
+    ([("l.qweight", "I32", [64, 8]), ("l.scales", "F16", [1, 64]), ("l.qzeros", "I32", [1, 8])], "l.qweight",
+     "unsupported:int4_awq"),
+])
+def test_loader_storage_kind(entries, name, kind):
+    from ckptinspect.probe.loader import needs_dequant, quant_kind
+
+    metas = _metas(entries)
+    assert quant_kind(name, metas) == kind
+    # a BF16 copy only for what the probe can dequantize; packed formats go to transformers' own loader
+    assert needs_dequant(metas) is (kind in ("nvfp4", "fp8_block", "fp8_scaled", "mxfp4"))
+    companions = [n for n in metas if n != name and not n.endswith((".scales", ".qzeros"))]
+    assert all(quant_kind(n, metas) == "companion" for n in companions)
+
+
+def test_loader_dequantizes_compressed_tensors_fp8_blocks(tmp_path):
+    from safetensors.torch import save_file
+
+    from ckptinspect.probe.loader import iter_tensors, logical_params, read_headers
+
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(256, 128, generator=g) * 4).to(torch.float8_e4m3fn)
+    scale = torch.rand(2, 1, generator=g) + 0.5
+    save_file({"l.weight": w, "l.weight_scale": scale, "n.weight": torch.ones(3, dtype=torch.bfloat16)},
+              str(tmp_path / "m.safetensors"))
+    metas = read_headers(str(tmp_path))
+    out = dict(iter_tensors(str(tmp_path), metas, lambda n: True, torch.float32))
+    assert sorted(out) == ["l.weight", "n.weight"]  # the scale is folded in, not loaded as a parameter
+    assert torch.equal(out["l.weight"], dequant.dequant_fp8_block(w, scale))
+    assert logical_params(metas) == 256 * 128 + 3

@@ -20,8 +20,17 @@ import torch
 
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe import dequant
+from ckptinspect.quant.detect import PACK_FACTOR, Part, detect_scheme
 
-_COMPANIONS = ("weight_scale", "weight_scale_2", "input_scale", "weight_scale_inv", "k_scale", "v_scale")
+_COMPANIONS = ("weight_scale", "weight_scale_2", "input_scale", "weight_scale_inv", "k_scale", "v_scale",
+               "weight_global_scale", "input_global_scale")
+# The tensor that holds a module's weight, by layout (quant/detect.py reads the same names); the
+# packed ones (compressed-tensors, GPTQ / AWQ) have no dequantizer here.
+_PACKED_WEIGHTS = (".weight_packed", ".qweight")
+_WEIGHT_SUFFIXES = (".weight", *_PACKED_WEIGHTS)
+_DEQUANTIZERS = frozenset({"nvfp4", "fp8_block", "fp8_scaled", "mxfp4"})
+_MODULE_SUFFIXES = (".weight_scale", ".weight_scale_2", ".weight_scale_inv", ".weight_global_scale", ".g_idx",
+                    ".scales", ".qzeros")
 
 
 @dataclass(frozen=True)
@@ -90,21 +99,34 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def quant_kind(name: str, metas: Mapping[str, TensorMeta]) -> str | None:
-    """How tensor ``name`` is stored: nvfp4 | fp8_block | fp8_scaled | mxfp4 | companion | None."""
+    """How tensor ``name`` is stored, as the loader must treat it: a dequantizer (nvfp4 | fp8_block |
+    fp8_scaled | mxfp4), ``companion`` (a scale folded into its weight), ``unsupported:<scheme>`` (a
+    packed format with no dequantizer here), or None (loaded as is). The scheme itself is decided by
+    quant/detect.py, the same code that labels the report's tensor groups."""
     base, _, leaf = name.rpartition(".")
     if leaf in _COMPANIONS or name.endswith("_scales"):
         return "companion"
-    if name.endswith("_blocks") and name[: -len("_blocks")] + "_scales" in metas:
-        return "mxfp4"
-    meta = metas[name]
-    if leaf == "weight" and meta.dtype == "U8" and f"{base}.weight_scale" in metas:
-        return "nvfp4"
-    if meta.dtype.startswith("F8"):
-        if f"{base}.weight_scale_inv" in metas:
-            return "fp8_block"
-        if f"{base}.weight_scale" in metas:
-            return "fp8_scaled"
-    return None
+    if name.endswith("_blocks"):
+        stem = name[: -len("_blocks")]
+        parts = {"_blocks": _part(metas[name], "_blocks")}
+        if stem + "_scales" in metas:
+            parts["_scales"] = _part(metas[stem + "_scales"], "_scales")
+        return "mxfp4" if detect_scheme(parts) == "mxfp4" else None
+    suffix = "." + leaf
+    if suffix not in _WEIGHT_SUFFIXES:
+        return "companion" if any(f"{base}{w}" in metas for w in _PACKED_WEIGHTS) else None
+    parts = {sfx: _part(metas[base + sfx], sfx) for sfx in (suffix, *_MODULE_SUFFIXES) if base + sfx in metas}
+    scheme = detect_scheme(parts)
+    if suffix in _PACKED_WEIGHTS:
+        return f"unsupported:{scheme}"
+    if scheme in ("fp8_tensor", "fp8_channel"):
+        return "fp8_scaled" if ".weight_scale" in parts else None  # no scale at all: a plain cast
+    return scheme if scheme in ("nvfp4", "fp8_block") else None
+
+
+def _part(meta: TensorMeta, suffix: str) -> Part:
+    return Part(role="weight" if suffix in _WEIGHT_SUFFIXES else "scale", suffix=suffix, dtype=meta.dtype,
+                shape=meta.shape, tensors=1)
 
 
 def logical_params(metas: Mapping[str, TensorMeta], keep: Callable[[str], bool] = lambda n: True) -> int:
@@ -116,7 +138,7 @@ def logical_params(metas: Mapping[str, TensorMeta], keep: Callable[[str], bool] 
         kind = quant_kind(name, metas)
         if kind == "companion":
             continue
-        total += _numel(meta.shape) * (2 if kind in ("nvfp4", "mxfp4") else 1)
+        total += _numel(meta.shape) * PACK_FACTOR.get(kind.removeprefix("unsupported:") if kind else "", 1)
     return total
 
 
@@ -125,7 +147,9 @@ def stored_bytes(metas: Mapping[str, TensorMeta], keep: Callable[[str], bool] = 
 
 
 def needs_dequant(metas: Mapping[str, TensorMeta]) -> bool:
-    return any(quant_kind(n, metas) not in (None, "companion") for n in metas)
+    """Whether a BF16 copy must be written first. Packed formats without a dequantizer here
+    (``unsupported:*``) are left to transformers' own loader and its quantization integrations."""
+    return any(quant_kind(n, metas) in _DEQUANTIZERS for n in metas)
 
 
 def iter_tensors(model_dir: str, metas: Mapping[str, TensorMeta], keep: Callable[[str], bool],
@@ -149,10 +173,15 @@ def iter_tensors(model_dir: str, metas: Mapping[str, TensorMeta], keep: Callable
         for name in sorted(by_shard[shard]):
             kind = quant_kind(name, metas)
             base = name.rpartition(".")[0]
+            if kind is not None and kind.startswith("unsupported:"):
+                raise ProbeError(f"tensor '{name}' is stored as {kind.split(':', 1)[1]}, which the probe cannot "
+                                 "dequantize (supported: ModelOpt NVFP4, FP8 per-tensor / channel / block, MXFP4)",
+                                 path=model_dir)
             if kind == "nvfp4":
                 t = dequant.dequant_nvfp4(get(name), get(f"{base}.weight_scale"), get(f"{base}.weight_scale_2"))
-            elif kind == "fp8_block":
-                t = dequant.dequant_fp8_block(get(name), get(f"{base}.weight_scale_inv"))
+            elif kind == "fp8_block":  # DeepSeek names the block scale weight_scale_inv, compressed-tensors weight_scale
+                scale = f"{base}.weight_scale_inv" if f"{base}.weight_scale_inv" in metas else f"{base}.weight_scale"
+                t = dequant.dequant_fp8_block(get(name), get(scale))
             elif kind == "fp8_scaled":
                 t = dequant.dequant_fp8_scaled(get(name), get(f"{base}.weight_scale"))
             elif kind == "mxfp4":
