@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
+from ckptinspect.errors import SourceError
 from ckptinspect.records import IndexSummary
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient
 
 INDEX_FILE = "model.safetensors.index.json"
 MAX_INDEX_BYTES = 512 * 1024 * 1024
 _FAILED = "failed"
+_DISABLE_HINT = "CKPTINSPECT_INDEX_PREFETCH=0"
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,11 @@ class IndexPrefetch:
 
         def load() -> bytes:
             self._process.join()  # the child writes the file after answering
-            return os.pread(spool.fileno(), size, 0)
+            data = os.pread(spool.fileno(), size, 0)
+            if len(data) != size:  # the child was stopped before it wrote everything
+                raise SourceError(f"the index read during start-up is incomplete ({len(data):,} of {size:,} "
+                                  f"bytes); run again with {_DISABLE_HINT}", path=INDEX_FILE)
+            return data
 
         return PrefetchedIndex(summary=summary, size=size, load=load, stats=stats)
 
