@@ -71,13 +71,24 @@ class ConnectionPool:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []  # for close_all(), from any thread
+        self._lock = threading.Lock()
 
     def get(self, origin: Origin) -> Route:
         routes = self._routes()
         route = routes.get(origin)
         if route is None:
             route = routes[origin] = _connect(origin, self.timeout)
+            with self._lock:
+                self._all.append(route.conn)
         return route
+
+    def close_all(self) -> None:
+        """Close every connection made, whichever thread made it (the fetch threads are gone by now)."""
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
 
     def discard(self, origin: Origin) -> None:
         """Close and forget this thread's connection (after an error or a body left unread)."""

@@ -114,6 +114,9 @@ class RangeClient:
         raise NetworkError(f"{last} (bytes={start}-{end}, gave up after {self.attempts} attempts)",
                            path=f"{self.repo_id}/{filename}")
 
+    def close(self) -> None:
+        self.pool.close_all()
+
     def rest(self, url: str, filename: str, start: int, stop: int) -> bytes:
         """Bytes [start, stop) in as few ranges as the server allows; counts each as an extra request."""
         parts: list[bytes] = []

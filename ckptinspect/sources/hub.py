@@ -196,7 +196,11 @@ def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: 
         shards = _shard_plan(repo_id, summary, siblings)
         sizes = {shard: siblings[shard].size for shard in shards}
         reader = _HeaderReader(client, summary, on_header)
-        header_bytes = reader.read_all(pool, shards, url, sizes, progress=progress)
+        try:
+            header_bytes = reader.read_all(pool, shards, url, sizes, progress=progress)
+        finally:
+            pool.shutdown(wait=True)  # the threads first: then no connection is in use
+            client.close()
     wall = time.perf_counter() - started
     phases["headers_s"] = wall - phases["info_s"] - phases["json_s"]
     return RawCheckpoint(

@@ -21,6 +21,7 @@ import os
 import signal
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -48,10 +49,10 @@ class PrefetchedIndex:
 class IndexPrefetch:
     """The child process and the pipe its answer comes through. Always ``close()`` it."""
 
-    def __init__(self, process: Any, receive: Any, spool: Any) -> None:
+    def __init__(self, process: Any, receive: Any, spool: int) -> None:
         self._process = process
         self._receive = receive
-        self._spool = spool
+        self._spool: int | None = spool
         self._answer: Any = None
 
     @classmethod
@@ -88,16 +89,18 @@ class IndexPrefetch:
         if answer[0] == _FAILED or commit is None or answer[1] != commit:
             return None
         _, _, summary, size, stats = answer
-        spool = self._spool
+        spool, self._spool = [self._spool], None  # the loader owns the file now
 
         def load() -> bytes:
             self._process.join()  # the child writes the file after answering
-            data = os.pread(spool.fileno(), size, 0)
+            data = os.pread(spool[0], size, 0)
+            _close_spool(spool)
             if len(data) != size:  # the child was stopped before it wrote everything
                 raise SourceError(f"the index read during start-up is incomplete ({len(data):,} of {size:,} "
                                   f"bytes); run again with {_DISABLE_HINT}", path=INDEX_FILE)
             return data
 
+        weakref.finalize(load, _close_spool, spool)  # never asked for: closed with the checkpoint
         return PrefetchedIndex(summary=summary, size=size, load=load, stats=stats)
 
     def close(self, *, kill: bool = False) -> None:
@@ -108,9 +111,12 @@ class IndexPrefetch:
             self._process.kill()
             self._process.join()
         self._receive.close()
+        if self._spool is not None:  # the answer was not used
+            os.close(self._spool)
+            self._spool = None
 
 
-def _child(send: Any, spool: Any, url: str, headers: dict[str, str], timeout: float, repo_id: str,
+def _child(send: Any, spool: int, url: str, headers: dict[str, str], timeout: float, repo_id: str,
            revision: str | None) -> None:
     from ckptinspect.sources.hf_cache import cache_store
     from ckptinspect.sources.index_summary import summarize_index_bytes
@@ -123,10 +129,13 @@ def _child(send: Any, spool: Any, url: str, headers: dict[str, str], timeout: fl
         # server costs one request more, not a second round of backoff.
         client = RangeClient(repo_id, headers, timeout=timeout, stats=stats, attempts=1)
         meta: dict[str, str] = {}
-        data = client.get(url, INDEX_FILE, 0, MAX_INDEX_BYTES - 1, meta=meta)
-        total = _total_size(meta.get("content-range"))
-        if total is not None and len(data) < min(total, MAX_INDEX_BYTES):
-            data += client.rest(url, INDEX_FILE, len(data), min(total, MAX_INDEX_BYTES))
+        try:
+            data = client.get(url, INDEX_FILE, 0, MAX_INDEX_BYTES - 1, meta=meta)
+            total = _total_size(meta.get("content-range"))
+            if total is not None and len(data) < min(total, MAX_INDEX_BYTES):
+                data += client.rest(url, INDEX_FILE, len(data), min(total, MAX_INDEX_BYTES))
+        finally:
+            client.close()
         summary = summarize_index_bytes(data, source=f"{repo_id}/{INDEX_FILE}")
         commit = meta.get("x-repo-commit")
         send.send(("ok", commit, summary, len(data), stats.as_dict()))
@@ -135,7 +144,7 @@ def _child(send: Any, spool: Any, url: str, headers: dict[str, str], timeout: fl
         return
     finally:
         send.close()
-    os.pwrite(spool.fileno(), data, 0)
+    os.pwrite(spool, data, 0)
     etag = (meta.get("x-linked-etag") or meta.get("etag") or "").removeprefix("W/").strip('"') or None
     if commit:
         cache_store(repo_id, commit, revision or "main", INDEX_FILE, data, etag)
@@ -148,11 +157,19 @@ def _total_size(content_range: str | None) -> int | None:
     return int(total) if total.isdigit() else None
 
 
-def _open_spool() -> Any:
-    """A file both processes share, memory-backed where the OS offers it."""
+def _close_spool(holder: list[int | None]) -> None:
+    if holder[0] is not None:
+        os.close(holder[0])
+        holder[0] = None
+
+
+def _open_spool() -> int:
+    """A file descriptor both processes share, memory-backed where the OS offers it."""
     if hasattr(os, "memfd_create"):
-        return os.fdopen(os.memfd_create("ckptinspect-index", os.MFD_CLOEXEC), "r+b")
-    return tempfile.TemporaryFile()
+        return os.memfd_create("ckptinspect-index", os.MFD_CLOEXEC)
+    handle, path = tempfile.mkstemp(prefix="ckptinspect-index-")
+    os.unlink(path)
+    return handle
 
 
 def _token(explicit: str | None) -> str | None:
