@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckptinspect.errors import SourceError
 from ckptinspect.records import IndexSummary
-from ckptinspect.sources.interface import gc_paused, parse_json_bytes, shard_names_from_index
+from ckptinspect.sources.interface import gc_paused, parse_json_bytes, read_file_bytes, shard_names_from_index
 
 HASH_MASK = 0xFFFFFFFFFFFFFFFF
 
@@ -43,8 +42,4 @@ def summarize_index_bytes(data: bytes, *, source: str) -> IndexSummary:
 
 def summarize_index_file(path: Path) -> IndexSummary:
     """Read, parse and summarize an index file (run in a worker process for large checkpoints)."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SourceError(f"cannot read ({exc.strerror or exc})", path=str(path)) from None
-    return summarize_index_bytes(data, source=str(path))
+    return summarize_index_bytes(read_file_bytes(path), source=str(path))

@@ -7,6 +7,7 @@ import gc
 import json
 import os
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -97,41 +98,20 @@ def read_header_file(path: Path, *, source: str) -> tuple[bytes, int]:
     return data, size
 
 
-class LazyJsonFiles(Mapping[str, Any]):
-    """name -> parsed JSON, parsed on first access (lets header scans start before the index parse)."""
-
-    def __init__(self, directory: Path, names: tuple[str, ...]) -> None:
-        self.directory = directory
-        self._names = names
-        self._parsed: dict[str, Any] = {}
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self._names:
-            raise KeyError(name)
-        if name not in self._parsed:
-            path = self.directory / name
-            try:
-                data = path.read_bytes()
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    raise SourceError("is a symlink loop", path=str(path)) from None
-                raise SourceError(f"cannot read ({exc.strerror or exc})", path=str(path)) from None
-            self._parsed[name] = parse_json_bytes(data, source=str(path))
-        return self._parsed[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names  # Mapping's default would parse the file to answer
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
+def read_file_bytes(path: Path) -> bytes:
+    """A small local file's bytes, with one-line errors for unreadable files and symlink loops."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SourceError("is a symlink loop", path=str(path)) from None
+        raise SourceError(f"cannot read ({exc.strerror or exc})", path=str(path)) from None
 
 
 class LazyJson(Mapping[str, Any]):
-    """Parsed JSON files plus some kept as bytes until first asked for (the Hub index read by a child
-    process: the report needs only its summary, a snapshot or a mismatch explanation needs all of it)."""
+    """name -> parsed JSON, where some files are parsed only when first asked for: a local checkpoint's
+    (header scans start before the index parse) and the Hub index read by a child process (the report
+    needs only its summary; a snapshot or a mismatch explanation needs all of it)."""
 
     def __init__(self, parsed: Mapping[str, Any], loaders: Mapping[str, Callable[[], bytes]], *, prefix: str) -> None:
         self._parsed = dict(parsed)
@@ -152,6 +132,11 @@ class LazyJson(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(set(self._parsed) | set(self._loaders))
+
+
+def lazy_json_files(directory: Path, names: tuple[str, ...]) -> LazyJson:
+    """The JSON files ``names`` of a local directory, each read and parsed on first access."""
+    return LazyJson({}, {name: partial(read_file_bytes, directory / name) for name in names}, prefix=str(directory))
 
 
 class LocalHeaders(Mapping[str, bytes]):

@@ -13,7 +13,7 @@ from pathlib import Path
 from ckptinspect.errors import NotFoundError, SourceError
 from ckptinspect.records import RawCheckpoint
 from ckptinspect.sources.interface import (
-    INDEX, JSON_FILES, SINGLE_FILE, LazyJsonFiles, LocalHeaders, LocalSizes, shard_names_from_index,
+    INDEX, JSON_FILES, SINGLE_FILE, LocalHeaders, LocalSizes, lazy_json_files, shard_names_from_index,
 )
 
 
@@ -30,7 +30,7 @@ def open_local(directory: Path, *, ref: str | None = None, kind: str = "local",
     if not directory.is_dir():
         raise NotFoundError("is not a directory", path=str(directory))
     files, sizes = _list_files(directory)
-    json_files = LazyJsonFiles(directory, tuple(n for n in JSON_FILES if n in files))
+    json_files = lazy_json_files(directory, tuple(n for n in JSON_FILES if n in files))
     candidates = {f: sizes[f] for f in files if f.endswith(".safetensors") and "/" not in f}
 
     def resolve() -> tuple[str, ...]:
