@@ -216,6 +216,12 @@ def _read_at_most(resp: http.client.HTTPResponse, amount: int) -> bytes:
     return b"".join(parts)
 
 
+def content_range_total(value: str | None) -> int | None:
+    """The complete length a ``Content-Range: bytes a-b/N`` names, None when absent or ``*``."""
+    match = _CONTENT_RANGE.match(value or "")
+    return int(match.group(3)) if match is not None and match.group(3) != "*" else None
+
+
 def _check_content_range(value: str | None, start: int, end: int) -> int:
     """Validate a 206's Content-Range against the range asked; return bytes to skip (always 0)."""
     match = _CONTENT_RANGE.match(value or "")

@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 from ckptinspect.errors import SourceError
 from ckptinspect.records import IndexSummary
-from ckptinspect.sources.http_ranges import FetchStats, RangeClient
+from ckptinspect.sources.http_ranges import FetchStats, RangeClient, content_range_total
 
 INDEX_FILE = "model.safetensors.index.json"
 MAX_INDEX_BYTES = 512 * 1024 * 1024
@@ -131,7 +131,7 @@ def _child(send: Any, spool: int, url: str, headers: dict[str, str], timeout: fl
         meta: dict[str, str] = {}
         try:
             data = client.get(url, INDEX_FILE, 0, MAX_INDEX_BYTES - 1, meta=meta)
-            total = _total_size(meta.get("content-range"))
+            total = content_range_total(meta.get("content-range"))
             if total is not None and len(data) < min(total, MAX_INDEX_BYTES):
                 data += client.rest(url, INDEX_FILE, len(data), min(total, MAX_INDEX_BYTES))
         finally:
@@ -148,13 +148,6 @@ def _child(send: Any, spool: int, url: str, headers: dict[str, str], timeout: fl
     etag = (meta.get("x-linked-etag") or meta.get("etag") or "").removeprefix("W/").strip('"') or None
     if commit:
         cache_store(repo_id, commit, revision or "main", INDEX_FILE, data, etag)
-
-
-def _total_size(content_range: str | None) -> int | None:
-    if not content_range or "/" not in content_range:
-        return None
-    total = content_range.rsplit("/", 1)[1].strip()
-    return int(total) if total.isdigit() else None
 
 
 def _close_spool(holder: list[int | None]) -> None:
