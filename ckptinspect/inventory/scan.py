@@ -1,9 +1,14 @@
 """Per-shard scan: parse + validate one header and fold its tensors into pattern groups.
 
-This is the only per-tensor loop of the report path. Names are grouped by their *shape*: the name
-with every digit masked (``bytes.translate``, C speed) is the cache key for the pattern and the
-character slices of its numeric segments, so the regex runs once per distinct shape, not per
-tensor. inventory/parallel.py runs it over all shards (in worker processes for large checkpoints).
+This is the only per-tensor loop of the report path. A group is (pattern, first index): the pattern is
+the name with every dot-delimited all-ASCII-digit segment replaced by ``{}``, the first index the value
+of the first such segment, and the remaining segments are kept per member (``subs``). To avoid a regex
+per tensor, names are first bucketed by their *shape*: the name with every ASCII digit masked
+(``bytes.translate``, C speed). Members of one bucket differ only in digits, so their numeric segments
+sit at the same places; digits embedded in a word (``w1`` / ``w2`` / ``w3``, ``fc1``, ``proj_1``) also
+mask alike, so a bucket is split again by those embedded digits before its pattern is taken from one
+member. tests/test_grouping_differential.py holds this to a per-name reference implementation.
+inventory/parallel.py runs it over all shards (in worker processes for large checkpoints).
 """
 
 from __future__ import annotations
@@ -16,9 +21,17 @@ from typing import Mapping
 
 from ckptinspect.header.parser import parse_header
 
-_NUMERIC_SEGMENT = re.compile(r"\.(\d+)(?=\.|$)")
-_MASK_DIGITS = bytes.maketrans(b"0123456789", b"##########")
-
+# A numeric segment is a whole dot-delimited segment written as a canonical decimal: ASCII digits only
+# (``\d`` would take other scripts' digits, which the mask leaves alone), no leading zero (so
+# ``pattern.format(index, *subs)`` gives back the exact name) and at most 18 digits (an index, never a
+# number int() refuses: Python caps int() at 4,300 digits). Anything else is text of the pattern.
+_MAX_INDEX_DIGITS = 18
+_NUMERIC_SEGMENT = re.compile(r"\.(0|[1-9][0-9]{0,17})(?=\.|$)")
+_ALL_DIGIT_SEGMENT = re.compile(r"\.([0-9]+)(?=\.|$)")  # numeric-segment candidates, leading zeros or not
+_DIGIT = re.compile(r"[0-9]")
+# 0xFF never occurs in UTF-8 (nor in the surrogate-pass encoding), so a masked name cannot collide with
+# another name's literal characters: members of one bucket differ in ASCII digits and nothing else.
+_MASK_DIGITS = bytes.maketrans(b"0123456789", b"\xff" * 10)
 
 
 @dataclass(frozen=True)
@@ -52,8 +65,7 @@ def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> Shar
     header = parse_header(data, source=shard, file_size=file_size)
     names = header.names
     groups: dict[tuple[str, int | None], list] = {}
-    for members in _members_by_shape(names):
-        pattern, spans = _shape_of(names[members[0]])
+    for members, pattern, spans in _split_by_pattern(names, _members_by_shape(names)):
         member_names = list(map(names.__getitem__, members))
         if not spans:
             for i in members:
@@ -83,9 +95,9 @@ def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> Shar
 
 def _members_by_shape(names: list[str]) -> list[list[int]]:
     """Indices of the names grouped by digit-masked shape (masking in C: join, translate, split)."""
-    masked = "\n".join(names).encode().translate(_MASK_DIGITS).split(b"\n")
+    masked = "\n".join(names).encode("utf-8", "surrogatepass").translate(_MASK_DIGITS).split(b"\n")
     if len(masked) != len(names):  # a name containing a newline: mask one by one
-        masked = [n.encode().translate(_MASK_DIGITS) for n in names]
+        masked = [n.encode("utf-8", "surrogatepass").translate(_MASK_DIGITS) for n in names]
     buckets: dict[bytes, list[int]] = {}
     for i, key in enumerate(masked):
         bucket = buckets.get(key)
@@ -94,6 +106,54 @@ def _members_by_shape(names: list[str]) -> list[list[int]]:
         else:
             bucket.append(i)
     return list(buckets.values())
+
+
+def _split_by_pattern(names: list[str], buckets: list[list[int]]):
+    """Yield (member indices, pattern, numeric-segment spans) per distinct pattern.
+
+    Members of a shape bucket differ only in ASCII digits, at the same places. They share one pattern
+    unless (a) some digits lie outside the all-digit segments (``experts.3.w1`` / ``experts.3.w2``), or
+    (b) an all-digit segment has a leading zero in some members (``007`` is text, ``100`` a number). Both
+    are checked with C-speed maps over the bucket; only then is the bucket split, and each part takes
+    its pattern and spans from its own first member."""
+    for members in buckets:
+        first = names[members[0]]
+        pattern, spans = _shape_of(first)
+        if len(members) == 1:
+            yield members, pattern, spans
+            continue
+        candidates = [m.span(1) for m in _ALL_DIGIT_SEGMENT.finditer(first)]
+        in_segments = {i for begin, end in candidates for i in range(begin, end)}
+        embedded = [m.start() for m in _DIGIT.finditer(first) if m.start() not in in_segments]
+        member_names = None
+        zero_leads = []
+        for begin, end in candidates:
+            if 1 < end - begin <= _MAX_INDEX_DIGITS:
+                if member_names is None:
+                    member_names = list(map(names.__getitem__, members))
+                if "0" in set(map(itemgetter(begin), member_names)):
+                    zero_leads.append((begin, end))
+        if not embedded and not zero_leads:
+            yield members, pattern, spans
+            continue
+        if member_names is None:
+            member_names = list(map(names.__getitem__, members))
+        if zero_leads:
+            # a segment with a leading zero is text: all its digits belong to the pattern
+            keys = [(tuple(n[p] for p in embedded), tuple(n[b:e] if n[b] == "0" else "" for b, e in zero_leads))
+                    for n in member_names]
+        else:
+            keys = list(map(itemgetter(*embedded), member_names))
+        runs: dict[object, list[int]] = {}
+        for i, key in zip(members, keys):
+            run = runs.get(key)
+            if run is None:
+                runs[key] = [i]
+            else:
+                run.append(i)
+        for run in runs.values():
+            run_pattern, run_spans = _shape_of(names[run[0]])
+            yield run, run_pattern, run_spans
 
 
 def _add(groups: dict, key: tuple[str, int | None], members: list[int], header, subs: list | None) -> None:
