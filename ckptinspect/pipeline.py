@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from ckptinspect.config.normalize import normalize_config
 from ckptinspect.errors import ConfigError
+from ckptinspect.header.parser import parse_header
 from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
 from ckptinspect.inventory.parallel import scan_checkpoint
@@ -117,9 +118,8 @@ def _index_findings(raw: RawCheckpoint, scans: list[ShardScan], summary: IndexSu
 
 
 def _header_names(raw: RawCheckpoint, shard: str) -> list[str]:
-    import json
-
-    return [k for k in json.loads(raw.headers[shard]) if k != "__metadata__"]
+    """The tensor names of one shard, from the parser (header bytes never leave it as raw JSON)."""
+    return parse_header(raw.headers[shard], source=shard, file_size=raw.file_sizes.get(shard)).names
 
 
 def _expert_findings(inventory: Inventory, config: ModelConfig) -> list[Finding]:
