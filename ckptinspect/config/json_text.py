@@ -74,7 +74,7 @@ def check_structure(obj: Any, *, source: str, error: type[CkptInspectError] = Co
     Breadth-first over containers only: a level's values are typed in C (``set(map(type, ...))``), so a
     41 MB index (one dict of 370k strings) costs a few milliseconds when ``strings`` is False.
     """
-    level = [obj] if type(obj) in (dict, list) else []
+    level = [obj] if isinstance(obj, (dict, list)) else []
     if strings and isinstance(obj, str):
         _check_string(obj, source, error)
     depth = 0
@@ -84,17 +84,17 @@ def check_structure(obj: Any, *, source: str, error: type[CkptInspectError] = Co
             raise error(f"nests deeper than {max_depth} levels", path=source)
         deeper = []
         for node in level:
-            values = list(node.values()) if type(node) is dict else node
+            values = list(node.values()) if isinstance(node, dict) else node
             if strings:
-                if type(node) is dict:
+                if isinstance(node, dict):
                     for key in node:
                         _check_string(key, source, error)
                 for value in values:
                     if type(value) is str:
                         _check_string(value, source, error)
             kinds = set(map(type, values))
-            if dict in kinds or list in kinds:
-                deeper.extend(v for v in values if type(v) is dict or type(v) is list)
+            if any(issubclass(kind, (dict, list)) for kind in kinds):
+                deeper.extend(v for v in values if isinstance(v, (dict, list)))
         level = deeper
 
 

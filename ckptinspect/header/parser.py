@@ -40,6 +40,8 @@ PREFIX_BYTES = 8
 # multiplication; bounding the end of the data buffer by 2**64 / 8 bounds all of them at once.
 MAX_DATA_BYTES = U64_MAX // 8
 _ABSENT = object()
+# Real tensors have at most 5 dims; longer shapes are validated by the exact path (exact.py).
+MAX_FAST_DIMS = 8
 
 
 @dataclass(frozen=True)
@@ -195,13 +197,19 @@ def _columns(obj: dict, fields: int | None = None) -> tuple[list, list, list, li
             dtype = info["dtype"]
             shape = info["shape"]
             begin, end = info["data_offsets"]
+            # min() first: it raises TypeError unless the dims are mutually comparable (numbers), so
+            # prod() never repeats a sequence (["x" * 5000, 10**9] would build a 5 GB string). On the
+            # fast path, long shapes go to the exact path, whose overflow check stops early (25,000
+            # dims of 4,000 digits would otherwise make prod() run for minutes).
+            dims = len(shape)
+            if dims > 1 and ((fields is not None and dims > MAX_FAST_DIMS) or min(shape) < 0):
+                return None
             numel = prod(shape)
             bits = bits_of(dtype)
             size = end - begin
             if (bits is None or type(numel) is not int or type(begin) is not int or type(end) is not int
                     or type(shape) is not list or begin < 0 or size < 0 or numel * bits != size * 8
-                    or (len(shape) > 1 and min(shape) < 0) or (fields is not None and len(info) != fields)
-                    or (numel == 0 and not _zero_shape_ok(shape))):
+                    or (fields is not None and len(info) != fields) or (numel == 0 and not _zero_shape_ok(shape))):
                 return None
             add_dtype(dtype)
             add_shape(shape)
