@@ -27,7 +27,7 @@ MAX_INT_DIGITS = 4300
 # A JSON escape that decodes to a UTF-16 surrogate (\uD800-\uDFFF). Only when the text contains one
 # can a decoded string hold a lone surrogate; an escaped backslash before "ud8.." is a false positive
 # that costs one exact walk, never a wrong answer.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _bounded_int(literal: str) -> int:
