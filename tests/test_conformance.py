@@ -266,7 +266,7 @@ def _stricter_explained(text: str, message: str) -> bool:
     return False
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(rng=st.randoms(use_true_random=False), fix_size=st.booleans(), text_level=st.integers(0, 9))
 def test_structural_mutations_agree_with_the_reference(tmp_path, rng: random.Random, fix_size: bool, text_level: int):
