@@ -234,6 +234,17 @@ def test_header_shapes_never_cost_unbounded_time_or_memory(header):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024
 
 
+@pytest.mark.parametrize("key", ["num_hidden_layers", "num_experts"])
+def test_huge_counts_in_config_are_refused_not_enumerated(model, key):
+    config = json.loads((model / "config.json").read_text())
+    config["text_config"][key] = 10 ** 12  # one entry per layer / expert id would never finish
+    config["text_config"].pop("layer_types", None)
+    (model / "config.json").write_text(json.dumps(config))
+    started = time.monotonic()
+    _assert_one_line(_run(model, timeout=60), "config.json", "10,000" if key == "num_hidden_layers" else "65,536")
+    assert time.monotonic() - started < 30
+
+
 def test_no_weights_is_an_error_finding_and_fails_the_gate(model):
     for shard in model.glob("*.safetensors"):
         shard.unlink()

@@ -39,6 +39,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "sliding_window": ("sliding_window",),
 }
 REQUIRED = ("num_hidden_layers", "hidden_size")
+# Upper bounds on the counts that later stages enumerate (one entry per layer, per expert id): a
+# hostile 10**12 would otherwise hang the report. Real checkpoints have <= ~200 layers and <= 512
+# routed experts per layer; the caps leave 50-100x headroom.
+COUNT_CAPS = {"num_hidden_layers": 10_000, "routed_experts": 65_536}
 
 
 def normalize_config(raw: Any, *, source: str = SOURCE) -> ModelConfig:
@@ -59,6 +63,10 @@ def normalize_config(raw: Any, *, source: str = SOURCE) -> ModelConfig:
     values: dict[str, int | None] = {}
     for fact, aliases in ALIASES.items():
         values[fact] = _int_alias(text, aliases, text_path, source)
+    for fact, cap in COUNT_CAPS.items():
+        if values[fact] is not None and values[fact] > cap:
+            raise ConfigError(f"'{ALIASES[fact][0]}' (or an alias) is {values[fact]:,}, over the {cap:,} any real "
+                              "model has", path=source)
     for fact in REQUIRED:
         if values[fact] is None:
             where = f"{text_path}." if text_path else ""
