@@ -223,6 +223,9 @@ def test_depth_cap_is_the_reference_limit():
     '{"t":{"dtype":"U8","shape":["%s",1000000000],"data_offsets":[0,1]}}' % ("x" * 5000),
     '{"t":{"dtype":"U8","shape":[[1,2,3],1000000000],"data_offsets":[0,1]}}',
     '{"t":{"dtype":"U8","shape":[%s],"data_offsets":[0,1]}}' % ",".join(["9" * 4000] * 2000),
+    # A float meeting a 400-digit integer raises OverflowError (found by benchmarks/fuzz.py).
+    '{"t":{"dtype":"U8","shape":[1e300,%s],"data_offsets":[0,1]}}' % ("9" * 400),
+    '{"t":{"dtype":"U8","shape":[1],"data_offsets":[1e300,%s]}}' % ("9" * 400),
 ])
 def test_header_shapes_never_cost_unbounded_time_or_memory(header):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

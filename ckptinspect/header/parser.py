@@ -222,7 +222,7 @@ def _columns(obj: dict, fields: int | None = None) -> tuple[list, list, list, li
             add_size(size)
             add_numel(numel)
             add_begin(begin)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: a float meets a 400-digit int
         return None
     return dtypes, shapes, sizes, numels, begins
 
@@ -248,7 +248,7 @@ def _raise_first_invalid(obj: dict, source: str) -> None:
             numel = math.prod(shape)
             ok = (type(numel) is int and type(begin) is int and type(end) is int and 0 <= begin <= end
                   and all(type(d) is int and d >= 0 for d in shape))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             ok = False
         if not ok:
             _raise_entry_error(name, info, source)
