@@ -247,6 +247,14 @@ def test_huge_counts_in_config_are_refused_not_enumerated(model, key):
     assert time.monotonic() - started < 30
 
 
+def test_config_integers_over_64_bits_are_one_line(model):
+    config = json.loads((model / "config.json").read_text())
+    config["text_config"]["moe_intermediate_size"] = "@@"  # overflowed the plan's float arithmetic
+    (model / "config.json").write_text(json.dumps(config).replace('"@@"', "9" * 400))
+    _assert_one_line(_run(model, "report", str(model), "--quiet", "--gpu", "H200", "--gpus", "8"),
+                     "config.json", "moe_intermediate_size")
+
+
 def test_no_weights_is_an_error_finding_and_fails_the_gate(model):
     for shard in model.glob("*.safetensors"):
         shard.unlink()

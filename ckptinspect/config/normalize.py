@@ -43,6 +43,9 @@ REQUIRED = ("num_hidden_layers", "hidden_size")
 # hostile 10**12 would otherwise hang the report. Real checkpoints have <= ~200 layers and <= 512
 # routed experts per layer; the caps leave 50-100x headroom.
 COUNT_CAPS = {"num_hidden_layers": 10_000, "routed_experts": 65_536}
+# Every integer fact must fit in a signed 64-bit integer, as in the engines' own config classes; a
+# 400-digit value would otherwise overflow float arithmetic in the plan (OverflowError).
+MAX_CONFIG_INT = 2 ** 63 - 1
 
 
 def normalize_config(raw: Any, *, source: str = SOURCE) -> ModelConfig:
@@ -136,6 +139,9 @@ def _int_alias(text: Mapping[str, Any], aliases: tuple[str, ...], text_path: str
             raise ConfigError(f"'{where}' must be an integer, got {value!r}", path=source)
         if value < 0:
             raise ConfigError(f"'{key}' must not be negative, got {value}", path=source)
+        if value > MAX_CONFIG_INT:
+            raise ConfigError(f"'{key}' is {len(str(value))} digits long, over the signed 64-bit range",
+                              path=source)
         return value
     return None
 
