@@ -35,11 +35,14 @@ from ckptinspect.sources.http_ranges import FetchStats, RangeClient
 from ckptinspect.sources.index_prefetch import IndexPrefetch
 from ckptinspect.sources.index_summary import summarize_index
 from ckptinspect.sources.interface import LazyJson, parse_json_bytes
+from ckptinspect.sources.net_limits import Budget, NetLimits
 
 # Small JSON files read next to the headers (the RawCheckpoint.json_files contract).
 JSON_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "generation_config.json")
 INDEX_FILE = "model.safetensors.index.json"
+INFO_NAME = "repo info"  # how the repo-info request is named in the range client's messages
 MAX_JSON_BYTES = 512 * 1024 * 1024  # a 163-shard FP8 MoE index is ~45 MB; refuse absurd sizes
+MAX_INFO_BYTES = 64 * 1024 * 1024  # repo info with blob metadata: ~200 bytes per file
 
 # huggingface_hub SAFETENSORS_MAX_HEADER_LENGTH and huggingface.js MAX_HEADER_LENGTH: checked on the
 # 8-byte prefix, before any header byte beyond the first range is requested.
@@ -60,8 +63,8 @@ FIXED_SLACK = 256  # __metadata__ ({"format":"pt"}) and the writer's padding to 
 # (BENCHMARKS.md section 2); each thread keeps its own keep-alive connection.
 DEFAULT_MAX_WORKERS = int(os.environ.get("CKPTINSPECT_MAX_WORKERS", "32"))
 PREFETCH_ENV = "CKPTINSPECT_INDEX_PREFETCH"  # "0": read the index after the repo info, in this process
-# How long to wait for the index child before reading the index here. Only a safety net: the child's
-# own socket timeouts end a stalled read sooner, and a slow but moving download is worth waiting for.
+# How long to wait for the index child before reading the index here. Only a safety net: the child
+# runs under the same deadline (what is left of it bounds the wait) and per-request limits.
 PREFETCH_WAIT_S = 600.0
 
 
@@ -83,9 +86,8 @@ def hub_offline() -> bool:
 
 
 def download_timeout() -> float:
-    from huggingface_hub import constants
-
-    return float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or constants.HF_HUB_DOWNLOAD_TIMEOUT or 10)
+    """Seconds per socket read: HF_HUB_DOWNLOAD_TIMEOUT, default 10 (huggingface_hub's own default)."""
+    return NetLimits.from_env().read_s
 
 
 def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
@@ -100,14 +102,17 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         endpoint: Hub URL; default HF_ENDPOINT or https://huggingface.co.
         progress: tqdm bar on stderr for the header reads.
         max_workers: concurrent header requests (default 32, env CKPTINSPECT_MAX_WORKERS).
-        timeout: seconds per request (default HF_HUB_DOWNLOAD_TIMEOUT, 10).
+        timeout: seconds per socket read (default HF_HUB_DOWNLOAD_TIMEOUT, 10); the connect timeout,
+            the per-request and whole-read deadlines and the byte budget come from the environment
+            (sources/net_limits.py, docs/security.md).
         on_header: called from a worker thread with (shard, header bytes) as soon as each header is in,
             so a caller can parse while later headers are still on the wire.
 
     Raises:
         NotFoundError: repo, revision or file missing, or HF_HUB_OFFLINE=1 (names what the cache lacks).
         AccessError: gated / private repo without a token that grants access.
-        NetworkError: timeouts, 5xx, resets, broken ranges after bounded retries.
+        NetworkError: timeouts, 5xx, resets, broken ranges after bounded retries; the deadline or
+            the byte budget of the whole read.
         HeaderError: a header length prefix over 25,000,000 bytes or beyond the file size.
     """
     if hub_offline():
@@ -117,10 +122,11 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
                             path=repo_id, hint="run once online, or use a .json.gz snapshot")
     started = time.perf_counter()
     endpoint = hub_endpoint(endpoint)
-    timeout = download_timeout() if timeout is None else timeout
-    prefetch = _start_index_prefetch(endpoint, repo_id, revision, token, timeout)
+    limits = NetLimits.from_env(read_s=timeout)
+    budget = Budget(limits)
+    prefetch = _start_index_prefetch(endpoint, repo_id, revision, token, budget)
     try:
-        raw = _read_repo(repo_id, revision, token, endpoint, timeout, progress, max_workers, on_header, prefetch,
+        raw = _read_repo(repo_id, revision, token, endpoint, budget, progress, max_workers, on_header, prefetch,
                          started)
     except BaseException:
         if prefetch is not None:
@@ -132,7 +138,7 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
 
 
 def _start_index_prefetch(endpoint: str, repo_id: str, revision: str | None, token: str | None,
-                          timeout: float) -> IndexPrefetch | None:
+                          budget: Budget) -> IndexPrefetch | None:
     """Read the index in a child while this process starts up (sources/index_prefetch.py), unless the HF
     cache already holds it for the commit the revision last pointed to."""
     from ckptinspect.sources.hf_cache import cached_file, resolve_commit
@@ -142,23 +148,32 @@ def _start_index_prefetch(endpoint: str, repo_id: str, revision: str | None, tok
     commit = resolve_commit(repo_id, revision)
     if commit is not None and cached_file(repo_id, commit, INDEX_FILE) is not None:
         return None
-    return IndexPrefetch.start(endpoint, repo_id, revision, token, timeout)
+    return IndexPrefetch.start(endpoint, repo_id, revision, token, budget.limits.read_s, budget=budget)
 
 
-def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: str, timeout: float,
+def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: str, budget: Budget,
                progress: bool, max_workers: int | None, on_header: Callable[[str, bytes], None] | None,
                prefetch: IndexPrefetch | None, started: float) -> RawCheckpoint:
-    from huggingface_hub import HfApi
     from huggingface_hub.utils import build_hf_headers
 
     stats = FetchStats()
-    api = HfApi(endpoint=endpoint, token=token)
-    info = _model_info(api, repo_id, revision, timeout, stats)
+    headers = build_hf_headers(token=token)
+    client = RangeClient(repo_id, headers, timeout=budget.limits.read_s, stats=stats, budget=budget)
+    try:
+        return _read_with(client, repo_id, revision, endpoint, progress, max_workers, on_header, prefetch,
+                          started)
+    finally:
+        client.close()
+
+
+def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint: str, progress: bool,
+               max_workers: int | None, on_header: Callable[[str, bytes], None] | None,
+               prefetch: IndexPrefetch | None, started: float) -> RawCheckpoint:
+    stats, budget = client.stats, client.budget
+    info = _model_info(client, endpoint, repo_id, revision)
     phases = {"info_s": time.perf_counter() - started}
     commit = info.sha or revision or "main"
     siblings = {s.rfilename: s for s in (info.siblings or [])}
-    headers = build_hf_headers(token=token)
-    client = RangeClient(repo_id, headers, timeout=timeout, stats=stats)
 
     def url(filename: str) -> str:  # huggingface_hub's HUGGINGFACE_CO_URL_TEMPLATE, pinned to the commit
         return f"{endpoint}/{repo_id}/resolve/{quote(commit, safe='')}/{quote(filename)}"
@@ -175,12 +190,18 @@ def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: 
         prefetched = None
         if prefetch is not None and INDEX_FILE in siblings:
             # The child's index counts only if it is this commit's (the small files download meanwhile).
-            prefetched = prefetch.result(info.sha, wait_s=PREFETCH_WAIT_S)
+            prefetched = prefetch.result(info.sha, wait_s=max(0.0, min(PREFETCH_WAIT_S, budget.left_s())))
+            # The child's requests count whether or not its answer is used (--verbose, byte budget).
+            child = prefetch.stats
+            stats.add(requests=child.get("requests", 0), nbytes=child.get("bytes_fetched", 0),
+                      retries=child.get("retries", 0))
+            budget.take(child.get("bytes_fetched", 0), f"{repo_id}/{INDEX_FILE}")
+            declared = siblings[INDEX_FILE].size
+            if prefetched is not None and declared is not None and prefetched.size != declared:
+                prefetched = None  # not the file the repo info describes
             if prefetched is None:
+                budget.check_time(f"{repo_id}/{INDEX_FILE}")
                 futures[fetch(INDEX_FILE)] = INDEX_FILE
-            else:
-                stats.add(requests=prefetched.stats["requests"], nbytes=prefetched.stats["bytes_fetched"],
-                          retries=prefetched.stats["retries"])
         for fut in as_completed(futures):
             value, from_cache = fut.result()
             json_files[futures[fut]] = value
@@ -200,7 +221,6 @@ def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: 
             header_bytes = reader.read_all(pool, shards, url, sizes, progress=progress)
         finally:
             pool.shutdown(wait=True)  # the threads first: then no connection is in use
-            client.close()
     wall = time.perf_counter() - started
     phases["headers_s"] = wall - phases["info_s"] - phases["json_s"]
     return RawCheckpoint(
@@ -220,52 +240,61 @@ def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: 
 
 
 # -- model info -------------------------------------------------------------------------------------
-def _model_info(api: Any, repo_id: str, revision: str | None, timeout: float, stats: FetchStats) -> Any:
-    """``model_info(files_metadata=True)`` with error mapping and a bounded retry on 429 / 5xx."""
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
-    from huggingface_hub.utils import HFValidationError
+def _model_info(client: RangeClient, endpoint: str, repo_id: str, revision: str | None) -> Any:
+    """``HfApi.model_info(files_metadata=True)``, the request made by the range client (so the deadlines,
+    byte budget and byte count apply to it too) and the answer read by huggingface_hub's own error
+    mapping (``hf_raise_for_status``) and ``ModelInfo``."""
+    httpx = _httpx()
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+    from huggingface_hub.hf_api import ModelInfo
+    from huggingface_hub.utils import HFValidationError, hf_raise_for_status, validate_repo_id
 
     rev = revision or "main"
-    attempts = http_ranges.DEFAULT_ATTEMPTS
-    for attempt in range(1, attempts + 1):
-        stats.add(requests=1)
-        try:
-            return api.model_info(repo_id, revision=revision, files_metadata=True, timeout=timeout)
-        except GatedRepoError:
-            raise AccessError("gated repo: accept its terms on the Hub, then pass --token or set HF_TOKEN",
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise NotFoundError(f"not a valid repo id: {exc}", path=repo_id) from None
+    url = f"{endpoint}/api/models/{repo_id}"  # the URL model_info builds (hf_api.py)
+    url += ("" if revision is None else f"/revision/{quote(revision, safe='')}") + "?blobs=True"
+    try:
+        status, headers, body = client.get_document(url, INFO_NAME, {"Accept": "application/json"}, MAX_INFO_BYTES)
+    except NetworkError as exc:
+        detail = str(exc).removeprefix(f"{repo_id}/{INFO_NAME}: ")
+        raise NetworkError(f"cannot read the repo info: {detail}", path=repo_id) from None
+    response = httpx.Response(status, headers=headers, content=body, request=httpx.Request("GET", url))
+    try:
+        hf_raise_for_status(response)
+    except GatedRepoError:
+        raise AccessError("gated repo: accept its terms on the Hub, then pass --token or set HF_TOKEN",
+                          path=repo_id) from None
+    except RevisionNotFoundError:
+        raise NotFoundError(f"revision {rev!r} not found", path=repo_id) from None
+    except RepositoryNotFoundError:
+        raise NotFoundError("repository not found (or private: pass --token)", path=repo_id) from None
+    except HfHubHTTPError:
+        if status in (401, 403):
+            raise AccessError(f"HTTP {status} reading repo info (pass --token or set HF_TOKEN)",
                               path=repo_id) from None
-        except RevisionNotFoundError:
-            raise NotFoundError(f"revision {rev!r} not found", path=repo_id) from None
-        except RepositoryNotFoundError:
-            raise NotFoundError("repository not found (or private: pass --token)", path=repo_id) from None
-        except HFValidationError as exc:
-            raise NotFoundError(f"not a valid repo id: {exc}", path=repo_id) from None
-        except OfflineModeIsEnabled:
-            raise NotFoundError("HF_HUB_OFFLINE=1 and the repo is not fully in the HF cache", path=repo_id) from None
-        except HfHubHTTPError as exc:
-            status = exc.response.status_code if exc.response is not None else None
-            if status in (401, 403):
-                raise AccessError(f"HTTP {status} reading repo info (pass --token or set HF_TOKEN)",
-                                  path=repo_id) from None
-            if status not in (408, 429, 500, 502, 503, 504) or attempt == attempts:
-                raise NetworkError(f"HTTP {status} reading repo info", path=repo_id) from None
-        except _transport_errors() as exc:
-            if attempt == attempts:
-                raise NetworkError(f"cannot reach the Hub for repo info: {type(exc).__name__}",
-                                   path=repo_id) from None
-        stats.add(retries=1)
-        time.sleep(http_ranges.DEFAULT_BACKOFF_S * 2 ** (attempt - 1))
-    raise AssertionError("unreachable")
+        raise NetworkError(f"HTTP {status} reading repo info", path=repo_id) from None
+    if status != 200:
+        raise NetworkError(f"HTTP {status} reading repo info", path=repo_id)
+    data = parse_json_bytes(body, source=f"{repo_id} repo info")
+    if not isinstance(data, dict) or not isinstance(data.get("siblings", []), list):
+        raise NetworkError("the repo info is not a JSON object with a 'siblings' list", path=repo_id)
+    try:
+        return ModelInfo(**data)
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:  # a server answer ModelInfo cannot hold
+        raise NetworkError(f"unreadable repo info: {type(exc).__name__}: {exc}", path=repo_id) from None
 
 
-def _transport_errors() -> type[Exception]:
-    """The transport error base of huggingface_hub's own client (httpx2 from 2.x, httpx before)."""
+def _httpx() -> Any:
+    """huggingface_hub's HTTP library (httpx2 from 2.x, httpx before), for its Response type."""
     try:
         import httpx2 as httpx
     except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
         import httpx  # type: ignore[no-redef]
-    return httpx.TransportError
+    return httpx
 
 
 # -- small JSON files through the HF cache ----------------------------------------------------------
