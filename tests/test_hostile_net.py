@@ -1,0 +1,201 @@
+"""Hostile Hub servers on 127.0.0.1 (tests/hostile_hub_server.py): answers that drip one byte at a time,
+bodies without end, long Retry-After. Every read ends by its deadline, every byte received is counted
+and charged to the command's byte budget, and the failure is one line naming the repo."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import ROOT  # noqa: E402
+from hostile_hub_server import HostileHub, HostileProcess  # noqa: E402
+from hub_repos import isolate_hf, make_sharded_repo  # noqa: E402
+
+from ckptinspect.errors import NetworkError  # noqa: E402
+from ckptinspect.sources import http_ranges  # noqa: E402
+from ckptinspect.sources.hub import open_hub  # noqa: E402
+
+REPO = "org/hostile"
+INDEX = "model.safetensors.index.json"
+SHARD = "model-00002-of-00003.safetensors"
+
+
+@pytest.fixture(autouse=True)
+def _limits(tmp_path, monkeypatch):
+    isolate_hf(monkeypatch, tmp_path / "hf_home")
+    monkeypatch.setattr(http_ranges, "DEFAULT_ATTEMPTS", 2)
+    monkeypatch.setattr(http_ranges, "DEFAULT_BACKOFF_S", 0.01)
+    for var in ("CKPTINSPECT_DEADLINE_S", "CKPTINSPECT_REQUEST_TIMEOUT_S", "CKPTINSPECT_MAX_BYTES",
+                "CKPTINSPECT_RETRY_WAIT_S", "CKPTINSPECT_CONNECT_TIMEOUT_S"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "5")  # far longer than the drip interval: never fires
+
+
+@pytest.fixture(scope="module")
+def repo_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile") / "repo"
+    headers = make_sharded_repo(root, shards=3, experts=8)
+    return root, headers
+
+
+@pytest.fixture()
+def hub(repo_dir):
+    root, _ = repo_dir
+    with HostileHub() as server:
+        server.add_repo(REPO, root)
+        yield server
+
+
+def test_the_drip_defeats_a_per_read_timeout(hub):
+    """The control: every socket read gets its byte within a 1 s timeout, and the answer is still not
+    complete after 2 s more. A client with only socket timeouts would read on."""
+    hub.add("drip", "/api/models/", 0.01)
+    parts = urlsplit(hub.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=1.0)
+    try:
+        conn.request("GET", f"/api/models/{REPO}?blobs=True")
+        resp = conn.getresponse()  # the status line and headers drip too
+        start, got = time.monotonic(), 0
+        while time.monotonic() - start < 2.0:
+            assert resp.read(1)  # a byte within the timeout, every time
+            got += 1
+        assert got < int(resp.getheader("Content-Length"))
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("where", ["/api/models/", INDEX, f"/cdn/{REPO}"])
+def test_dripping_answer_ends_at_the_request_deadline(hub, monkeypatch, where):
+    """Repo info, the index, the shards: each request gives up after CKPTINSPECT_REQUEST_TIMEOUT_S."""
+    hub.add("drip", where, 0.02)
+    monkeypatch.setenv("CKPTINSPECT_REQUEST_TIMEOUT_S", "1")
+    started = time.monotonic()
+    with pytest.raises(NetworkError) as err:
+        open_hub(REPO, endpoint=hub.url, progress=False)
+    elapsed = time.monotonic() - started
+    message = str(err.value)
+    assert message.startswith(f"{REPO}")
+    assert "no complete answer within 1 s" in message and "2 attempts" in message
+    assert "\n" not in message
+    assert elapsed < 2 * 1.0 + 1.5  # two attempts of one second, not the minutes of the drip
+
+
+def test_whole_read_deadline_bounds_many_slow_requests(hub, monkeypatch):
+    """Each shard request alone would be allowed 30 s; the read as a whole stops at its 2 s deadline."""
+    hub.add("drip", f"/cdn/{REPO}", 0.05)
+    monkeypatch.setenv("CKPTINSPECT_REQUEST_TIMEOUT_S", "30")
+    monkeypatch.setenv("CKPTINSPECT_DEADLINE_S", "2")
+    started = time.monotonic()
+    with pytest.raises(NetworkError, match="did not finish within its 2 s deadline") as err:
+        open_hub(REPO, endpoint=hub.url, progress=False)
+    assert time.monotonic() - started < 2 + 1.0
+    assert "--deadline" in str(err.value)
+
+
+def test_long_retry_after_gives_up_at_once(hub):
+    hub.add("retry_after", f"/cdn/{REPO}", 60)
+    started = time.monotonic()
+    with pytest.raises(NetworkError) as err:
+        open_hub(REPO, endpoint=hub.url, progress=False)
+    assert time.monotonic() - started < 5  # not 30 s, not three times 30 s
+    assert "HTTP 429" in str(err.value) and "retrying after 60 s" in str(err.value)
+    assert "CKPTINSPECT_RETRY_WAIT_S" in str(err.value)
+
+
+def test_retry_waits_add_up_to_the_cap(hub, monkeypatch):
+    """Short waits are honoured, but their sum per request stays under CKPTINSPECT_RETRY_WAIT_S."""
+    monkeypatch.setattr(http_ranges, "DEFAULT_ATTEMPTS", 4)
+    monkeypatch.setenv("CKPTINSPECT_RETRY_WAIT_S", "1.5")
+    hub.add("retry_after", SHARD, 1, times=1)
+    raw = open_hub(REPO, endpoint=hub.url, progress=False)  # one 1 s wait fits
+    assert raw.stats["retries"] == 1
+    hub.add("retry_after", SHARD, 1)
+    started = time.monotonic()
+    with pytest.raises(NetworkError, match="would pass the 1.5 s a request may spend waiting"):
+        open_hub(REPO, endpoint=hub.url, progress=False)
+    assert time.monotonic() - started < 1.5 + 1.0  # one wait, then the second would pass the cap
+
+
+def test_verbose_counts_every_body_byte_the_server_sent(hub, repo_dir):
+    """Repo info, JSON files, redirects and header ranges: the client's count equals the server's."""
+    _, headers = repo_dir
+    hub.reset_stats()
+    raw = open_hub(REPO, endpoint=hub.url, progress=False)
+    served = hub.stats()
+    assert dict(raw.headers) == headers
+    assert raw.stats["bytes_fetched"] == served["bytes"] > 0
+    assert raw.stats["requests"] == served["requests"]
+
+
+def test_byte_budget_stops_an_endless_answer(hub, monkeypatch):
+    """Repo info that never ends: read up to the command's byte budget, not up to the 64 MiB cap."""
+    hub.add("endless", "/api/models/")
+    monkeypatch.setenv("CKPTINSPECT_MAX_BYTES", str(4 << 20))
+    started = time.monotonic()
+    with pytest.raises(NetworkError, match="4,194,304 byte budget") as err:
+        open_hub(REPO, endpoint=hub.url, progress=False)
+    assert str(err.value).startswith(f"{REPO}: cannot read the repo info: ")
+    assert "CKPTINSPECT_MAX_BYTES" in str(err.value)
+    assert time.monotonic() - started < 10
+    time.sleep(0.3)  # the server notices the closed connection
+    assert hub.sent[0] < (4 << 20) + 16 * (1 << 20)  # the budget plus socket buffers left the server
+
+
+# -- the index child, in a fresh single-threaded interpreter (as the CLI runs) ----------------------------
+def _env(url: str, home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "XDG_CACHE_HOME", "CKPTINSPECT_DEBUG")
+           and not k.startswith("CKPTINSPECT_")}
+    return {**env, "HF_ENDPOINT": url, "HF_HOME": str(home), "PYTHONPATH": str(ROOT), **extra}
+
+
+def test_index_child_reading_an_endless_index_is_bounded_and_counted(repo_dir, tmp_path):
+    """The index child asks for the index by revision before the repo info is in; a server that ignores
+    Range and streams without end costs at most the child's first range (64 MiB, counted in --verbose),
+    then the parent reads the index with the size the repo info declared."""
+    root, headers = repo_dir
+    code = f"""
+import json, resource
+from ckptinspect.sources.hub import open_hub
+raw = open_hub("{REPO}", progress=False)
+child_rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(json.dumps({{"stats": raw.stats, "n": len(raw.headers), "child_rss_kib": child_rss_kib}}))
+"""
+    with HostileProcess({REPO: root}, endless=((INDEX, 1),)) as server:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              env=_env(server.url, tmp_path / "h"))
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+    stats = out["stats"]
+    assert out["n"] == len(headers)
+    assert stats["index_prefetched"] is False  # the child gave up; the parent read the real index
+    first_range = 64 * 1024 * 1024
+    index_size = (root / INDEX).stat().st_size
+    assert first_range <= stats["bytes_fetched"] < first_range + index_size + 2 * 1024 * 1024
+    assert out["child_rss_kib"] < 400 * 1024  # the child holds its 64 MiB, not 512 MB
+
+
+def test_cli_deadline_flag_ends_a_dripping_index_read(repo_dir, tmp_path):
+    """`ckptinspect --deadline 2 report` against a server dripping the index (the child's read and the
+    parent's): exit 2, one stderr line, within the deadline plus start-up."""
+    root, _ = repo_dir
+    with HostileProcess({REPO: root}, drip=((INDEX, 0.05, 0),)) as server:
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "ckptinspect", "--deadline", "2", "report", REPO, "--quiet"],
+                              capture_output=True, text=True, timeout=120, env=_env(server.url, tmp_path / "h"),
+                              cwd=str(ROOT))
+        elapsed = time.monotonic() - started
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert REPO in lines[0] and "2 s deadline" in lines[0]
+    assert elapsed < 2 + 6  # the deadline plus interpreter start-up on a loaded machine
