@@ -24,6 +24,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ckptinspect.errors import CkptInspectError
+
 MAX_PATTERN_CHARS = 1000
 RE2_MAX_MEM = 64 << 20  # bytes RE2 may use for one compiled pattern (a 184-entry exclude list needs ~1 MB)
 
@@ -38,8 +40,9 @@ _OPEN_REPEAT = re.compile(r"\{,(\d+)\}")
 _FLAGS = re.compile(r"\(\?([a-zA-Z]+)(?:-([a-zA-Z]+))?[:)]")
 
 
-class UnsupportedPattern(ValueError):
-    """A pattern RE2 cannot evaluate with Python's answers; ``str()`` says why."""
+class UnsupportedPattern(CkptInspectError, ValueError):
+    """A pattern RE2 cannot evaluate with Python's answers; ``str()`` says why (callers that can go on
+    make it a finding; elsewhere it is the CLI's one-line error)."""
 
 
 def _re2() -> Any:
