@@ -22,6 +22,7 @@ Python's ``unicodedata`` knows may be ``\\w`` / ``\\d`` for RE2 only; real tenso
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 from ckptinspect.errors import CkptInspectError
@@ -60,7 +61,9 @@ def translate(pattern: str) -> str:
     if len(pattern) > MAX_PATTERN_CHARS:
         raise UnsupportedPattern(f"longer than {MAX_PATTERN_CHARS} characters")
     try:
-        re.compile(pattern)  # parsing is linear; only matching backtracks
+        with warnings.catch_warnings():  # a stranger's pattern must not print FutureWarnings
+            warnings.simplefilter("ignore")
+            re.compile(pattern)  # parsing is linear; only matching backtracks
     except re.error as exc:
         raise UnsupportedPattern(f"invalid regex: {exc}") from None
     except (OverflowError, RecursionError, ValueError) as exc:  # huge repeat counts, deep nesting
