@@ -17,6 +17,12 @@ from ckptinspect.quant.declared import ExcludeMatcher, read_declared
 from ckptinspect.safe_regex import UnsupportedPattern, compile_re2, translate, translate_glob
 
 
+@pytest.fixture(scope="module")
+def everything() -> str:
+    """Every code point but the surrogates, as one string."""
+    return "".join(chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF)
+
+
 def _matcher(ignore: list[str]) -> ExcludeMatcher:
     declared, _ = read_declared({"quantization_config": {"quant_method": "compressed-tensors", "ignore": ignore}},
                                 None)
@@ -87,12 +93,23 @@ def test_translation_keeps_pythons_answers_on_tricky_syntax(pattern, names):
         assert (compiled.match(name) is not None) is (re.match(pattern, name) is not None), (pattern, name)
 
 
-def test_the_whitespace_set_is_exactly_pythons_str_isspace():
+def test_the_whitespace_set_is_exactly_pythons_str_isspace(everything):
     """\\s is spelled out for RE2; check the set against every code point (Python's definition)."""
-    everything = "".join(chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF)
     found = set(compile_re2(translate(r"\s")).findall(everything))
     assert found == {c for c in everything if c.isspace()}
     assert compile_re2(translate(r"\S+")).sub("", everything) == "".join(c for c in everything if c.isspace())
+
+
+@pytest.mark.parametrize("escape", [r"\w", r"\d"])
+def test_word_and_digit_classes_differ_only_on_code_points_python_does_not_know(escape, everything):
+    """\\w and \\d agree with Python on every code point its unicodedata assigns; RE2's newer Unicode tables
+    add only letters and digits that are unassigned (Cn) for this Python (the documented residual)."""
+    import unicodedata
+
+    ours = set(compile_re2(translate(escape)).findall(everything))
+    python = set(re.findall(escape, everything))
+    assert python <= ours
+    assert all(unicodedata.category(c) == "Cn" for c in ours - python)
 
 
 @pytest.mark.parametrize("pattern", [r"(a)\1", r"(?=a)", r"(?<=a)b", r"\bx", r"(?m)a$", r"(?x) a", r"[\W]", "a*+",
