@@ -66,6 +66,10 @@ def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout
             os.environ[env] = repr(value)
 
 
+# click >= 8.2 raises this for a bare group invocation (8.1 prints the help and exits 0 itself).
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Run the CLI, turning library errors into one line on stderr and exit code 2."""
     from ckptinspect.errors import CkptInspectError
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> Any:
         return cli.main(args=args, prog_name="ckptinspect", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.exceptions.NoArgsIsHelpError as exc:  # bare `ckptinspect`: the help is the answer
+    except _NO_ARGS_IS_HELP as exc:  # bare `ckptinspect`: the help is the answer
         exc.show()
         sys.exit(2)
     except click.UsageError as exc:  # one line, like every other error
