@@ -199,3 +199,25 @@ def test_cli_deadline_flag_ends_a_dripping_index_read(repo_dir, tmp_path):
     assert len(lines) == 1, proc.stderr
     assert REPO in lines[0] and "2 s deadline" in lines[0]
     assert elapsed < 2 + 6  # the deadline plus interpreter start-up on a loaded machine
+
+
+def test_a_plain_http10_server_gives_the_same_headers_as_huggingface_hub(repo_dir):
+    """The second server implementation (tests/plain_hub_server.py: HTTP/1.0, a connection per request,
+    backlog 5): every header ckptinspect reads equals what huggingface_hub's own reader parses."""
+    from huggingface_hub import HfApi
+
+    from plain_hub_server import PlainHub
+
+    root, headers = repo_dir
+    with PlainHub(REPO, root, latency_s=0.005) as server:
+        raw = open_hub(REPO, endpoint=server.url, progress=False)
+        theirs = HfApi(endpoint=server.url).get_safetensors_metadata(REPO)
+    assert dict(raw.headers) == headers
+    small = [name for name in ("config.json", "hf_quant_config.json", INDEX, "generation_config.json")
+             if (root / name).exists()]
+    assert raw.stats["requests"] == 1 + len(small) + len(headers)  # repo info, JSON files, one range per shard
+    for shard, header in raw.headers.items():
+        ours = {k: v for k, v in json.loads(header).items() if k != "__metadata__"}
+        meta = theirs.files_metadata[shard].tensors
+        assert {k: (v["dtype"], v["shape"]) for k, v in ours.items()} == \
+               {k: (t.dtype, t.shape) for k, t in meta.items()}
