@@ -221,3 +221,66 @@ def test_a_plain_http10_server_gives_the_same_headers_as_huggingface_hub(repo_di
         meta = theirs.files_metadata[shard].tensors
         assert {k: (v["dtype"], v["shape"]) for k, v in ours.items()} == \
                {k: (t.dtype, t.shape) for k, t in meta.items()}
+
+
+# -- what a hostile server says in its answers --------------------------------------------------------------
+class _InfoServer:
+    """Answers every repo-info request with the given JSON body, anything else with 404."""
+
+    def __init__(self, body: bytes) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                ok = self.path.startswith("/api/models/")
+                payload = body if ok else b"{}"
+                self.send_response(200 if ok else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("info,needle", [
+    ({"sha": "0" * 40, "siblings": [{"rfilename": "config.json", "size": "abc"}]}, "siblings[0].size"),
+    ({"sha": "0" * 40, "siblings": [{"rfilename": "config.json", "size": -5}]}, "siblings[0].size"),
+    ({"sha": "0" * 40, "siblings": [{"rfilename": 7}]}, "siblings[0]"),
+    ({"sha": "0" * 40, "siblings": [{"rfilename": "model.safetensors", "size": 10, "lfs": [1]}]}, "siblings[0].lfs"),
+    ({"sha": 12, "siblings": []}, "sha"),
+    ({"sha": "0" * 40, "siblings": {"a": 1}}, "'siblings' list"),
+    ([1, 2], "'siblings' list"),
+])
+def test_mistyped_repo_info_is_one_line(info, needle):
+    server = _InfoServer(json.dumps(info).encode())
+    try:
+        with pytest.raises(NetworkError) as err:
+            open_hub(REPO, endpoint=server.url, progress=False)
+    finally:
+        server.close()
+    assert str(err.value).startswith(f"{REPO}: ") and needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("etag,revision", [("../../../../escaped", "main"), ("0" * 40 + "/../../x", "main"),
+                                           ("a" * 40, "../../../escaped"), ("a" * 40, "/abs")])
+def test_cache_store_never_writes_outside_the_cache_on_a_servers_word(tmp_path, etag, revision):
+    """Blob names (etags) come from the server: only a sha1 / sha256 is used as a file name."""
+    from ckptinspect.sources.hf_cache import cache_store, repo_storage
+
+    cache_store(REPO, "b" * 40, revision, "config.json", b"{}", etag)
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file() or p.is_symlink())
+    assert written == []
+    cache_store(REPO, "b" * 40, "main", "config.json", b"{}", "c" * 64)  # a well-formed one is stored
+    assert (repo_storage(REPO) / "snapshots" / ("b" * 40) / "config.json").read_bytes() == b"{}"

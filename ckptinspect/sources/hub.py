@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
-from ckptinspect.errors import AccessError, ConfigError, HeaderError, NetworkError, NotFoundError
+from ckptinspect.errors import ConfigError, HeaderError, NotFoundError
 from ckptinspect.header.parser import read_length_prefix
 from ckptinspect.records import IndexSummary, RawCheckpoint
 from ckptinspect.sources import http_ranges
@@ -36,13 +36,12 @@ from ckptinspect.sources.index_prefetch import IndexPrefetch
 from ckptinspect.sources.index_summary import summarize_index
 from ckptinspect.sources.interface import LazyJson, parse_json_bytes
 from ckptinspect.sources.net_limits import Budget, NetLimits
+from ckptinspect.sources.repo_info import model_info
 
 # Small JSON files read next to the headers (the RawCheckpoint.json_files contract).
 JSON_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "generation_config.json")
 INDEX_FILE = "model.safetensors.index.json"
-INFO_NAME = "repo info"  # how the repo-info request is named in the range client's messages
 MAX_JSON_BYTES = 512 * 1024 * 1024  # a 163-shard FP8 MoE index is ~45 MB; refuse absurd sizes
-MAX_INFO_BYTES = 64 * 1024 * 1024  # repo info with blob metadata: ~200 bytes per file
 
 # huggingface_hub SAFETENSORS_MAX_HEADER_LENGTH and huggingface.js MAX_HEADER_LENGTH: checked on the
 # 8-byte prefix, before any header byte beyond the first range is requested.
@@ -170,7 +169,7 @@ def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint
                max_workers: int | None, on_header: Callable[[str, bytes], None] | None,
                prefetch: IndexPrefetch | None, started: float) -> RawCheckpoint:
     stats, budget = client.stats, client.budget
-    info = _model_info(client, endpoint, repo_id, revision)
+    info = model_info(client, endpoint, repo_id, revision)
     phases = {"info_s": time.perf_counter() - started}
     commit = info.sha or revision or "main"
     siblings = {s.rfilename: s for s in (info.siblings or [])}
@@ -237,64 +236,6 @@ def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint
                "index_prefetched": prefetched is not None, **{k: round(v, 3) for k, v in phases.items()}},
         index_summary=summary,
     )
-
-
-# -- model info -------------------------------------------------------------------------------------
-def _model_info(client: RangeClient, endpoint: str, repo_id: str, revision: str | None) -> Any:
-    """``HfApi.model_info(files_metadata=True)``, the request made by the range client (so the deadlines,
-    byte budget and byte count apply to it too) and the answer read by huggingface_hub's own error
-    mapping (``hf_raise_for_status``) and ``ModelInfo``."""
-    httpx = _httpx()
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
-    from huggingface_hub.hf_api import ModelInfo
-    from huggingface_hub.utils import HFValidationError, hf_raise_for_status, validate_repo_id
-
-    rev = revision or "main"
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as exc:
-        raise NotFoundError(f"not a valid repo id: {exc}", path=repo_id) from None
-    url = f"{endpoint}/api/models/{repo_id}"  # the URL model_info builds (hf_api.py)
-    url += ("" if revision is None else f"/revision/{quote(revision, safe='')}") + "?blobs=True"
-    try:
-        status, headers, body = client.get_document(url, INFO_NAME, {"Accept": "application/json"}, MAX_INFO_BYTES)
-    except NetworkError as exc:
-        detail = str(exc).removeprefix(f"{repo_id}/{INFO_NAME}: ")
-        raise NetworkError(f"cannot read the repo info: {detail}", path=repo_id) from None
-    response = httpx.Response(status, headers=headers, content=body, request=httpx.Request("GET", url))
-    try:
-        hf_raise_for_status(response)
-    except GatedRepoError:
-        raise AccessError("gated repo: accept its terms on the Hub, then pass --token or set HF_TOKEN",
-                          path=repo_id) from None
-    except RevisionNotFoundError:
-        raise NotFoundError(f"revision {rev!r} not found", path=repo_id) from None
-    except RepositoryNotFoundError:
-        raise NotFoundError("repository not found (or private: pass --token)", path=repo_id) from None
-    except HfHubHTTPError:
-        if status in (401, 403):
-            raise AccessError(f"HTTP {status} reading repo info (pass --token or set HF_TOKEN)",
-                              path=repo_id) from None
-        raise NetworkError(f"HTTP {status} reading repo info", path=repo_id) from None
-    if status != 200:
-        raise NetworkError(f"HTTP {status} reading repo info", path=repo_id)
-    data = parse_json_bytes(body, source=f"{repo_id} repo info")
-    if not isinstance(data, dict) or not isinstance(data.get("siblings", []), list):
-        raise NetworkError("the repo info is not a JSON object with a 'siblings' list", path=repo_id)
-    try:
-        return ModelInfo(**data)
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:  # a server answer ModelInfo cannot hold
-        raise NetworkError(f"unreadable repo info: {type(exc).__name__}: {exc}", path=repo_id) from None
-
-
-def _httpx() -> Any:
-    """huggingface_hub's HTTP library (httpx2 from 2.x, httpx before), for its Response type."""
-    try:
-        import httpx2 as httpx
-    except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
-        import httpx  # type: ignore[no-redef]
-    return httpx
 
 
 # -- small JSON files through the HF cache ----------------------------------------------------------
