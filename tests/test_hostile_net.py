@@ -284,3 +284,30 @@ def test_cache_store_never_writes_outside_the_cache_on_a_servers_word(tmp_path, 
     assert written == []
     cache_store(REPO, "b" * 40, "main", "config.json", b"{}", "c" * 64)  # a well-formed one is stored
     assert (repo_storage(REPO) / "snapshots" / ("b" * 40) / "config.json").read_bytes() == b"{}"
+
+
+@pytest.mark.parametrize("location", ["file:///etc/passwd", "ftp://127.0.0.1/x", "javascript:alert(1)"])
+def test_redirect_to_a_non_http_url_is_one_line(location):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        with pytest.raises(NetworkError, match="not an http\\(s\\) URL") as err:
+            open_hub(REPO, endpoint=f"http://127.0.0.1:{httpd.server_address[1]}", progress=False)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert str(err.value).startswith(f"{REPO}: ") and "\n" not in str(err.value)

@@ -124,7 +124,7 @@ class RangeClient:
                 self._raise_for(status, resp, filename)
             return self._body(origin, resp, status, start, end, filename)
 
-        return self._with_retries(url, filename, headers, answer, meta, f" (bytes={start}-{end}")
+        return self._with_retries(url, filename, headers, answer, meta, f"bytes={start}-{end}")
 
     def get_document(self, url: str, name: str, headers: Mapping[str, str],
                      limit: int) -> tuple[int, dict[str, str], bytes]:
@@ -148,7 +148,8 @@ class RangeClient:
             return out
 
         try:
-            return self._with_retries(url, name, {**self.headers, **headers}, answer, None, " (")
+            return self._with_retries(url, name, {**self.headers, "Accept-Encoding": "identity", **headers}, answer,
+                                      None, "")
         except NetworkError:
             if last and self.budget.left_s() > 0:
                 return last[0]
@@ -190,14 +191,15 @@ class RangeClient:
                 if waited + delay > self.limits.retry_wait_s:
                     # A long Retry-After is not slept off in part: the answer would be the same error, later.
                     raise NetworkError(f"{last}; retrying after {delay:g} s would pass the "
-                                       f"{self.limits.retry_wait_s:g} s a request may spend waiting{what})",
+                                       f"{self.limits.retry_wait_s:g} s a request may spend waiting"
+                                       + (f" ({what})" if what else ""),
                                        path=where, hint=f"{RETRY_WAIT_ENV} raises it") from None
                 if delay >= self.budget.left_s():
                     raise self.budget.deadline_error(where) from None
                 self.stats.add(retries=1)
                 time.sleep(delay)
                 waited += delay
-        raise NetworkError(f"{last}{what}, gave up after {self.attempts} attempts)", path=where)
+        raise NetworkError(f"{last} ({what + ', ' if what else ''}gave up after {self.attempts} attempts)", path=where)
 
     def _exchange(self, url: str, filename: str, headers: dict[str, str], answer: Callable[..., T],
                   meta: dict[str, str] | None) -> T:
@@ -232,7 +234,11 @@ class RangeClient:
                 self.pool.discard(origin)
                 raise self._expired(where)
             if isinstance(outcome, _Redirect):
-                url, headers = redirect_target(url, outcome.location, headers)
+                try:
+                    url, headers = redirect_target(url, outcome.location, headers)
+                except ValueError:  # file:, ftp:, a URL without a host: never followed
+                    raise NetworkError(f"redirected to {outcome.location[:100]!r}, not an http(s) URL",
+                                       path=where) from None
                 continue
             return outcome
         raise _Retryable(f"more than {MAX_REDIRECTS} redirects")
