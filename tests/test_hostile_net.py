@@ -311,3 +311,15 @@ def test_redirect_to_a_non_http_url_is_one_line(location):
         httpd.shutdown()
         httpd.server_close()
     assert str(err.value).startswith(f"{REPO}: ") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("var,value", [("CKPTINSPECT_DEADLINE_S", "soon"), ("CKPTINSPECT_MAX_BYTES", "-1"),
+                                       ("HF_HUB_DOWNLOAD_TIMEOUT", "0"), ("CKPTINSPECT_REQUEST_TIMEOUT_S", "nan")])
+def test_a_bad_limit_setting_is_one_line_naming_the_variable(hub, monkeypatch, var, value):
+    from ckptinspect.sources.net_limits import NetLimits
+
+    monkeypatch.setenv(var, value)
+    with pytest.raises(NetworkError, match=var):
+        NetLimits.from_env()
+    with pytest.raises(NetworkError, match=var):
+        open_hub(REPO, endpoint=hub.url, progress=False)

@@ -6,17 +6,15 @@ second keeps a request alive for ever. So each request also has a deadline for t
 passes, and the whole command has a deadline and a byte budget that every request (the repo info, the
 small JSON files, the index child's read, every header range, error and redirect bodies) draws from.
 
-Defaults and the environment variables that change them (also ``ckptinspect --deadline`` /
-``--request-timeout``; docs/security.md lists them all):
+Defaults and the environment variables that change them (``ckptinspect --deadline`` and
+``--request-timeout`` set the two deadlines; docs/security.md lists every limit):
 
-=========================== ================================ =======
-CKPTINSPECT_CONNECT_TIMEOUT_S TCP connect + TLS handshake      10 s
-HF_HUB_DOWNLOAD_TIMEOUT       one socket read (first byte...) 10 s
-CKPTINSPECT_REQUEST_TIMEOUT_S one request, whole response      60 s
-CKPTINSPECT_DEADLINE_S        the whole Hub read of a command  300 s
-CKPTINSPECT_MAX_BYTES         body bytes received, all requests 2 GiB
-CKPTINSPECT_RETRY_WAIT_S      backoff / Retry-After per request 30 s
-=========================== ================================ =======
+- CKPTINSPECT_CONNECT_TIMEOUT_S: TCP connect + TLS handshake, 10 s;
+- HF_HUB_DOWNLOAD_TIMEOUT: one socket read (the first byte of an answer, each read after it), 10 s;
+- CKPTINSPECT_REQUEST_TIMEOUT_S: one request's whole answer, 60 s;
+- CKPTINSPECT_DEADLINE_S: every Hub request of the command together, 300 s;
+- CKPTINSPECT_MAX_BYTES: body bytes received by the command, all requests together, 2 GiB;
+- CKPTINSPECT_RETRY_WAIT_S: backoff and Retry-After waits of one request together, 30 s.
 """
 
 from __future__ import annotations
