@@ -323,3 +323,31 @@ def test_a_bad_limit_setting_is_one_line_naming_the_variable(hub, monkeypatch, v
         NetLimits.from_env()
     with pytest.raises(NetworkError, match=var):
         open_hub(REPO, endpoint=hub.url, progress=False)
+
+
+def test_a_server_closing_every_connection_gets_few_connects_at_once(tmp_path_factory, monkeypatch):
+    """HTTP/1.0 (a connection per request) and a listen backlog of 5: 32 parallel connects would overflow
+    the queue and wait out the kernel's 1 s SYN retransmit. Once the client has seen the server close a
+    connection, at most CLOSING_SERVER_IN_FLIGHT requests to it wait for an answer at once."""
+    from plain_hub_server import PlainHub
+
+    root = tmp_path_factory.mktemp("many") / "repo"
+    make_sharded_repo(root, shards=48, experts=2)
+    monkeypatch.setenv("CKPTINSPECT_MAX_WORKERS", "32")
+    monkeypatch.setattr("ckptinspect.sources.hub.DEFAULT_MAX_WORKERS", 32)
+    slow: list[float] = []
+    route = http_ranges.RangeClient._route
+
+    def timed(self, origin):
+        started = time.perf_counter()
+        try:
+            return route(self, origin)
+        finally:
+            slow.append(time.perf_counter() - started)
+
+    monkeypatch.setattr(http_ranges.RangeClient, "_route", timed)
+    with PlainHub(REPO, root, latency_s=0.02) as server:
+        raw = open_hub(REPO, endpoint=server.url, progress=False)
+    assert len(raw.headers) == 48
+    assert len(slow) >= 48  # a connection per request
+    assert max(slow) < 0.9, sorted(slow)[-5:]  # no SYN waited out a retransmit

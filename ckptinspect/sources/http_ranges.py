@@ -44,6 +44,13 @@ DEFAULT_BACKOFF_S = float(os.environ.get("CKPTINSPECT_HTTP_BACKOFF_S", "0.25"))
 META_HEADERS = ("x-repo-commit", "x-linked-etag", "etag", "content-range")
 ERROR_BODY_LIMIT = 1 << 20  # error / redirect bodies read to keep the connection; larger ones close it
 READ_PIECE = 1 << 20  # body bytes asked of one socket read at most
+# Requests in flight at once to a server that closes the connection after every answer (HTTP/1.0, or
+# Connection: close). There every request is a new connection, and a connection waits in the server's
+# listen queue until the server accepts it: 32 at once overflow a small queue (http.server's holds 5),
+# and each dropped SYN costs the kernel's 1 s retransmit (measured: 16-24 of 97 connects took 1.03 s
+# against tests/plain_hub_server.py with 32 workers, none with 5 in flight). Keep-alive servers (the
+# Hub, its CDN) are not affected: each thread connects once.
+CLOSING_SERVER_IN_FLIGHT = 5
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 
 
@@ -105,6 +112,8 @@ class RangeClient:
         self.backoff_s = backoff_s if backoff_s is not None else DEFAULT_BACKOFF_S
         self.pool = ConnectionPool(self.limits.connect_s)
         self.watchdog = Watchdog()
+        self._closing: set[Origin] = set()  # origins seen closing the connection after an answer
+        self._closing_gate = threading.BoundedSemaphore(CLOSING_SERVER_IN_FLIGHT)
 
     def get(self, url: str, filename: str, start: int, end: int, *, meta: dict[str, str] | None = None) -> bytes:
         """Bytes ``[start, end]`` (inclusive) of ``url``; may be shorter if the server sent less.
@@ -208,31 +217,11 @@ class RangeClient:
         for _ in range(MAX_REDIRECTS + 1):
             origin = Origin.of(url)
             self.budget.check_time(where)
+            gate = self._gate(origin, where)
             try:
-                route = self._route(origin)
-            except (socket.timeout, TimeoutError):
-                self.pool.discard(origin)
-                raise _Retryable(f"connect timed out after {self.limits.connect_s:g} s") from None
-            except (http.client.HTTPException, OSError) as exc:
-                self.pool.discard(origin)
-                raise _Retryable(f"connection error: {type(exc).__name__}: {_short(exc)}") from None
-            token = self.watchdog.arm(min(time.monotonic() + self.limits.request_s, self.budget.ends_at), route.conn)
-            try:
-                outcome = self._hop(route, origin, url, filename, headers, meta, answer)
-            except BaseException as exc:
-                if self.watchdog.disarm(token):  # whatever the shutdown made the read raise
-                    self.pool.discard(origin)
-                    raise self._expired(where) from None
-                if isinstance(exc, (socket.timeout, TimeoutError)):
-                    self.pool.discard(origin)
-                    raise _Retryable(f"timed out after {self.timeout:g} s") from None
-                if isinstance(exc, (http.client.HTTPException, OSError)):  # resets, refused, broken status lines
-                    self.pool.discard(origin)
-                    raise _Retryable(f"connection error: {type(exc).__name__}: {_short(exc)}") from None
-                raise
-            if self.watchdog.disarm(token):  # an unsized body looks complete after the shutdown's end-of-file
-                self.pool.discard(origin)
-                raise self._expired(where)
+                outcome = self._hop_guarded(origin, url, filename, headers, meta, answer, gate)
+            finally:
+                gate.release()
             if isinstance(outcome, _Redirect):
                 try:
                     url, headers = redirect_target(url, outcome.location, headers)
@@ -242,6 +231,45 @@ class RangeClient:
                 continue
             return outcome
         raise _Retryable(f"more than {MAX_REDIRECTS} redirects")
+
+    def _hop_guarded(self, origin: Origin, url: str, filename: str, headers: dict[str, str],
+                     meta: dict[str, str] | None, answer: Callable[..., T], gate: "_Gate") -> "T | _Redirect":
+        """Connect if needed, then one hop under the watchdog; every failure mapped to retry or not."""
+        where = f"{self.repo_id}/{filename}"
+        try:
+            route = self._route(origin)
+        except (socket.timeout, TimeoutError):
+            self.pool.discard(origin)
+            raise _Retryable(f"connect timed out after {self.limits.connect_s:g} s") from None
+        except (http.client.HTTPException, OSError) as exc:
+            self.pool.discard(origin)
+            raise _Retryable(f"connection error: {type(exc).__name__}: {_short(exc)}") from None
+        token = self.watchdog.arm(min(time.monotonic() + self.limits.request_s, self.budget.ends_at), route.conn)
+        try:
+            outcome = self._hop(route, origin, url, filename, headers, meta, answer, gate)
+        except BaseException as exc:
+            if self.watchdog.disarm(token):  # whatever the shutdown made the read raise
+                self.pool.discard(origin)
+                raise self._expired(where) from None
+            if isinstance(exc, (socket.timeout, TimeoutError)):
+                self.pool.discard(origin)
+                raise _Retryable(f"timed out after {self.timeout:g} s") from None
+            if isinstance(exc, (http.client.HTTPException, OSError)):  # resets, refused, broken status lines
+                self.pool.discard(origin)
+                raise _Retryable(f"connection error: {type(exc).__name__}: {_short(exc)}") from None
+            raise
+        if self.watchdog.disarm(token):  # an unsized body looks complete after the shutdown's end-of-file
+            self.pool.discard(origin)
+            raise self._expired(where)
+        return outcome
+
+    def _gate(self, origin: Origin, where: str) -> "_Gate":
+        """A place among the requests in flight to a server that closes every connection (else a no-op)."""
+        if origin not in self._closing:
+            return _Gate(None)
+        if not self._closing_gate.acquire(timeout=max(0.0, self.budget.left_s())):
+            raise self.budget.deadline_error(where)
+        return _Gate(self._closing_gate)
 
     def _expired(self, where: str) -> Exception:
         if self.budget.left_s() <= 0:
@@ -259,11 +287,14 @@ class RangeClient:
         return route
 
     def _hop(self, route: Route, origin: Origin, url: str, filename: str, headers: dict[str, str],
-             meta: dict[str, str] | None, answer: Callable[..., T]) -> "T | _Redirect":
+             meta: dict[str, str] | None, answer: Callable[..., T], gate: "_Gate") -> "T | _Redirect":
         target = url if route.absolute else request_target(url)
         route.conn.request("GET", target, headers={**headers, **route.extra_headers})
         resp = route.conn.getresponse()
+        gate.release()  # the server has accepted the connection: the body may take its time
         self.stats.add(requests=1)
+        if resp.will_close:
+            self._closing.add(origin)
         status = resp.status
         if meta is not None:
             for key in META_HEADERS:
@@ -332,6 +363,18 @@ class RangeClient:
 @dataclass(frozen=True)
 class _Redirect:
     location: str
+
+
+class _Gate:
+    """A held semaphore place, released once (or nothing to release)."""
+
+    def __init__(self, semaphore: threading.BoundedSemaphore | None) -> None:
+        self._semaphore = semaphore
+
+    def release(self) -> None:
+        if self._semaphore is not None:
+            self._semaphore.release()
+            self._semaphore = None
 
 
 def content_range_total(value: str | None) -> int | None:
