@@ -20,7 +20,7 @@ from conftest import ROOT  # noqa: E402
 from hostile_hub_server import HostileHub, HostileProcess  # noqa: E402
 from hub_repos import isolate_hf, make_sharded_repo  # noqa: E402
 
-from ckptinspect.errors import NetworkError  # noqa: E402
+from ckptinspect.errors import ConfigError, NetworkError  # noqa: E402
 from ckptinspect.sources import http_ranges  # noqa: E402
 from ckptinspect.sources.hub import open_hub  # noqa: E402
 
@@ -252,6 +252,16 @@ class _InfoServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def test_repo_info_nested_deeper_than_the_json_limit_is_one_line():
+    server = _InfoServer(b'{"siblings": ' + b"[" * 5000 + b"]" * 5000 + b"}")
+    try:
+        with pytest.raises(ConfigError, match="nests deeper than") as err:
+            open_hub(REPO, endpoint=server.url, progress=False)
+    finally:
+        server.close()
+    assert REPO in str(err.value) and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("info,needle", [

@@ -34,14 +34,13 @@ from ckptinspect.sources import http_ranges
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient
 from ckptinspect.sources.index_prefetch import IndexPrefetch
 from ckptinspect.sources.index_summary import summarize_index
-from ckptinspect.sources.interface import LazyJson, parse_json_bytes
+from ckptinspect.sources.interface import LazyJson, json_file_cap, parse_json_bytes, read_file_bytes
 from ckptinspect.sources.net_limits import Budget, NetLimits
 from ckptinspect.sources.repo_info import model_info
 
 # Small JSON files read next to the headers (the RawCheckpoint.json_files contract).
 JSON_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "generation_config.json")
 INDEX_FILE = "model.safetensors.index.json"
-MAX_JSON_BYTES = 512 * 1024 * 1024  # a 163-shard FP8 MoE index is ~45 MB; refuse absurd sizes
 
 # huggingface_hub SAFETENSORS_MAX_HEADER_LENGTH and huggingface.js MAX_HEADER_LENGTH: checked on the
 # 8-byte prefix, before any header byte beyond the first range is requested.
@@ -244,14 +243,14 @@ def _json_file(client: RangeClient, repo_id: str, revision: str | None, commit: 
     from ckptinspect.sources.hf_cache import cache_store, cached_file
 
     local = cached_file(repo_id, commit, name)
+    cap = json_file_cap(name)  # the local files' caps (16 MiB, 512 MiB for the index): sources/interface.py
     if local is not None:
-        data, from_cache = local.read_bytes(), 1
+        data, from_cache = read_file_bytes(local), 1
     else:
         size = sibling.size
-        if size is not None and size > MAX_JSON_BYTES:
-            raise ConfigError(f"{size} bytes, over the {MAX_JSON_BYTES} byte limit for JSON files",
-                              path=f"{repo_id}/{name}")
-        end = (size if size else MAX_JSON_BYTES) - 1
+        if size is not None and size > cap:
+            raise ConfigError(f"is {size:,} bytes, over the {cap:,}-byte cap for this file", path=f"{repo_id}/{name}")
+        end = (size if size else cap) - 1
         data = client.get(url, name, 0, end) if end >= 0 else b""
         if size is not None and len(data) < size:
             data += client.rest(url, name, len(data), size)
