@@ -24,6 +24,7 @@ from fixtures.families_2026_a import families_2026_a_fixtures
 # fixture -> (SGLang 0.5.23, vLLM 0.33.0)
 EXPECTED = {
     "deepseek_v4_flash": ("ready", "ready"),
+    "deepseek_v4_flash_base": ("ready", "ready"),
     "deepseek_v4_flash_nomtp": ("unusable", "unusable"),
     "deepseek_v4_flash_mtp_incomplete": ("unusable", "unusable"),
     "deepseek_v4_flash_dspark": ("unusable", "unusable"),
@@ -99,6 +100,14 @@ def test_deepseek_v4_inventory_matches_the_generated_layout(report, fixture_spec
     others = {g.pattern for g in inv.groups if g.scheme == "other"}
     assert others and all(p.endswith("ffn.gate.tid2eid") for p in others)
     assert all(name in by_name for name in ("embed.weight", "head.weight", "mtp.0.e_proj.scale"))
+
+
+def test_deepseek_v4_flash_base_experts_are_block_fp8(report, fixture_specs):
+    inv = report("deepseek_v4_flash_base").checkpoint.inventory
+    experts = [g for g in inv.groups if ".ffn.experts." in g.pattern]
+    assert experts and {g.scheme for g in experts} == {"fp8_block"}
+    assert {g.dtypes for g in experts if g.role == "scale"} == {("F32",)}
+    assert inv.totals.params == fixture_specs["deepseek_v4_flash_base"].expected_params
 
 
 def test_deepseek_v4_components(report):
