@@ -132,6 +132,16 @@ def test_deepseek_v4_experts_counted_per_projection(report, make_fixture, tmp_pa
     assert r.mtp.layers[0].experts_present == r.mtp.layers[0].experts_expected == experts
 
 
+def test_missing_bare_scale_is_a_companion_count_error(make_fixture, tmp_path):
+    dst = tmp_path / "v4_one_scale_short"
+    shutil.copytree(make_fixture("deepseek_v4_flash"), dst)
+    _drop_tensor(dst, "layers.1.ffn.experts.2.w3.scale")
+    r = build_report(str(dst), progress=False)
+    hits = [f for f in r.checkpoint.findings if f.code == "quant-companion-count-mismatch"]
+    assert [f.subject for f in hits] == ["layers.1.ffn.experts.N.w3"] and hits[0].severity == "error"
+    assert "4 weights but 3 'scale' tensors" in hits[0].message
+
+
 def test_v4_mtp_layer_missing_fusion_is_named(report):
     mtp = report("deepseek_v4_flash_mtp_incomplete").mtp
     for engine in ("sglang", "vllm"):
