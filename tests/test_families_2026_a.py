@@ -35,8 +35,8 @@ EXPECTED = {
     "glm_ocr": ("ready", "ready"),
     "kimi_k3": ("unusable", "ready"),  # no SGLang Kimi-K3 NextN class found
     "qwen4_exp": ("ready", "ready"),
-    "intern_s2_preview": ("unusable", "ready"),  # no SGLang Intern-S2 MTP class found
-    "interns2_mobius": ("unusable", "ready"),
+    "intern_s2_preview": ("ready", "ready"),
+    "interns2_mobius": ("unusable", "ready"),  # no SGLang Mobius draft mapping found
 }
 
 
