@@ -166,6 +166,9 @@ def test_dspark_stages_are_never_a_ready_mtp_draft(report, name):
     if name == "deepseek_v41":
         assert "engine-has-no-draft-model" in reasons(mtp, "vllm")
         assert mtp.verdicts["vllm"].draft_architecture is None
+        # the stages hold dspark_n_routed_experts experts, not the trunk's n_routed_experts
+        assert [(x.experts_present, x.experts_expected) for x in mtp.layers] == [(2, 2)] * 3
+        assert "mtp-missing-experts" not in reasons(mtp, "vllm")
 
 
 def test_requantized_v4_mtp_is_degraded_but_native_mxfp4_is_not(report):
