@@ -224,6 +224,20 @@ def test_reduced_v4_replica_cli(tmp_path):
     assert {v.verdict for v in r.mtp.verdicts.values()} == {"ready"}
 
 
+def test_v4_verdicts_do_not_depend_on_sharding(tmp_path):
+    def summary(shards: int):
+        path, _ = build_v4_replica(tmp_path / str(shards), layers=3, experts=4, shards=shards)
+        r = build_report(str(path), progress=False)
+        m = r.mtp
+        layers = [(x.k, x.prefix, x.tensors, x.params, x.bytes, dict(x.schemes), x.missing, x.experts_present)
+                  for x in m.layers]
+        return (r.checkpoint.inventory.totals, {e: (v.verdict, v.reasons) for e, v in m.verdicts.items()}, layers,
+                sorted(f.code for f in m.findings), len(r.checkpoint.inventory.shards))
+
+    one, many = summary(1), summary(7)
+    assert one[:4] == many[:4] and (one[4], many[4]) == (1, 7)
+
+
 # --- detector and classifier mechanisms -------------------------------------------------------
 
 def _parts(**parts: tuple[str, tuple[int, ...]]) -> dict[str, Part]:
