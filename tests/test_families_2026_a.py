@@ -256,6 +256,10 @@ def test_i8_weight_with_e8m0_scale_is_mxfp4_only_at_32_values_per_scale(out, inp
     # stored I8 [out, inp/2]; the scale has one entry per `group` logical values
     parts = _parts(weight=("I8", (out, inp // 2)), scale=("F8_E8M0", (out, inp // group)))
     assert detect_scheme(parts) == ("mxfp4" if group == 32 else "int8")
+    # grouped 3-D storage [E, out, in/2] follows the same rule; a float scale is never an E8M0 exponent
+    grouped = _parts(weight=("I8", (4, out, inp // 2)), scale=("F8_E8M0", (4, out, inp // group)))
+    assert detect_scheme(grouped) == ("mxfp4" if group == 32 else "int8")
+    assert detect_scheme(_parts(weight=("I8", (out, inp // 2)), scale=("F32", (out, inp // 32)))) == "int8"
 
 
 @settings(max_examples=60, deadline=None)
