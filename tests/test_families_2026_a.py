@@ -169,6 +169,9 @@ def test_dspark_stages_are_never_a_ready_mtp_draft(report, name):
         # the stages hold dspark_n_routed_experts experts, not the trunk's n_routed_experts
         assert [(x.experts_present, x.experts_expected) for x in mtp.layers] == [(2, 2)] * 3
         assert "mtp-missing-experts" not in reasons(mtp, "vllm")
+        # no draft is built: nothing is said about how one would be quantized or which layers it reuses
+        for engine in ("sglang", "vllm"):
+            assert reasons(mtp, engine) == {"mtp-missing-tensors", "engine-has-no-draft-model"}
 
 
 def test_requantized_v4_mtp_is_degraded_but_native_mxfp4_is_not(report):
