@@ -196,6 +196,31 @@ def test_v4_flash_layout_reproduces_the_public_inventory():
     assert len({t.name for t in tensors}) == len(tensors)
 
 
+def test_v4_pro_dims_reproduce_a_public_header_census():
+    # A public DeepSeek-V4-Pro safetensors-header census (a Chinese-language verification note found by the
+    # code search; its repository is not named by the tools) reports: 61 layers, CSA (ratio 4) on the even
+    # layers 2..60 and HCA (ratio 128) on the other 31, tid2eid on layers 0-2, 59 ffn.gate.bias (58 + mtp.0),
+    # attention 19.465B params and 1598.84B params in all, with these tensor shapes.
+    c = flash_config()
+    c.update(hidden_size=7168, num_hidden_layers=61, num_attention_heads=128, q_lora_rank=1536, o_groups=16,
+             o_lora_rank=1024, moe_intermediate_size=3072, n_routed_experts=384,
+             compress_ratios=[4 if i % 2 == 0 and i >= 2 else 128 for i in range(61)] + [0])
+    tensors = deepseek_v4_tensors(c)
+    shapes = {t.name: t.shape for t in tensors}
+    assert shapes["layers.2.attn.compressor.wkv.weight"] == (1024, 7168)
+    assert shapes["layers.3.attn.compressor.ape"] == (128, 512) and shapes["layers.2.attn.compressor.ape"] == (4, 1024)
+    assert shapes["layers.2.attn.indexer.wq_b.weight"] == (8192, 1536) and shapes["layers.0.attn.wo_a.weight"] == (16384, 4096)
+    assert shapes["layers.5.ffn.experts.0.w1.weight"] == (3072, 3584) and shapes["layers.5.ffn.experts.0.w1.scale"] == (3072, 224)
+    assert shapes["mtp.0.hc_head_fn"] == (4, 28672) and shapes["layers.0.hc_attn_fn"] == (24, 28672)
+    assert sum(n.endswith("ffn.gate.bias") for n in shapes) == 59 and sum(n.endswith("tid2eid") for n in shapes) == 3
+    def attention(layer: int) -> int:
+        return sum(t.params for t in tensors if t.name.startswith(f"layers.{layer}.attn"))
+
+    # the census truncates to 0.01M: CSA 331.29M, HCA 307.30M per layer
+    assert (attention(2) // 10_000, attention(3) // 10_000) == (33_129, 30_730)
+    assert round(sum(t.params for t in tensors) / 1e9, 2) == 1598.84
+
+
 @pytest.fixture(scope="module")
 def v4_flash_replica(tmp_path_factory):
     path, tensors = build_v4_replica(tmp_path_factory.mktemp("v4"))
