@@ -28,7 +28,7 @@ EXPECTED = {
     "deepseek_v4_flash_mtp_incomplete": ("unusable", "unusable"),
     "deepseek_v4_flash_dspark": ("unusable", "unusable"),
     "deepseek_v41": ("unusable", "unusable"),
-    "deepseek_v4_flash_mtp_nvfp4": ("degraded", "degraded"),
+    "deepseek_v4_flash_nvfp4": ("degraded", "degraded"),
     "glm5_flash": ("ready", "ready"),
     "glm5_flash_nvfp4_mtp_fp4": ("unusable", "degraded"),
     "glm_ocr": ("ready", "ready"),
@@ -174,7 +174,7 @@ def test_dspark_stages_are_never_a_ready_mtp_draft(report, name):
 
 
 def test_requantized_v4_mtp_is_degraded_but_native_mxfp4_is_not(report):
-    native, requant = report("deepseek_v4_flash").mtp, report("deepseek_v4_flash_mtp_nvfp4").mtp
+    native, requant = report("deepseek_v4_flash").mtp, report("deepseek_v4_flash_nvfp4").mtp
     assert "mxfp4" in native.schemes and "nvfp4" not in native.schemes
     assert "nvfp4" in requant.schemes
     for engine in ("sglang", "vllm"):
