@@ -25,6 +25,8 @@ FAMILIES = {
     "deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "qwen3_next", "qwen3_5",
     "qwen3_5_moe", "mimo", "mimo_v2", "ernie4_5_moe", "longcat_flash", "step3p5", "nemotron_h", "bailing_moe",
     "minimax_m2", "gpt_oss", "llama", "qwen3", "qwen3_moe", "kimi_k2_5",
+    # 2026 families, part A
+    "deepseek_v4", "deepseek_v41", "glm5_next", "glm_ocr", "kimi_k3", "qwen4_exp", "intern_s2", "interns2_mobius",
 }
 MINIMAL = {
     "schema_version": 1, "id": "toy", "name": "Toy", "extends": "mtp_common",
