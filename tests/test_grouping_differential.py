@@ -69,8 +69,9 @@ def _normal(count, nbytes, elements, dtypes, shapes, subs) -> tuple:
 
 def fast_groups(scan: ShardScan) -> dict:
     out = {}
-    for key, acc in scan.groups.items():
-        count, nbytes, elements, dtype, shape, subs, mixed, varies = acc
+    for key, t in scan.groups.items():
+        count, nbytes, elements, dtype, shape, subs, mixed, varies = (
+            t.tensors, t.bytes, t.elements, t.dtype, t.shape, t.subs, t.dtypes, t.shapes_vary)
         if not subs:
             member_subs = [()] * count
         elif isinstance(subs[0], int):
@@ -86,12 +87,12 @@ def fast_groups(scan: ShardScan) -> dict:
 
 def rebuilt_names(scan: ShardScan) -> list[str]:
     names = []
-    for (pattern, first), acc in scan.groups.items():
-        subs = acc[5]
+    for (pattern, first), tally in scan.groups.items():
+        subs = tally.subs
         if first is None:
-            names.extend([pattern.format()] * acc[0])
+            names.extend([pattern.format()] * tally.tensors)
         elif not subs:
-            names.extend([pattern.format(first)] * acc[0])
+            names.extend([pattern.format(first)] * tally.tensors)
         elif isinstance(subs[0], int):
             names.extend(pattern.format(first, s) for s in subs)
         else:
@@ -184,8 +185,8 @@ def test_minimax_block_sparse_moe_names_stay_apart():
     scan = assert_agree(data, header)
     keys = {(p, i) for p, i in scan.groups}
     for w in ("w1", "w2", "w3"):
-        acc = scan.groups[(f"model.layers.{{}}.block_sparse_moe.experts.{{}}.{w}.weight", 0)]
-        assert acc[0] == 8 and acc[3] == "F8_E4M3" and sorted(acc[5]) == list(range(8))
+        tally = scan.groups[(f"model.layers.{{}}.block_sparse_moe.experts.{{}}.{w}.weight", 0)]
+        assert tally.tensors == 8 and tally.dtype == "F8_E4M3" and sorted(tally.subs) == list(range(8))
     assert len(keys) == 3 * 3 * 2
 
 

@@ -29,9 +29,48 @@ _MAX_INDEX_DIGITS = 18
 _NUMERIC_SEGMENT = re.compile(r"\.(0|[1-9][0-9]{0,17})(?=\.|$)")
 _ALL_DIGIT_SEGMENT = re.compile(r"\.([0-9]+)(?=\.|$)")  # numeric-segment candidates, leading zeros or not
 _DIGIT = re.compile(r"[0-9]")
+_LEADING_ZERO = re.compile(r"\.0[0-9]")
 # 0xFF never occurs in UTF-8 (nor in the surrogate-pass encoding), so a masked name cannot collide with
 # another name's literal characters: members of one bucket differ in ASCII digits and nothing else.
 _MASK_DIGITS = bytes.maketrans(b"0123456789", b"\xff" * 10)
+
+
+@dataclass(slots=True)
+class GroupTally:
+    """Running totals of one (pattern, first index) group of tensors.
+
+    The scan fills one per group and shard; the inventory builder merges copies across shards
+    (``merged``), never the scan's own, so a ShardScan stays as the scan left it."""
+
+    tensors: int
+    bytes: int
+    elements: int
+    dtype: str  # dtype of the first member
+    shape: list[int]  # shape of the first member
+    # Remaining numeric segments per member: [] when there are none, ints when there is one (the usual
+    # expert id), tuples when there are several.
+    subs: list
+    dtypes: set[str] | None  # every dtype when the members differ, else None
+    shapes_vary: bool
+
+    def merged(self, other: "GroupTally") -> "GroupTally":
+        """A new tally holding both (self first)."""
+        out = GroupTally(self.tensors, self.bytes, self.elements, self.dtype, self.shape, list(self.subs),
+                         self.dtypes, self.shapes_vary)
+        out.absorb(other.tensors, other.bytes, other.elements, other.dtype, other.shape, other.subs,
+                   other.dtypes, other.shapes_vary)
+        return out
+
+    def absorb(self, tensors: int, nbytes: int, elements: int, dtype: str, shape: list[int], subs: list,
+               dtypes: set[str] | None, shapes_vary: bool) -> None:
+        self.tensors += tensors
+        self.bytes += nbytes
+        self.elements += elements
+        self.subs.extend(subs)
+        if dtypes or dtype != self.dtype:
+            self.dtypes = (self.dtypes or {self.dtype}) | (dtypes or {dtype})
+        if shapes_vary or shape != self.shape:
+            self.shapes_vary = True
 
 
 @dataclass(frozen=True)
@@ -41,10 +80,7 @@ class ShardScan:
     file_size: int | None
     tensors: int
     data_bytes: int
-    # (pattern, first index) -> [count, bytes, elements, dtype, shape, subs, dtypes (set) | None, shapes_vary];
-    # subs: the remaining numeric segments per member: [] when there are none, ints when there is one
-    # (the usual expert id), tuples when there are several.
-    groups: Mapping[tuple[str, int | None], list]
+    groups: Mapping[tuple[str, int | None], GroupTally]  # (pattern, first index) -> tally
     name_hash: int  # order-independent sum of hash(name): cross-checks the index without shipping names
 
 
@@ -65,8 +101,10 @@ def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> Shar
     header = parse_header(data, source=shard, file_size=file_size)
     names = header.names
     groups: dict[tuple[str, int | None], list] = {}
-    for members, pattern, spans in _split_by_pattern(names, _members_by_shape(names)):
-        member_names = list(map(names.__getitem__, members))
+    joined = "\n".join(names)
+    # Segments with a leading zero are rare; one C-speed search spares the per-bucket check without them.
+    zeros = _LEADING_ZERO.search(joined) is not None
+    for members, member_names, pattern, spans in _split_by_pattern(names, _members_by_shape(names, joined), zeros):
         if not spans:
             for i in members:
                 _add(groups, (pattern, None), [i], header, None)
@@ -93,9 +131,10 @@ def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> Shar
     return scan
 
 
-def _members_by_shape(names: list[str]) -> list[list[int]]:
-    """Indices of the names grouped by digit-masked shape (masking in C: join, translate, split)."""
-    masked = "\n".join(names).encode("utf-8", "surrogatepass").translate(_MASK_DIGITS).split(b"\n")
+def _members_by_shape(names: list[str], joined: str) -> list[list[int]]:
+    """Indices of the names grouped by digit-masked shape (masking in C: ``joined`` is the names joined
+    by newlines, translated and split)."""
+    masked = joined.encode("utf-8", "surrogatepass").translate(_MASK_DIGITS).split(b"\n")
     if len(masked) != len(names):  # a name containing a newline: mask one by one
         masked = [n.encode("utf-8", "surrogatepass").translate(_MASK_DIGITS) for n in names]
     buckets: dict[bytes, list[int]] = {}
@@ -108,36 +147,29 @@ def _members_by_shape(names: list[str]) -> list[list[int]]:
     return list(buckets.values())
 
 
-def _split_by_pattern(names: list[str], buckets: list[list[int]]):
-    """Yield (member indices, pattern, numeric-segment spans) per distinct pattern.
+def _split_by_pattern(names: list[str], buckets: list[list[int]], zeros: bool):
+    """Yield (member indices, member names, pattern, numeric-segment spans) per distinct pattern.
 
     Members of a shape bucket differ only in ASCII digits, at the same places. They share one pattern
     unless (a) some digits lie outside the all-digit segments (``experts.3.w1`` / ``experts.3.w2``), or
     (b) an all-digit segment has a leading zero in some members (``007`` is text, ``100`` a number). Both
-    are checked with C-speed maps over the bucket; only then is the bucket split, and each part takes
-    its pattern and spans from its own first member."""
+    are checked with C-speed maps over the bucket (``zeros`` False: no name has a leading-zero segment);
+    only then is the bucket split, and each part takes its pattern and spans from its own first member."""
     for members in buckets:
         first = names[members[0]]
         pattern, spans = _shape_of(first)
+        member_names = list(map(names.__getitem__, members))
         if len(members) == 1:
-            yield members, pattern, spans
+            yield members, member_names, pattern, spans
             continue
         candidates = [m.span(1) for m in _ALL_DIGIT_SEGMENT.finditer(first)]
         in_segments = {i for begin, end in candidates for i in range(begin, end)}
         embedded = [m.start() for m in _DIGIT.finditer(first) if m.start() not in in_segments]
-        member_names = None
-        zero_leads = []
-        for begin, end in candidates:
-            if 1 < end - begin <= _MAX_INDEX_DIGITS:
-                if member_names is None:
-                    member_names = list(map(names.__getitem__, members))
-                if "0" in set(map(itemgetter(begin), member_names)):
-                    zero_leads.append((begin, end))
+        zero_leads = [(begin, end) for begin, end in candidates if zeros and 1 < end - begin <= _MAX_INDEX_DIGITS
+                      and "0" in set(map(itemgetter(begin), member_names))]
         if not embedded and not zero_leads:
-            yield members, pattern, spans
+            yield members, member_names, pattern, spans
             continue
-        if member_names is None:
-            member_names = list(map(names.__getitem__, members))
         if zero_leads:
             # a segment with a leading zero is text: all its digits belong to the pattern
             keys = [(tuple(n[p] for p in embedded), tuple(n[b:e] if n[b] == "0" else "" for b, e in zero_leads))
@@ -153,7 +185,7 @@ def _split_by_pattern(names: list[str], buckets: list[list[int]]):
                 run.append(i)
         for run in runs.values():
             run_pattern, run_spans = _shape_of(names[run[0]])
-            yield run, run_pattern, run_spans
+            yield run, list(map(names.__getitem__, run)), run_pattern, run_spans
 
 
 def _add(groups: dict, key: tuple[str, int | None], members: list[int], header, subs: list | None) -> None:
@@ -164,17 +196,9 @@ def _add(groups: dict, key: tuple[str, int | None], members: list[int], header, 
     elements = sum(map(header.numels.__getitem__, members))
     mixed = set(dtypes) if dtypes.count(dtypes[0]) != len(dtypes) else None
     varies = shapes.count(shapes[0]) != len(shapes)
-    acc = groups.get(key)
-    if acc is None:
-        groups[key] = [len(members), nbytes, elements, dtypes[0], shapes[0], [] if subs is None else subs,
-                       mixed, varies]
-        return
-    acc[0] += len(members)
-    acc[1] += nbytes
-    acc[2] += elements
-    if subs is not None:
-        acc[5].extend(subs)
-    if mixed or dtypes[0] != acc[3]:
-        acc[6] = (acc[6] or {acc[3]}) | set(dtypes)
-    if varies or shapes[0] != acc[4]:
-        acc[7] = True
+    tally = groups.get(key)
+    if tally is None:
+        groups[key] = GroupTally(len(members), nbytes, elements, dtypes[0], shapes[0],
+                                 [] if subs is None else subs, mixed, varies)
+    else:
+        tally.absorb(len(members), nbytes, elements, dtypes[0], shapes[0], subs or [], mixed, varies)
