@@ -173,6 +173,13 @@ def test_inkling_depth_from_mtp_config_and_per_step_layers(report):
     assert mtp.verdicts["vllm"].draft_quantization is None  # InklingMTPLayer passes quant_config = None
 
 
+def test_nemotron_h_omni_depth_is_read_from_llm_config(report):
+    """The Omni wrapper nests the LM config under llm_config (SGLang NemotronH_Omni_Reasoning_V3_Config)."""
+    mtp = report("nemotron_h_omni").mtp
+    assert (mtp.declared_key, mtp.declared_layers, mtp.present_layers) == ("llm_config.num_nextn_predict_layers", 1, 1)
+    assert report("nemotron_h_omni").checkpoint.config.num_hidden_layers == 4  # hybrid_override_pattern "ME*E"
+
+
 def test_exaone4_5_depth_is_read_from_text_config(report):
     mtp = report("exaone4_5").mtp
     assert (mtp.declared_key, mtp.declared_layers) == ("text_config.num_nextn_predict_layers", 1)
@@ -207,6 +214,7 @@ def test_gemma4_assistant_config_is_recognised_as_a_draft():
     ("NemotronHPuzzleForCausalLM", "nemotron_h_puzzle", "nemotron_h"),
     ("NemotronH_Omni_Reasoning_V3", "whatever", "nemotron_h_omni"),
     ("NemotronH_Super_Omni_Reasoning_V3", "whatever", "nemotron_h_omni"),
+    ("SomeOmniWrapper", "nemotron_h_omni", "nemotron_h_omni"),
     ("BailingMoeV3ForCausalLM", "bailing_moe", "bailing_moe_v3"),
     ("BailingMoeV2ForCausalLM", "bailing_moe", "bailing_moe"),
     ("Step3p7ForConditionalGeneration", "step3p7", "step3p5"),
