@@ -283,7 +283,8 @@ def _rule_documents() -> dict[str, dict]:
 
 def test_rules_list_shows_every_family_with_its_model_types(cli):
     docs = {fid: d for fid, d in _rule_documents().items() if not d.get("abstract")}
-    text = cli("rules", "list")
+    # one line per family: a width large enough that no renderer wraps or truncates the table
+    text = cli("rules", "list", env={"COLUMNS": "4000"})
     assert text.returncode == 0, text.stderr
     rows = {line.split()[0]: line for line in text.stdout.splitlines()[2:] if line.strip()}
     assert set(rows) == set(docs)
