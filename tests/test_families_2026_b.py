@@ -160,6 +160,14 @@ def test_minimax_m3_vllm_builds_eh_proj_with_the_target_quant_config():
     assert any("eh_proj" in f.modules for f in load_rules().get("deepseek_v3").engines["vllm"].forced_unquantized)
 
 
+def test_exaone4_5_sglang_builds_fc_unquantized():
+    """SGLang's Exaone4_5_ForConditionalGenerationMTP makes fc a plain nn.Linear; vLLM's ExaoneMoeMTP builds it
+    as a ColumnParallelLinear with the target quant_config (nothing forced)."""
+    fam = load_rules().get("exaone4_5")
+    assert [f.modules for f in fam.engines["sglang"].forced_unquantized] == [("fc",)]
+    assert all("fc" not in f.modules for f in fam.engines["vllm"].forced_unquantized)
+
+
 def test_dots3_draft_embedding_is_part_of_the_mtp_layer(report, fixture_specs):
     mtp = report("dots3_note").mtp
     assert mtp.present_layers == 1 and mtp.layers[0].tensors == fixture_specs["dots3_note"].mtp_tensors
