@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ckptinspect.config.normalize import normalize_config
+from ckptinspect.config.quant_fields import check_quant_fields
 from ckptinspect.errors import ConfigError
 from ckptinspect.header.parser import parse_header
 from ckptinspect.inventory.build import build_inventory
@@ -74,7 +75,10 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) 
         findings.extend(_index_findings(raw, scans, index_summary))
     inventory, inv_findings = build_inventory(scans, config, prefixes)
     findings.extend(inv_findings)
-    declared, decl_findings = read_declared(config.raw, raw.json_files.get(HF_QUANT_CONFIG))
+    hf_quant = raw.json_files.get(HF_QUANT_CONFIG)
+    check_quant_fields(config.raw, hf_quant, config_source=f"{raw.location}/{CONFIG}",
+                       quant_source=f"{raw.location}/{HF_QUANT_CONFIG}")
+    declared, decl_findings = read_declared(config.raw, hf_quant)
     findings.extend(decl_findings)
     findings.extend(crosscheck(inventory, declared, matcher_for(declared)))
     findings.extend(_expert_findings(inventory, config))
@@ -143,6 +147,13 @@ def _expert_findings(inventory: Inventory, config: ModelConfig) -> list[Finding]
 def _file_findings(raw: RawCheckpoint, shards: set[str]) -> list[Finding]:
     findings = []
     pickles = [f for f in raw.files if f.lower().endswith(PICKLE_SUFFIXES)]
+    if not raw.headers:
+        # Without safetensors weights there is nothing to serve, size or check: never a clean report.
+        only = (f"; only pickle-based weights ({', '.join(pickles[:3])}), which ckptinspect never loads"
+                if pickles else "")
+        findings.append(Finding("no-weights", "error", f"the checkpoint has no safetensors weight files{only}",
+                                subject=raw.location,
+                                hint="convert the weights to safetensors (engines and this tool read only those)"))
     if pickles:
         findings.append(Finding(
             "pickle-files-present", "warning",

@@ -11,6 +11,7 @@ import click
 from ckptinspect.records import VERDICT_RANK
 
 FAIL_ON = {"degraded": VERDICT_RANK["degraded"], "unusable": VERDICT_RANK["unusable"]}
+FAIL_ON_CHOICES = sorted(FAIL_ON) + ["error"]  # "error": any error-severity finding
 
 
 @click.command()
@@ -18,8 +19,9 @@ FAIL_ON = {"degraded": VERDICT_RANK["degraded"], "unusable": VERDICT_RANK["unusa
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
 @click.option("--engine", type=click.Choice(["sglang", "vllm", "both"]), default="both", show_default=True,
               help="Engine(s) whose MTP verdict --fail-on checks.")
-@click.option("--fail-on", type=click.Choice(sorted(FAIL_ON)), default=None,
-              help="Exit 1 when the MTP verdict is this or worse (CI gate for checkpoint uploads).")
+@click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES), default=None,
+              help="Exit 1 when the MTP verdict is this or worse, or (error) when any finding is an error "
+                   "(CI gate for checkpoint uploads).")
 @click.option("--rules-dir", "rules_dirs", multiple=True, type=click.Path(exists=True, file_okay=False,
               path_type=Path), help="Extra rule files (override built-in families by id). Repeatable.")
 @click.option("--gpu", default=None, help="GPU name for a deployment plan (see `ckptinspect plan --help`).")
@@ -78,7 +80,13 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
         stats = dict(result.checkpoint.stats)
         stats["wall_s"] = round(time.perf_counter() - started, 3)
         click.echo("stats: " + ", ".join(f"{k}={v}" for k, v in stats.items()), err=True)
-    if fail_on is not None and result.mtp is not None:
+    if fail_on == "error":
+        errors = [f for f in (*result.checkpoint.findings, *(result.mtp.findings if result.mtp else ()))
+                  if f.severity == "error"]
+        if errors:
+            click.echo(f"fail-on error: {len(errors)} error finding(s), first: {errors[0].code}", err=True)
+            sys.exit(1)
+    elif fail_on is not None and result.mtp is not None:
         engines = ("sglang", "vllm") if engine == "both" else (engine,)
         worst = [e for e in engines if e in result.mtp.verdicts
                  and VERDICT_RANK[result.mtp.verdicts[e].verdict] >= FAIL_ON[fail_on]]
