@@ -112,7 +112,7 @@ def test_no_error_findings_on_complete_layouts(report):
 
 def test_declared_but_absent_is_unusable_for_both(report):
     for name, key, depth in (("hy_v3_nomtp", "num_nextn_predict_layers", 1),
-                             ("inkling_nomtp", "mtp_config.num_nextn_predict_layers", 3)):
+                             ("inkling_nomtp", "mtp_config.num_nextn_predict_layers", 8)):
         mtp = report(name).mtp
         assert (mtp.declared_key, mtp.declared_layers, mtp.present_layers) == (key, depth, 0)
         for engine in ("sglang", "vllm"):
@@ -176,8 +176,8 @@ def test_dots3_draft_embedding_is_part_of_the_mtp_layer(report, fixture_specs):
 
 def test_inkling_depth_from_mtp_config_and_per_step_layers(report):
     mtp = report("inkling").mtp
-    assert (mtp.declared_key, mtp.declared_layers, mtp.present_layers) == ("mtp_config.num_nextn_predict_layers", 3, 3)
-    assert mtp.verdicts["sglang"].layers_used == mtp.verdicts["vllm"].layers_used == 3
+    assert (mtp.declared_key, mtp.declared_layers, mtp.present_layers) == ("mtp_config.num_nextn_predict_layers", 8, 8)
+    assert mtp.verdicts["sglang"].layers_used == mtp.verdicts["vllm"].layers_used == 8
     assert mtp.verdicts["vllm"].draft_quantization is None  # InklingMTPLayer passes quant_config = None
 
 
@@ -233,6 +233,7 @@ def test_gemma4_assistant_config_is_recognised_as_a_draft():
     ("HYV3ForCausalLM", "hy_v3", "hy_v3"), ("X", "hy_v4", "hy_v4"), ("X", "minimax_m3_vl", "minimax_m3"),
     ("ExaoneMoeForCausalLM", "exaone_moe", "exaone_moe"), ("X", "exaone4_5", "exaone4_5"),
     ("X", "pangu_ultra_moe", "pangu_ultra_moe"), ("X", "dots3_note", "dots3_note"),
+    ("Dot3NoteForCausalLM", "dots3_note", "dots3_note"),
     ("X", "inkling_mm_model", "inkling"), ("X", "gemma4_unified_assistant", "gemma4_assistant"),
 ])
 def test_family_matching(arch, model_type, expected):
