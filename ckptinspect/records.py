@@ -286,6 +286,8 @@ class EngineVerdict:
     draft_quantization: str | None  # how the engine would build the draft: None = unquantized
     layers_used: int  # MTP layers the engine would use (vLLM reuses layer 0)
     reasons: tuple[str, ...]  # finding codes behind the verdict
+    # what the engine builds per MTP weight group: (module pattern, declared label or None = unquantized)
+    module_quantization: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
