@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 from ckptinspect.readiness.draft_build import UNQUANTIZED, build_plan, is_linear_weight
 from ckptinspect.readiness.layout import LayerScan
 from ckptinspect.readiness.model import EngineRule, FamilyRule
+from ckptinspect.readiness.quant_conditions import QUANT_CONDITIONS
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
 from ckptinspect.records import Checkpoint
 
@@ -269,3 +270,4 @@ CONDITIONS: dict[str, Callable[[EngineContext, Any], bool]] = {
     "not": _not,
     "any": _any,
 }
+CONDITIONS.update(QUANT_CONDITIONS)
