@@ -36,6 +36,8 @@ class Facts:
     matcher: Any  # ckptinspect.quant.declared.ExcludeMatcher
 
     excluded_cache: dict[str, bool] = field(default_factory=dict)
+    plan_cache: dict[tuple, list] = field(default_factory=dict)  # draft_build.build_plan, per build inputs
+    rename_cache: dict[tuple, tuple] = field(default_factory=dict)  # draft_build._renames
 
     def is_excluded(self, module: str) -> bool:
         """The declared lists leave ``module`` unquantized (or declare no quantization at all)."""
@@ -59,7 +61,6 @@ class EngineContext:
     version: str
     draft_quant: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
-    _plans: dict[tuple, list] = field(default_factory=dict)  # draft_build.build_plan cache
 
 
 def evaluate(when: Mapping[str, Any] | None, ctx: EngineContext) -> bool:

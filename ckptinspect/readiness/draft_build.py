@@ -58,8 +58,8 @@ class ModuleBuild:
     relative: str | None  # the same relative to the layer base ("layers.0.mlp.experts.{}.gate_proj")
     component: str
     stored: str  # scheme of the stored tensors
-    built: tuple[str | None, ...]  # per member: the declared label, None = unquantized
-    reasons: tuple[str, ...]  # per member, one of REASONS
+    built: tuple[str | None, ...]  # per member (one entry when the whole group is built alike): label or None
+    reasons: tuple[str, ...]  # the same, one of REASONS
 
     @property
     def stored_quantized(self) -> bool:
@@ -103,13 +103,19 @@ def forced_modules(ctx: "EngineContext") -> list[str]:
 
 def runtime_names(ctx: "EngineContext", name: str, k: int) -> list[str]:
     """``name`` under the engine's prefix renames (exclude lists are matched on these)."""
-    layers = ctx.facts.checkpoint.config.num_hidden_layers
-    out = []
-    for rn in ctx.engine.runtime_names:
-        source = concrete_prefix(rn.source, layers, k)
-        if name.startswith(source):
-            out.append(concrete_prefix(rn.target, layers, k) + name[len(source):])
-    return out
+    return [target + name[len(source):] for source, target in _renames(ctx, k) if name.startswith(source)]
+
+
+def _renames(ctx: "EngineContext", k: int) -> tuple[tuple[str, str], ...]:
+    """The engine's runtime renames as concrete (source, target) prefixes for MTP layer ``k``."""
+    key = (ctx.engine.runtime_names, k)
+    pairs = ctx.facts.rename_cache.get(key)
+    if pairs is None:
+        layers = ctx.facts.checkpoint.config.num_hidden_layers
+        pairs = ctx.facts.rename_cache[key] = tuple(
+            (concrete_prefix(rn.source, layers, k), concrete_prefix(rn.target, layers, k))
+            for rn in ctx.engine.runtime_names)
+    return pairs
 
 
 def excluded(ctx: "EngineContext", name: str, k: int, names: str = "either") -> bool:
@@ -121,59 +127,53 @@ def excluded(ctx: "EngineContext", name: str, k: int, names: str = "either") -> 
     """
     ask = ctx.facts.is_excluded
     ckpt = ask(name)
-    renamed = [ask(r) for r in runtime_names(ctx, name, k)]
-    runtime = all(renamed) if renamed else ckpt
-    if names == "checkpoint":
+    if names == "checkpoint" or (names == "either" and ckpt):
         return ckpt
-    if names == "runtime":
-        return runtime
-    return ckpt or runtime
+    renamed = [ask(r) for r in runtime_names(ctx, name, k)] if ctx.engine.runtime_names else []
+    return all(renamed) if renamed else ckpt
 
 
 def build_plan(ctx: "EngineContext", names: str = "either") -> list[ModuleBuild]:
-    """Every MTP Linear / head weight group with what ``ctx``'s engine builds for it (cached per context)."""
-    key = (names, ctx.draft_quant)
-    cached = ctx._plans.get(key)
-    if cached is not None:
-        return cached
+    """Every MTP Linear / head weight group with what ``ctx``'s engine builds for it."""
     facts = ctx.facts
     label = facts.checkpoint.declared.label
     forced = forced_modules(ctx) if label is not None else []
+    # Contexts of one engine at other versions usually build the same plan: share it per checkpoint.
+    key = (names, ctx.draft_quant, tuple(forced), ctx.engine.runtime_names)
+    cached = facts.plan_cache.get(key)
+    if cached is not None:
+        return cached
     out: list[ModuleBuild] = []
+    # One answer for a whole group unless exclude entries can tell its members apart (they differ in
+    # numeric segments only, and forced module names carry none).
+    uniform = label is None or ctx.draft_quant == "unquantized"
     for scan in facts.layers.values():
         for g in scan.groups:
             head = is_head_weight(g)
             if not (head or is_linear_weight(g)):
                 continue
-            modules = member_modules(g)
-            rel = scan.relative(modules[0])
             shown = shown_module(g)
-            built: list[str | None] = []
-            reasons: list[str] = []
-            for name in modules:
-                reason = _reason(ctx, label, forced, scan.relative(name), head, name, scan.k, names)
-                reasons.append(reason)
-                built.append(label if reason == "quantized" else None)
-            rel_shown = scan.relative(shown) if rel is not None else None
-            out.append(ModuleBuild(k=scan.k, module=shown, relative=rel_shown, component=g.component,
-                                   stored=g.scheme, built=tuple(built), reasons=tuple(reasons)))
-    ctx._plans[key] = out
+            rel = scan.relative(shown)
+            if uniform:
+                reason = "undeclared" if label is None else "draft"
+                built, reasons = (None,), (reason,)
+            else:
+                group_reason = "forced" if rel is not None and _is_forced(rel, forced) else "head" if head else None
+                if group_reason is not None:
+                    built, reasons = (None,), (group_reason,)
+                else:
+                    flags = [excluded(ctx, name, scan.k, names) for name in member_modules(g)]
+                    reasons = tuple("excluded" if f else "quantized" for f in flags)
+                    built = tuple(None if f else label for f in flags)
+            out.append(ModuleBuild(k=scan.k, module=shown, relative=rel, component=g.component,
+                                   stored=g.scheme, built=built, reasons=reasons))
+    facts.plan_cache[key] = out
     return out
 
 
-def _reason(ctx: "EngineContext", label: str | None, forced: list[str], rel: str | None, head: bool,
-            name: str, k: int, names: str) -> str:
-    if label is None:
-        return "undeclared"
-    if ctx.draft_quant == "unquantized":
-        return "draft"
-    if rel is not None and any(rel == m or rel.startswith(m + ".") for m in forced):
-        return "forced"
-    if head:
-        return "head"
-    if excluded(ctx, name, k, names):
-        return "excluded"
-    return "quantized"
+def _is_forced(rel: str, forced: list[str]) -> bool:
+    """``rel`` (a module pattern relative to the layer base) is, or lies under, a forced module."""
+    return any(rel == m or rel.startswith(m + ".") for m in forced)
 
 
 def summary(plan: list[ModuleBuild]) -> tuple[tuple[str, str | None], ...]:
