@@ -205,3 +205,63 @@ def _mixed_group(pattern: str, ref: dict) -> bool:
     engine side answers for the group from its first/middle/last member, so it is not compared."""
     regex = re.compile("^" + re.escape(pattern).replace(r"\{\}", r"\d+") + "$")
     return len({q for m, (_, q) in ref.items() if regex.match(m)}) > 1
+
+
+# --- the member shortcut (readiness/member_probe.py) against asking every member ----------------------
+
+def _plans(report: Report, exhaustive: bool) -> dict[str, list]:
+    from ckptinspect.readiness import load_rules
+    from ckptinspect.readiness.assess import _context_at, build_facts
+    from ckptinspect.readiness.draft_build import build_plan
+
+    rules = load_rules()
+    family = rules.get(report.mtp.family) if report.mtp.family else None
+    facts = build_facts(report.checkpoint, family, rules)
+    out = {}
+    for name, engine in facts.rule.engines.items():
+        ctx = _context_at(facts, engine, engine.version)
+        out[name] = [(m.module, m.built_quantized, m.built_unquantized, set(m.reasons))
+                     for m in build_plan(ctx, exhaustive=exhaustive)]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(set(generate.FIXTURES) - BROKEN))
+def test_member_shortcut_equals_asking_every_member_on_fixtures(make_fixture, name):
+    report = build_report(str(make_fixture(name)), progress=False)
+    assert _plans(report, exhaustive=False) == _plans(report, exhaustive=True)
+
+
+_HEADS = ["", "mtp.layers.0.mlp.experts.", "mtp.layers.0.mlp.", "mtp.", "mtp.layers.0.mlp.experts.1", "*", ".*",
+          "mtp.layers.0.mlp.experts.?", "model.", "*1", "*experts.2", ".*\\.1"]
+_TOKENS = ["*", "?", "1", "2", "0", ".", "gate_proj", "[0-4]", "[!1]", ".*", "\\d", "\\.", "(\\d)\\1", "$",
+           "{2}", "+", "experts"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(ids=st.sets(st.integers(0, 320), min_size=2, max_size=40),
+       lists=st.lists(st.tuples(st.sampled_from(["modelopt_glob", "glob", "ct_regex", "gptq_dynamic", "include_map"]),
+                                st.lists(st.tuples(st.booleans(), st.sampled_from(_HEADS),
+                                                   st.lists(st.sampled_from(_TOKENS), max_size=5)), max_size=4)),
+                      min_size=1, max_size=3))
+def test_member_shortcut_is_exact_on_generated_lists(ids, lists):
+    """Members with the same digit counts get the same answer whenever the shortcut skips them."""
+    from ckptinspect.quant.declared import ExcludeMatcher
+    from ckptinspect.readiness.member_probe import members_to_ask, module_names
+    from ckptinspect.records import DeclaredQuant, ExcludeList, TensorGroup
+
+    excludes = tuple(ExcludeList(f"list{i}", semantics, tuple(("re:" if re_prefix else "") + head + "".join(tokens)
+                                                              for re_prefix, head, tokens in entries))
+                     for i, (semantics, entries) in enumerate(lists))
+    declared = DeclaredQuant("modelopt:NVFP4", "modelopt", "NVFP4", 16, None, None, None, (), excludes)
+    matcher = ExcludeMatcher(declared)
+    g = TensorGroup("mtp.layers.{}.mlp.experts.{}.gate_proj.weight", 0, "routed_expert", "weight",
+                    "mtp.layers.{}.mlp.experts.{}.gate_proj", None, 0, ("BF16",), (4, 4), len(ids), 0, 0, 0,
+                    "bf16", frozenset(), tuple(sorted(ids)))
+    asked = members_to_ask(g, excludes)
+    every = module_names(g, sorted(g.sub_indices))
+    if len(asked) == len(every):
+        return
+    by_digits = {len(n.split(".")[5]): matcher.is_excluded(n) for n in asked}
+    assert len(by_digits) == len(asked)  # one representative per digit count
+    for n in every:
+        assert matcher.is_excluded(n) == by_digits[len(n.split(".")[5])], (n, excludes)

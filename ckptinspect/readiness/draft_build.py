@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
+from ckptinspect.readiness.member_probe import members_to_ask, module_names
 from ckptinspect.readiness.versions import in_range
 from ckptinspect.records import TensorGroup
 
@@ -76,14 +77,9 @@ class ModuleBuild:
 
 
 def member_modules(g: TensorGroup) -> list[str]:
-    """Every member's module name: an exclude entry may name single experts (``...experts.1*``), so
-    each member is asked (a few hundred names for a 256-expert MTP layer; answers are cached per
-    checkpoint in Facts.excluded_cache, shared by every engine)."""
-    slots = g.module.count("{}")
-    if not slots:
-        return [g.module]
-    lead = [g.index] if g.index is not None else []
-    return [g.module.format(*(lead + list(sub))[:slots]) for sub in sorted(g.sub_indices)]
+    """Every member's module name, in sub-index order (an exclude entry may name single experts,
+    ``...experts.1*``; answers are cached per checkpoint in Facts.excluded_cache)."""
+    return module_names(g, sorted(g.sub_indices))
 
 
 def shown_module(g: TensorGroup) -> str:
@@ -133,13 +129,15 @@ def excluded(ctx: "EngineContext", name: str, k: int, names: str = "either") -> 
     return all(renamed) if renamed else ckpt
 
 
-def build_plan(ctx: "EngineContext", names: str = "either") -> list[ModuleBuild]:
-    """Every MTP Linear / head weight group with what ``ctx``'s engine builds for it."""
+def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool = False) -> list[ModuleBuild]:
+    """Every MTP Linear / head weight group with what ``ctx``'s engine builds for it. Members are asked
+    through readiness/member_probe.py (one per digit-count signature when no exclude entry can tell
+    them apart); ``exhaustive`` asks every member (the reference the shortcut is tested against)."""
     facts = ctx.facts
     label = facts.checkpoint.declared.label
     forced = forced_modules(ctx) if label is not None else []
     # Contexts of one engine at other versions usually build the same plan: share it per checkpoint.
-    key = (names, ctx.draft_quant, tuple(forced), ctx.engine.runtime_names)
+    key = (names, ctx.draft_quant, tuple(forced), ctx.engine.runtime_names, exhaustive)
     cached = facts.plan_cache.get(key)
     if cached is not None:
         return cached
@@ -162,7 +160,9 @@ def build_plan(ctx: "EngineContext", names: str = "either") -> list[ModuleBuild]
                 if group_reason is not None:
                     built, reasons = (None,), (group_reason,)
                 else:
-                    flags = [excluded(ctx, name, scan.k, names) for name in member_modules(g)]
+                    members = member_modules(g) if exhaustive else members_to_ask(
+                        g, facts.checkpoint.declared.excludes, _renames(ctx, scan.k))
+                    flags = [excluded(ctx, name, scan.k, names) for name in members]
                     reasons = tuple("excluded" if f else "quantized" for f in flags)
                     built = tuple(None if f else label for f in flags)
             out.append(ModuleBuild(k=scan.k, module=shown, relative=rel, component=g.component,
