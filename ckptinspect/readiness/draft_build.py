@@ -14,8 +14,9 @@ only then copy the checkpoint tensors in:
   unless a list covers it.
 
 A stored tensor that disagrees with the parameter built for it does not load (a size mismatch, or a
-KeyError for a scale the parameter lacks) or loads mis-read. This module answers the question once per
-engine context; the conditions of rule files (readiness/conditions.py) read the answer.
+KeyError for a scale the parameter lacks) or loads mis-read. The answer is computed once per checkpoint
+and set of build inputs (draft rule result, forced modules, runtime names) and read by the rule
+conditions (readiness/conditions.py, readiness/quant_conditions.py).
 """
 
 from __future__ import annotations
