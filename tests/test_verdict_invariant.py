@@ -207,7 +207,7 @@ def _mixed_group(pattern: str, ref: dict) -> bool:
     return len({q for m, (_, q) in ref.items() if regex.match(m)}) > 1
 
 
-# --- the member shortcut (readiness/member_probe.py) against asking every member ----------------------
+# --- the member shortcut (quant/members.py) against asking every member ----------------------
 
 def _plans(report: Report, exhaustive: bool) -> dict[str, list]:
     from ckptinspect.readiness import load_rules
@@ -246,7 +246,7 @@ _TOKENS = ["*", "?", "1", "2", "0", ".", "gate_proj", "[0-4]", "[!1]", ".*", "\\
 def test_member_shortcut_is_exact_on_generated_lists(ids, lists):
     """Members with the same digit counts get the same answer whenever the shortcut skips them."""
     from ckptinspect.quant.declared import ExcludeMatcher
-    from ckptinspect.readiness.member_probe import members_to_ask, module_names
+    from ckptinspect.quant.members import module_names, weighted_members
     from ckptinspect.records import DeclaredQuant, ExcludeList, TensorGroup
 
     excludes = tuple(ExcludeList(f"list{i}", semantics, tuple(("re:" if re_prefix else "") + head + "".join(tokens)
@@ -257,11 +257,15 @@ def test_member_shortcut_is_exact_on_generated_lists(ids, lists):
     g = TensorGroup("mtp.layers.{}.mlp.experts.{}.gate_proj.weight", 0, "routed_expert", "weight",
                     "mtp.layers.{}.mlp.experts.{}.gate_proj", None, 0, ("BF16",), (4, 4), len(ids), 0, 0, 0,
                     "bf16", frozenset(), tuple(sorted(ids)))
-    asked = members_to_ask(g, excludes)
+    weighted = weighted_members(g, excludes)
     every = module_names(g, sorted(g.sub_indices))
-    if len(asked) == len(every):
+    assert sum(count for _, count in weighted) == len(every)
+    if len(weighted) == len(every):
         return
-    by_digits = {len(n.split(".")[5]): matcher.is_excluded(n) for n in asked}
-    assert len(by_digits) == len(asked)  # one representative per digit count
+    if len(weighted) == 1:  # one member answers for the whole group
+        assert {matcher.is_excluded(n) for n in every} == {matcher.is_excluded(weighted[0][0])}, excludes
+        return
+    by_digits = {len(n.split(".")[5]): matcher.is_excluded(n) for n, _ in weighted}
+    assert len(by_digits) == len(weighted)  # one representative per digit count
     for n in every:
         assert matcher.is_excluded(n) == by_digits[len(n.split(".")[5])], (n, excludes)

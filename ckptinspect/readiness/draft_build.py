@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
-from ckptinspect.readiness.member_probe import members_to_ask, module_names
+from ckptinspect.quant.members import members_to_ask, module_names
 from ckptinspect.readiness.versions import in_range
 from ckptinspect.records import TensorGroup
 
@@ -132,7 +132,7 @@ def excluded(ctx: "EngineContext", name: str, k: int, names: str = "either") -> 
 
 def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool = False) -> list[ModuleBuild]:
     """Every MTP Linear / head weight group with what ``ctx``'s engine builds for it. Members are asked
-    through readiness/member_probe.py (one per digit-count signature when no exclude entry can tell
+    through quant/members.py (one per digit-count signature when no exclude entry can tell
     them apart); ``exhaustive`` asks every member (the reference the shortcut is tested against)."""
     facts = ctx.facts
     label = facts.checkpoint.declared.label
