@@ -269,3 +269,20 @@ def test_member_shortcut_is_exact_on_generated_lists(ids, lists):
     assert len(by_digits) == len(weighted)  # one representative per digit count
     for n in every:
         assert matcher.is_excluded(n) == by_digits[len(n.split(".")[5])], (n, excludes)
+
+
+def test_an_entry_naming_one_expert_is_seen_by_the_cross_check_and_the_engines(tmp_path):
+    """`mtp.layers.0.mlp.experts.1*` excludes expert 1 only; the experts ship NVFP4. The cross-check reports
+    exactly that module per projection (it used to ask the first expert only) and vLLM, which builds
+    expert 1 BF16, is unusable for its own per-module reason."""
+    report = _report("qwen", ((QWEN_MODULES["experts"], "nvfp4"),), ("mtp.fc", "mtp.layers.0.self_attn*",
+                                                                     "mtp.layers.0.mlp.shared_expert*",
+                                                                     "mtp.layers.0.mlp.experts.1*"), tmp_path)
+    errors = [f for f in report.checkpoint.findings if f.code == "quantized-but-excluded"]
+    assert sorted(f.subject for f in errors) == [f"mtp.layers.0.mlp.experts.1.{p}" for p in
+                                                 ("down_proj", "gate_proj", "up_proj")]
+    assert all(": 1 module(s)" in f.message for f in errors)
+    vl = report.mtp.verdicts["vllm"]
+    assert vl.verdict == "unusable" and "mtp-quantized-but-excluded" in vl.reasons
+    assert vl.draft_quantization == "modelopt:NVFP4"  # experts 0, 2, 3 are still built NVFP4
+    assert violations(report) == []
