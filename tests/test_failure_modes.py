@@ -206,6 +206,10 @@ def test_g_exclude_keyed_by_another_layer_index(report, tmp_path):
     assert reasons(mtp, "sglang") == {"exclude-keyed-by-checkpoint-name"}
     msg = finding(mtp, "exclude-keyed-by-checkpoint-name", "sglang").message
     assert "model.layers.3.*" in msg and "model.layers.3.mlp.experts.{}.down_proj" in msg
+    # what each engine builds: SGLang FP8 parameters for the BF16 experts, vLLM nothing quantized
+    sg, vl = mtp.verdicts["sglang"], mtp.verdicts["vllm"]
+    assert sg.draft_quantization == "compressed-tensors" and vl.draft_quantization is None
+    assert dict(sg.module_quantization)["model.layers.3.mlp.experts.{}.down_proj"] == "compressed-tensors"
     spec = exclude_keyed_by_checkpoint_index(61)
     generate.FIXTURES[spec.name] = spec
     try:
@@ -225,6 +229,9 @@ def test_h_per_projection_ignore_entries_miss_sglang_fused_names(report, make_fi
     msg = finding(mtp, "mtp-ignore-misses-fused-names", "sglang").message
     assert "mtp.layers.0.self_attn.q_proj" in msg and "mtp.layers.0.mlp.shared_expert.gate_proj" in msg
     assert "o_proj" not in msg  # not fused: its own entry is asked about
+    built = dict(mtp.verdicts["sglang"].module_quantization)
+    assert built["mtp.layers.0.self_attn.q_proj"] == "compressed-tensors" and built["mtp.layers.0.self_attn.o_proj"] is None
+    assert mtp.verdicts["vllm"].draft_quantization is None
 
     def regex(cfg):
         q = cfg["quantization_config"]

@@ -106,6 +106,9 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
     reasons: list[str] = []
     findings: list[Finding] = []
     label = engine.engine if engine.engine != "vllm" else "vLLM"
+    # Modules a firing defect found built with the declared scheme under stricter naming than the
+    # plan's default (runtime names: bf16_mtp_not_excluded {names: runtime}).
+    built_quantized: set[str] = set()
     for defect in engine.defects:
         current = not defect.versions or in_range(version, defect.versions)
         # A defect of other engine versions is evaluated as that version would see the checkpoint
@@ -124,9 +127,13 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
         if VERDICT_RANK[defect.verdict] > VERDICT_RANK[verdict]:
             verdict = defect.verdict
         reasons.append(defect.code)
+        built_quantized.update(probe.details.get("built_quantized_modules", ()))
         findings.append(Finding(defect.code, defect.severity, message, engine=engine.engine,
                                 subject=base_values.get("prefix_hint"), reference=defect.reference, hint=remedy))
     draft_quant, modules = _draft_quantization(ctx)
+    if built_quantized and facts.checkpoint.declared.label is not None:
+        modules = tuple((m, facts.checkpoint.declared.label if m in built_quantized else b) for m, b in modules)
+        draft_quant = facts.checkpoint.declared.label
     if facts.present == 0:
         used = 0
     else:

@@ -172,6 +172,7 @@ def _bf16_not_excluded(ctx: EngineContext, arg: Any) -> bool:
     bad = uncovered_bf16(ctx, _names_arg(arg))
     if bad:
         ctx.details["uncovered"] = _listed(bad)
+        ctx.details["built_quantized_modules"] = tuple(bad)
     return bool(bad)
 
 
