@@ -239,17 +239,6 @@ def _error_findings(ctx: EngineContext, arg: Any) -> bool:
     return bool(hits) if arg is not False else not hits
 
 
-def _found_at(ctx: EngineContext, arg: Any) -> bool:
-    """Every present MTP layer sits at one of the prefix templates (``{L}``, ``{k}``, ``{L+k}``): for
-    engines whose loader keeps only one spelling of a layout the family rule accepts in several."""
-    layers = ctx.facts.checkpoint.config.num_hidden_layers
-    scans = list(ctx.facts.layers.values())
-    hit = bool(scans) and all(any(scan.base == concrete_prefix(t, layers, scan.k) for t in arg) for scan in scans)
-    if scans and not hit:
-        ctx.details["found_at"] = ", ".join(sorted({scan.base for scan in scans}))
-    return hit
-
-
 def _not(ctx: EngineContext, arg: Any) -> bool:
     return not evaluate(arg, ctx)
 
@@ -280,7 +269,6 @@ CONDITIONS: dict[str, Callable[[EngineContext, Any], bool]] = {
     "mtp_built_scheme_is": _built_scheme_is,
     "mtp_error_findings": _error_findings,
     "draft_quant_is": lambda ctx, arg: ctx.draft_quant in set(arg),
-    "mtp_found_at": _found_at,
     "not": _not,
     "any": _any,
 }
