@@ -189,9 +189,12 @@ def test_sparse_2gib_config_is_refused_fast_in_bounded_memory(model):
     config = model / "config.json"
     with open(config, "r+b") as fh:
         fh.truncate(2 * 1024 ** 3)  # a sparse hole: 2 GiB apparent, nothing on disk
-    script = ("import resource, sys; from ckptinspect.cli import main\n"
+    # The child's own peak (VmHWM resets at exec; getrusage's ru_maxrss is inherited across execve, so a
+    # child forked from a large pytest worker would report the worker's peak).
+    script = ("import re, sys; from ckptinspect.cli import main\n"
               "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
-              "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+              "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
+              "print(code, hwm)")
     started = time.monotonic()
     out = subprocess.run([sys.executable, "-c", script, "report", str(model), "--quiet"], capture_output=True,
                          text=True, timeout=60, cwd=str(ROOT))

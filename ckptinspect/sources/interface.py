@@ -201,10 +201,6 @@ class LocalHeaders(Mapping[str, bytes]):
             self._shards = self._resolve()
         return self._shards
 
-    def set_shards(self, shards: tuple[str, ...]) -> None:
-        """Shard list already read from the index elsewhere (a worker process)."""
-        self._shards = tuple(shards)
-
     def __getitem__(self, shard: str) -> bytes:
         return read_header_file(self.directory / shard, source=shard)[0]
 
