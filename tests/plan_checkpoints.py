@@ -34,12 +34,14 @@ GLM_4_5 = {
 
 
 def _group(name: str, component: str, scheme: str, params: int, bytes_per_param: float,
-           mtp: bool = False) -> TensorGroup:
+           mtp: bool = False, hidden: int = 1024) -> TensorGroup:
+    # Weights are 2-D matrices (rows x hidden) as in the real checkpoints, so the memory model's
+    # placement rules (1-D tensors replicated, matrices split) see the real layout.
     nbytes = int(params * bytes_per_param)
     return TensorGroup(pattern=name, index=None, component=component, role="weight", module=name, layer=None,
                        mtp_layer=0 if mtp else None, dtypes=("F8_E4M3",) if scheme.startswith("fp8") else ("BF16",),
-                       shape=(params,), tensors=1, bytes=nbytes, elements=params, params=params, scheme=scheme,
-                       shards=frozenset({"model.safetensors"}))
+                       shape=(max(params // hidden, 1), hidden), tensors=1, bytes=nbytes, elements=params,
+                       params=params, scheme=scheme, shards=frozenset({"model.safetensors"}))
 
 
 def _moe_checkpoint(ref: str, raw: dict, attn_params_per_layer: int) -> Checkpoint:

@@ -7,7 +7,6 @@ Rules are data: this module only reads them, checks them against their JSON Sche
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -70,14 +69,12 @@ class Facts:
     spec: bool
     goal: str
     model_type: str
-    name: str
 
     def matches(self, when: Mapping[str, Any]) -> bool:
+        # Conditions are over config / inventory / GPU facts only, never over the name the user typed:
+        # a local copy and the Hub repo of one checkpoint must get the same plan.
         for key, want in when.items():
-            if key == "name_regex":
-                if not re.search(want, self.name):
-                    return False
-            elif key in ("moe", "spec"):
+            if key in ("moe", "spec"):
                 if getattr(self, key) != want:
                     return False
             elif getattr(self, key) not in want:
