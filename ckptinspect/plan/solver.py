@@ -32,13 +32,14 @@ class SolverStep:
     budget_bytes: int  # static pool minus weights, per GPU
     max_context: int  # 0 when not even min_context fits
     skipped: str = ""  # why a candidate did not apply here
+    last_resort: bool = False  # considered only when no other step runs
 
     def to_json(self, gib: int) -> dict[str, Any]:
         return {"id": self.id, "risk": self.risk or None, "source": self.source, "kv_cache_dtype": self.kv_dtype,
                 "mem_fraction_static": self.mem.value, "chunked_prefill_size": self.mem.chunked_prefill_size,
                 "speculative": self.spec, "weights_gib_per_gpu": round(self.weights.total_bytes_per_rank / gib, 2),
                 "kv_budget_gib_per_gpu": round(self.budget_bytes / gib, 2), "max_context": self.max_context,
-                "skipped": self.skipped or None}
+                "skipped": self.skipped or None, "last_resort": self.last_resort}
 
 
 @dataclass(frozen=True)
@@ -99,13 +100,14 @@ def solve_max_context(ck: Checkpoint, gpu: GpuSpec, facts: Facts, split: Split, 
     gib = engine_rules("common")["planning"]["gib"]
     min_context = min(rules["min_context"], requested)
 
-    def step(step_id: str, risk: str, source: str, kv: str, mem: MemFraction, spec: bool, skipped: str = "") -> SolverStep:
+    def step(step_id: str, risk: str, source: str, kv: str, mem: MemFraction, spec: bool, skipped: str = "",
+             last_resort: bool = False) -> SolverStep:
         weights = weight_memory(ck, split, with_mtp=spec)
         cost = kv_cost(ck, split.attn_tp, kv, extra_layers=mtp_layers if spec else 0)
         budget = int(gpu.memory_gib * gib * mem.value) - weights.total_bytes_per_rank
         best = longest_context(budget, cost, concurrency, requested)
         return SolverStep(step_id, risk, source, kv, mem, spec, weights, cost, budget,
-                          best if best >= min_context else 0, skipped)
+                          best if best >= min_context else 0, skipped, last_resort)
 
     current = step("defaults", "", "SGLang defaults + rules/engines/sglang.yaml", kv_dtype,
                    sglang_mem_fraction(gpu, split.attn_tp, facts), facts.spec)
@@ -129,7 +131,7 @@ def solve_max_context(ck: Checkpoint, gpu: GpuSpec, facts: Facts, split: Split, 
         if change.get("speculative") is False:
             why_not = "" if spec else "no MTP draft loaded"
             spec = False
-        nxt = step(cand["id"], cand["risk"], cand["source"], kv, mem, spec, why_not)
+        nxt = step(cand["id"], cand["risk"], cand["source"], kv, mem, spec, why_not, cand.get("last_resort", False))
         steps.append(nxt)
         if not why_not:
             current = nxt
@@ -138,6 +140,8 @@ def solve_max_context(ck: Checkpoint, gpu: GpuSpec, facts: Facts, split: Split, 
 
 def _pick(steps: list[SolverStep], requested: int) -> SolverStep | None:
     applied = [s for s in steps if not s.skipped and s.max_context]
+    if any(not s.last_resort for s in applied):
+        applied = [s for s in applied if not s.last_resort]
     if not applied:
         return None
     reaching = [s for s in applied if s.max_context >= requested]
