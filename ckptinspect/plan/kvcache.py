@@ -127,13 +127,23 @@ def _mla_cost(ck: Checkpoint, kv_dtype: str, extra_layers: int) -> KvCost:
 
 def _dsv4_cost(ck: Checkpoint, extra_layers: int) -> KvCost:
     t, m = ck.config.text, _kv_models()["dsv4_compressed"]
-    ratios = [int(r) for r in t["compress_ratios"]] + [1] * extra_layers
+    # Draft (MTP) layers keep only the sliding window here (ratio 0), like the pure-SWA layers.
+    ratios = [int(r) for r in t["compress_ratios"]] + [0] * extra_layers
     nope = int(t.get("qk_nope_head_dim") or m["default_nope"])
     rope = int(t.get("qk_rope_head_dim") or 64)
     slot = nope + 2 * rope + m["slot_scale_bytes"]  # FlashMLA-layout latent slot
     head = int(t.get("index_head_dim") or 128)
-    indexer = head + head // 128 * 4
-    per_token = sum(slot / r + (indexer / 4 if r == 4 else 0) for r in ratios if r > 1)
+    indexer = head + head // 128 * 4  # FP8 index key + scale (c4 layers)
+    low_indexer = head // 2 + head // 32  # FP4 index key + scales (ratio 1 / 2 layers)
+
+    def per_full_token(r: int) -> float:
+        if r in (1, 2):
+            return (slot + low_indexer) / r
+        if r == 4:
+            return slot / 4 + indexer / 4
+        return slot / r if r > 2 else 0.0
+
+    per_token = sum(per_full_token(r) for r in ratios)
     window = int(t.get("window_size") or t.get("sliding_window") or m["default_window"])
     return KvCost("dsv4_compressed", per_token, window, slot * len(ratios), 0, m["source"])
 
