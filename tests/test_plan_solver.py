@@ -230,3 +230,16 @@ def test_rule_conditions_never_read_the_typed_name() -> None:
     assert "name_regex" not in json.dumps(schema)
     plan = make_plan(base, mtp_ready(), gpu="h200", gpus=8)
     assert any("does not tell DeepSeek-V3 from R1" in n.message for n in plan.notes)
+
+
+def test_cli_plan_max_context_flag(qwen35_replica, cli) -> None:
+    proc = cli("plan", str(qwen35_replica), "--gpu", "rtx-pro-6000", "--gpus", "8", "--max-context", "--concurrency",
+               "4", "--format", "json", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    jsonschema.validate(data, SCHEMA)
+    assert data["status"] == "ok" and data["max_context"]["concurrency"] == 4
+    assert data["context"] == data["max_context"]["max_context"] <= data["requested_context"]
+    assert data["commands"]["sglang"]["argv"][data["commands"]["sglang"]["argv"].index("--max-running-requests") + 1] == "4"
+    text = cli("plan", str(qwen35_replica), "--gpu", "rtx-pro-6000", "--gpus", "8", "--max-context", "--quiet")
+    assert "Longest context for 1 concurrent request(s)" in text.stdout
