@@ -4,9 +4,11 @@
   CUDA-graph max_bs and mem_fraction_static for a GPU size and TP. It reads a resolved ServerArgs
   view; here that view is a plain namespace holding SGLang's own CudaGraphConfig (decode FULL,
   prefill BREAKABLE: SGLang's defaults on CUDA), and the device-capacity probe returns the GPU size.
-- The KV pool's per-token cell size (SG:model_executor/pool_configurator.py _compute_cell_size) is not
-  run here: importing that module pulls in sgl-kernel communication ops (tvm_ffi), which a CPU
-  machine without the kernels cannot import.
+- `DefaultPoolConfigurator._compute_cell_size` (SG:model_executor/pool_configurator.py) gives the KV
+  bytes per token per rank (MLA latent, GQA heads, DSA indexer). It is called unbound on namespaces
+  standing in for the KV-cache configurator and the published parallel / memory / kernel settings.
+  Its import chain names kernel, tokenizer and vision packages the `--no-deps` install lacks
+  (STUBBED) and every model's config module; those are stand-ins that are never called.
 
 Everything SGLang computes runs in its code; only what it would read from a live GPU is supplied.
 """
@@ -67,10 +69,113 @@ print(json.dumps(out))
 """
 
 
-def _run(code: str, cases: list[dict]) -> list:
+_CELL = r"""
+import importlib.abc, importlib.machinery, json, sys, types, warnings
+warnings.simplefilter("ignore")
+import torch
+
+# Stand-ins for what the import chain names but the KV arithmetic never calls: kernel / vision /
+# tokenizer packages the --no-deps install lacks, and model-specific config modules.
+class _AnyAttr(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stub_class(f"{cls.__name__}.{name}")
+
+def _stub_class(name):
+    return _AnyAttr(name, (), {})
+
+class _Any(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stub_class(name)
+
+ROOTS = set(sys.argv[1].split(","))  # absent third-party packages
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ROOTS or name in ROOTS:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+    def create_module(self, spec):
+        m = _Any(spec.name); m.__path__ = []; return m
+    def exec_module(self, module):
+        pass
+sys.meta_path.insert(0, _Finder())
+import sglang.srt
+# sglang.srt.configs/__init__ imports every model's config class; register the package unexecuted.
+_configs = types.ModuleType("sglang.srt.configs")
+_configs.__path__ = [sglang.srt.__path__[0] + "/configs"]
+_configs.__getattr__ = _stub_class
+sys.modules["sglang.srt.configs"] = _configs
+REAL = set(sys.argv[2].split(","))  # sglang.srt.configs submodules that really load
+class _ConfigStubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        prefix = "sglang.srt.configs."
+        if name.startswith(prefix) and name[len(prefix):].split(".")[0] not in REAL:
+            return importlib.machinery.ModuleSpec(name, self)
+        return None
+    def create_module(self, spec):
+        stub = types.ModuleType(spec.name)
+        stub.__getattr__ = _stub_class
+        return stub
+    def exec_module(self, module):
+        pass
+sys.meta_path.insert(0, _ConfigStubs())
+import sglang.srt.model_executor.pool_configurator as pc
+import sglang.srt.layers.cp.utils as cpu
+import sglang.srt.mem_cache.kv_cache_configurator as kcc
+DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+cases = json.load(sys.stdin)
+out = []
+for case in cases:
+    par = types.SimpleNamespace(attn_tp_size=case["tp"], attn_dcp_size=1)
+    pc.get_parallel = lambda par=par: par
+    pc.get_glm_dsa_layer_split_effective_num_layers = lambda kvc, n: n
+    cpu.get_glm_dsa_layer_split_effective_num_layers = lambda kvc, n: n
+    cpu.get_glm_dsa_cp_layer_shard_info = lambda kvc: (0, 1)
+    kcc.get_disagg = lambda: types.SimpleNamespace(disaggregation_mode="null")
+    be = case.get("dsa_backend", "trtllm")
+    exec_ = types.SimpleNamespace(kernel=types.SimpleNamespace(dsa_prefill_backend=be, dsa_decode_backend=be))
+    kcc.get_exec = lambda e=exec_: e
+    mem = types.SimpleNamespace(enable_hisparse=False, enable_unified_cache_external_linker=False,
+                                enable_hierarchical_cache=False)
+    kcc.get_memory = lambda m=mem: m
+    pc.get_memory = lambda m=mem: m
+    hf = types.SimpleNamespace(**case["hf"])
+    kv_heads = case["hf"].get("num_key_value_heads") or 1
+    mc = types.SimpleNamespace(hf_config=hf, kv_lora_rank=case["hf"].get("kv_lora_rank"),
+                               qk_rope_head_dim=case["hf"].get("qk_rope_head_dim"),
+                               head_dim=case["hf"].get("head_dim"), v_head_dim=case["hf"].get("head_dim"),
+                               get_num_kv_heads=lambda tp, dcp=1, k=kv_heads: max(1, k // tp))
+    layers = case["layers"]
+    kvc = types.SimpleNamespace(model_config=mc, kv_cache_dtype=DTYPES[case["kv_dtype"]], use_mla_backend=case["mla"],
+                                server_args=types.SimpleNamespace(enable_hisparse=False), is_draft_worker=False,
+                                layer_info=types.SimpleNamespace(start_layer=0, end_layer=layers), mambaish_config=None,
+                                kv_cache_dtype_str=case["kv_dtype"])
+    me = types.SimpleNamespace(kv_cache_dtype_str=case["kv_dtype"], _compute_dsa_indexer_cell_size=lambda **kw: pc.DefaultPoolConfigurator._compute_dsa_indexer_cell_size(me, **kw), _compute_qsa_cell_size=pc.DefaultPoolConfigurator._compute_qsa_cell_size)
+    out.append(pc.DefaultPoolConfigurator._compute_cell_size(me, kvc, layers))
+print(json.dumps(out))
+"""
+
+STUBBED = ("tvm_ffi", "sentencepiece", "compressed_tensors", "gguf", "flashinfer", "sgl_kernel", "deep_gemm",
+           "xgrammar", "outlines", "llguidance", "partial_json_parser", "openai", "fastapi", "uvicorn", "uvloop",
+           "setproctitle", "interegular", "torchao", "modelscope", "hf_transfer", "blobfile", "tiktoken", "einops",
+           "timm", "decord", "soundfile", "av", "cuda", "nvidia", "pynvml", "zmq", "sglang_router", "mooncake",
+           "nixl", "quack", "cutlass", "apache_tvm_ffi", "kernels")
+REAL_CONFIGS = ("model_config", "hybrid_arch", "load_config", "device_config", "modelopt_config", "utils",
+                "deepseek_v41", "deepseek_v4", "model_config_parser_registry")
+
+
+def sglang_cell_sizes(cases: list[dict]) -> list[int]:
+    """[{hf: config keys, layers, tp, mla, kv_dtype, dsa_backend?}] -> SGLang's KV bytes per token per rank."""
+    return _run(_CELL, cases, ",".join(STUBBED), ",".join(REAL_CONFIGS))
+
+
+def _run(code: str, cases: list[dict], *argv: str) -> list:
     target = ensure_sglang()
     env = dict(os.environ, PYTHONPATH=str(target))
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(cases),
+    proc = subprocess.run([sys.executable, "-c", code, *argv], input=json.dumps(cases),
                           capture_output=True, text=True, env=env, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"SGLang memory subprocess failed:\n{proc.stderr[-4000:]}")

@@ -169,3 +169,32 @@ def test_placements_cover_every_group_of_every_layout(qwen35_report) -> None:
         assert used <= ids
     mla = {placement_of(g)["id"] for g in deepseek_v3_fp8().inventory.groups}
     assert {"mla-down-projections-replicated", "draft-shares-target-vocab", "vocab-parallel"} <= mla
+
+
+def test_kv_bytes_per_token_match_sglangs_pool_arithmetic(qwen35_report) -> None:
+    """SGLang's DefaultPoolConfigurator._compute_cell_size (its source, run on CPU) vs our KV models."""
+    from ckptinspect.plan.kvcache import full_attention_layers, kv_cost
+    from plan_checkpoints import deepseek_v3_fp8, glm_4_5_fp8, glm_5_fp8, qwen3_next_80b
+    from sglang_memory import sglang_cell_sizes
+
+    cases, ours = [], []
+    for ck in (deepseek_v3_fp8(), glm_4_5_fp8(), glm_5_fp8(), qwen3_next_80b(), qwen35_report.checkpoint):
+        cfg = ck.config
+        hf = {"architectures": [cfg.architecture], "kv_lora_rank": cfg.kv_lora_rank,
+              "qk_rope_head_dim": cfg.qk_rope_head_dim, "num_key_value_heads": cfg.num_key_value_heads,
+              "head_dim": cfg.head_dim}
+        for key in ("index_topk", "index_head_dim"):
+            if cfg.text.get(key):
+                hf[key] = cfg.text[key]
+        for tp in (1, 8):
+            for kv_dtype, sg_dtype in (("auto", "bf16"), ("fp8_e4m3", "fp8_e4m3")):
+                # MTP draft layer included, as the plan counts it when speculative decoding is on.
+                layers = full_attention_layers(ck) + 1
+                cases.append({"hf": hf, "layers": layers, "tp": tp, "mla": cfg.attention_kind == "mla",
+                              "kv_dtype": sg_dtype, "dsa_backend": "flashmla_sparse"})
+                ours.append(kv_cost(ck, tp, kv_dtype, extra_layers=1).per_token)
+    theirs = sglang_cell_sizes(cases)
+    assert len(theirs) == len(ours) == 20
+    for case, mine, sg in zip(cases, ours, theirs):
+        assert mine == pytest.approx(sg, rel=0.02), case
+    assert all(mine == sg for mine, sg in zip(ours, theirs))  # same arithmetic, so in fact exact
