@@ -80,6 +80,10 @@ def test_deepseek_v3_fp8_on_8x_rtx_pro_6000_runs_at_a_reduced_context(matrix) ->
     # Triton MLA on SM120 has no FP8 KV, so that candidate is skipped with the reason.
     fp8 = next(s for s in sol.steps if s.id == "fp8-kv-cache")
     assert "no FP8 KV cache" in fp8.skipped and "--kv-cache-dtype" not in f
+    # vLLM gets the same context and the raised share, with the caveat that it profiles activations itself.
+    vf = _flags(plan, "vllm")
+    assert vf["--max-model-len"] == str(plan.context) and float(vf["--gpu-memory-utilization"]) > 0.80
+    assert any("check_enough_kv_cache_memory" in c for c in plan.commands["vllm"].caveats)
 
 
 def test_glm_5_fp8_on_8x_rtx_pro_6000_explains_by_how_much(matrix) -> None:

@@ -107,6 +107,10 @@ def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: Facts, engi
             rules = engine_rules("sglang")["draft"]
             notes.append(Note("info", f"vllm: {rules['vllm_note']}", rules["vllm_source"]))
         mem_value, mem_reason, mem_source = _mem_flag(name, chosen.mem, efacts, solution)
+        caveats: tuple[str, ...] = ()
+        if name == "vllm" and solution is not None:
+            vl = engine_rules("vllm")["memory"]
+            caveats = (f"{vl['solver_caveat']} ({vl['solver_caveat_source']})",)
         parsers = parsers_for(name, efacts)
         if parsers and parsers.get("note"):
             notes.append(Note("info", f"{name}: {parsers['note']}", parsers["source"]))
@@ -116,6 +120,7 @@ def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: Facts, engi
             mem_fraction_source=mem_source, max_running_requests=running,
             running_reason=running_reason, running_source=engine_rules(name)["requests"]["source"],
             choices=choices, avoid=avoid, parsers=parsers, spec_enabled=on,
-            spec=values, spec_reason=reason, trust_remote_code=cfg.has_remote_code, draft_flags=draft)
+            spec=values, spec_reason=reason, trust_remote_code=cfg.has_remote_code, draft_flags=draft,
+            caveats=caveats)
         commands[name] = sglang_command(inputs) if name == "sglang" else vllm_command(inputs, efacts)
     return speculative, commands, notes

@@ -31,7 +31,7 @@ def sglang_command(inp: LaunchInputs) -> Command:
         if inp.parsers.get("tool"):
             flags.append(FlagLine("--tool-call-parser", inp.parsers["tool"], "parses this family's tool-call format",
                                   inp.parsers["source"]))
-    caveats: list[str] = []
+    caveats: list[str] = list(inp.caveats)
     if inp.spec_enabled:
         spec = rules["speculative"]
         src = inp.spec.get("source", spec["source"])
