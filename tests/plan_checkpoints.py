@@ -37,8 +37,9 @@ GLM_4_5 = {
 }
 
 
-# zai-org/GLM-5-FP8 config.json values (the zai-org/GLM-5 config as mirrored by jd-opensource/xllm
-# xllm/models/llm/glm5.h, plus the FP8 release's block quantization_config): MLA + DSA indexer.
+# GLM-5 (MLA + DSA indexer): the zai-org/GLM-5 config.json values as mirrored by jd-opensource/xllm
+# xllm/models/llm/glm5.h (its defaults cite that config). The FP8 release's quantization_config is
+# assumed to be the DeepSeek-style block FP8 one (128 x 128); it is not copied from zai-org/GLM-5-FP8.
 GLM_5 = {
     "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "hidden_size": 6144,
     "intermediate_size": 12288, "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,

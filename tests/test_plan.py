@@ -197,6 +197,11 @@ def test_cli_plan_json_and_errors(qwen35, cli, tmp_path: Path) -> None:
     assert bad.returncode == 2 and "known GPUs" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     tiny = cli("plan", ck.location, "--gpu", "rtx-5090", "--gpus", "2", "--quiet")
     assert tiny.returncode == 2 and "GiB more per GPU" in tiny.stderr
+    tiny_json = cli("plan", ck.location, "--gpu", "rtx-5090", "--gpus", "2", "--quiet", "--format", "json")
+    assert tiny_json.returncode == 2 and "GiB more per GPU" in tiny_json.stderr
+    failed = json.loads(tiny_json.stdout)
+    jsonschema.validate(failed, SCHEMA)
+    assert failed["status"] == "failed" and "weights take" in failed["reason"]
     probe = tmp_path / "probe.json"
     probe.write_text(json.dumps({"recommendation": {"sglang": {"num_steps": 0}}}))
     badprobe = cli("plan", ck.location, "--gpu", "b200", "--gpus", "8", "--probe-report", str(probe), "--quiet")

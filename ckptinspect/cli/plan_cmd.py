@@ -29,17 +29,23 @@ from ckptinspect.errors import PlanError
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hub token.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def plan(model: str, gpu: str, gpus: int, context: int | None, max_context: bool, concurrency: int, goal: str, engine: str, probe_report: Path | None,
-         fmt: str, rules_dirs: tuple[Path, ...], revision: str | None, token: str | None, quiet: bool) -> None:
+def plan(model: str, gpu: str, gpus: int, context: int | None, max_context: bool, concurrency: int, goal: str,
+         engine: str, probe_report: Path | None, fmt: str, rules_dirs: tuple[Path, ...], revision: str | None,
+         token: str | None, quiet: bool) -> None:
     """Plan MODEL on GPUS x GPU: TP/EP that loads, memory, KV capacity, launch commands with reasons."""
     from ckptinspect.pipeline import build_report
-    from ckptinspect.plan import find_gpu, make_plan, render_plan_markdown, render_plan_text
+    from ckptinspect.plan import PlanFailure, find_gpu, plan_or_failure, render_plan_markdown, render_plan_text
 
     find_gpu(gpu)  # fail on a bad GPU name before reading any checkpoint
     probe = _read_probe(probe_report) if probe_report else None
     report = build_report(model, rules_dirs=rules_dirs, revision=revision, token=token, progress=not quiet)
-    result = make_plan(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal, engine=engine,
-                       probe_report=probe, max_context=max_context, concurrency=concurrency)
+    result = plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
+                             engine=engine, probe_report=probe, max_context=max_context, concurrency=concurrency)
+    if isinstance(result, PlanFailure):
+        # Nothing runs: the JSON document still says why (status failed) for machines; exit 2 as before.
+        if fmt == "json":
+            click.echo(json.dumps(result.to_json(), indent=2))
+        raise PlanError(result.message, hint=result.hint)
     if fmt == "json":
         click.echo(json.dumps(result.to_json(), indent=2))
     elif fmt == "markdown":
