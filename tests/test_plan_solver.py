@@ -134,6 +134,8 @@ def test_failed_plan_is_a_section_of_the_report_and_keeps_its_exit_code(cli) -> 
     doc = json.loads(js.stdout)
     assert doc["plan"]["status"] == "failed" and doc["findings"]
     jsonschema.validate(doc["plan"], SCHEMA)
+    md = cli("report", "--gpu", "rtx-pro-6000", "--gpus", "8", "--format", "markdown", "--quiet")
+    assert md.returncode == 0 and "- **no plan**:" in md.stdout and "| 8 | 8 |" in md.stdout
     gate = cli("report", "--gpu", "h200", "--gpus", "4", "--fail-on", "degraded", "--quiet")
     assert gate.returncode == cli("report", "--fail-on", "degraded", "--quiet").returncode
 

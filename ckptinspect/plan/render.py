@@ -93,7 +93,13 @@ def render_plan_text(plan: Plan | PlanFailure) -> str:
 
 def render_plan_markdown(plan: Plan | PlanFailure) -> str:
     if isinstance(plan, PlanFailure):
-        return "\n".join(["## Deployment plan", ""] + [f"- {x}" for x in _failure_lines(plan)]) + "\n"
+        lines = ["## Deployment plan", "", f"- **no plan**: {plan.message}", f"- hint: {plan.hint}"]
+        lines += ["", "| TP | EP | weights GiB/GPU | MTP GiB/GPU | status |", "|---|---|---|---|---|"]
+        lines += [f"| {o.memory.tp} | {o.memory.ep} | {o.memory.main_bytes_per_rank / plan.gib:.2f} | "
+                  f"{o.memory.mtp_bytes_per_rank / plan.gib:.2f} | {o.why_not(plan.gib).replace('|', '/')} |"
+                  for o in plan.options]
+        lines += [""] + [f"- {x.strip()}" for x in _solution(plan.solution, plan.gib)] if plan.solution else []
+        return "\n".join(lines) + "\n"
     lines = ["## Deployment plan", ""] + [f"- {x}" for x in _summary(plan)]
     if plan.solution:
         lines += [""] + [f"- {x.strip()}" for x in _solution(plan.solution, plan.gib)]
