@@ -172,9 +172,16 @@ def test_sliding_window_layers_stop_growing_at_the_window() -> None:
     sliding = sum(1 for t in cfg.layer_types if t == "sliding_attention")
     per_layer = 2 * cfg.num_key_value_heads * cfg.head_dim * 2
     assert cost.per_token == full * per_layer and cost.window_bytes_per_token == sliding * per_layer
-    w = cost.window
-    assert cost.request_bytes(w + 1000) - cost.request_bytes(w) == 1000 * full * per_layer
+    w, ratio = cost.window, engine_rules("common")["kv_models"]["sliding_window"]["swa_full_tokens_ratio"]
+    assert cost.swa_ratio == ratio
+    # Below the window every layer grows; between window and window / ratio only the full layers grow
+    # (the window bounds the sliding layers); beyond, SGLang's SWA pool grows at ratio x the full pool.
     assert cost.request_bytes(w) - cost.request_bytes(w - 100) == 100 * (full + sliding) * per_layer
+    assert cost.request_bytes(w + 10) - cost.request_bytes(w) == 10 * full * per_layer
+    far = int(w / ratio) + 10_000
+    assert cost.request_bytes(far + 1000) - cost.request_bytes(far) == pytest.approx(
+        1000 * (full + ratio * sliding) * per_layer)
+    assert cost.request_bytes(far) < far * (full + sliding) * per_layer  # still less than unbounded KV
 
 
 def test_deepseek_v4_compressed_cache() -> None:

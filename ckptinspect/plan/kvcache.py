@@ -81,7 +81,11 @@ def sliding_attention_layers(ck: Checkpoint) -> int:
 @dataclass(frozen=True)
 class KvCost:
     """What one request costs in the KV pool of one rank, as a function of its context length L:
-    ``L * per_token + min(L, window) * window_bytes_per_token + state``."""
+    ``L * per_token + max(min(L, window), swa_ratio * L) * window_bytes_per_token + state``.
+
+    Window layers need min(L, window) tokens; SGLang's hybrid SWA pool is sized at swa_ratio x the
+    full-attention tokens, so beyond window / swa_ratio that pool, not the window, is what grows.
+    """
 
     model: str  # mla | dsa | dsv4_compressed | gqa | sliding_window | hybrid_linear
     per_token: float
@@ -89,13 +93,17 @@ class KvCost:
     window_bytes_per_token: float
     state: int  # fixed per-request bytes (GDN conv + SSM state)
     source: str
+    swa_ratio: float = 0.0  # SWA pool tokens per full-attention token (SGLang --swa-full-tokens-ratio)
+
+    def window_tokens(self, context: int) -> float:
+        return max(min(context, self.window), self.swa_ratio * context)
 
     def request_bytes(self, context: int) -> float:
-        return context * self.per_token + min(context, self.window) * self.window_bytes_per_token + self.state
+        return context * self.per_token + self.window_tokens(context) * self.window_bytes_per_token + self.state
 
     def fixed_bytes(self, context: int) -> float:
-        """The part of request_bytes that does not grow with the pool's shared token count."""
-        return min(context, self.window) * self.window_bytes_per_token + self.state
+        """The part of request_bytes outside the full-attention token pool."""
+        return self.window_tokens(context) * self.window_bytes_per_token + self.state
 
 
 def _elem(kv_dtype: str) -> float:
@@ -160,8 +168,9 @@ def kv_cost(ck: Checkpoint, tp: int, kv_dtype: str, extra_layers: int = 0) -> Kv
     full = (full_attention_layers(ck) + extra_layers) * per_layer
     sliding = sliding_attention_layers(ck)
     if sliding and cfg.sliding_window:
-        return KvCost("sliding_window", full, int(cfg.sliding_window), sliding * per_layer, 0,
-                      models["sliding_window"]["source"])
+        swa = models["sliding_window"]
+        return KvCost("sliding_window", full, int(cfg.sliding_window), sliding * per_layer, 0, swa["source"],
+                      swa_ratio=swa["swa_full_tokens_ratio"])
     state = state_bytes_per_request(ck, tp)
     if state:
         return KvCost("hybrid_linear", full, 0, 0.0, state, models["hybrid_linear"]["source"])
