@@ -114,6 +114,16 @@ def test_solver_and_draft_rule_values_are_sglang_choices(plans, sglang_parsed) -
     assert any("--speculative-moe-runner-backend" in {f.flag for f in p.commands["sglang"].flags} for p in plans)
 
 
+def test_data_parallel_replica_note_parses() -> None:
+    import re
+
+    plan = make_plan(qwen3_next_80b(), mtp_ready("NEXTN"), gpu="b300", gpus=3, engine="sglang")
+    note = next(n.message for n in plan.notes if "data-parallel replicas" in n.message)
+    dp, tp = re.search(r"--dp-size (\d+) --tp-size (\d+)", note).groups()
+    result = parse_with_sglang([["--model-path", "m", "--dp-size", dp, "--tp-size", tp]])["results"][0]
+    assert result["ok"] and result["values"]["dp_size"] == int(dp) and result["values"]["tp_size"] == int(tp)
+
+
 def test_speculative_algorithm_is_registered(plans) -> None:
     algorithms = engine_rules("sglang")["speculative"]["algorithms"]
     seen = {f.value for p in plans for f in p.commands["sglang"].flags if f.flag == "--speculative-algorithm"}

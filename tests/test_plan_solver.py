@@ -256,3 +256,13 @@ def test_cli_plan_max_context_flag(qwen35_replica, cli) -> None:
     assert data["commands"]["sglang"]["argv"][data["commands"]["sglang"]["argv"].index("--max-running-requests") + 1] == "4"
     text = cli("plan", str(qwen35_replica), "--gpu", "rtx-pro-6000", "--gpus", "8", "--max-context", "--quiet")
     assert "Longest context for 1 concurrent request(s)" in text.stdout
+
+
+def test_idle_gpus_suggest_data_parallel_replicas_when_one_replica_fits() -> None:
+    plan = make_plan(qwen3_next_80b(), mtp_ready("NEXTN"), gpu="b300", gpus=3)
+    assert plan.gpus_used == 2 and plan.min_gpus == 1
+    note = next(n.message for n in plan.notes if "data-parallel replicas" in n.message)
+    assert "--dp-size 3 --tp-size 1" in note
+    # Without a count that divides the GPUs and fits alone, there is no such note.
+    big = make_plan(glm_4_5_fp8(), mtp_ready(), gpu="h200", gpus=6)
+    assert not any("data-parallel replicas" in n.message for n in big.notes)

@@ -153,6 +153,13 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
     notes = [Note(n["severity"], n["message"], n["source"]) for n in common.get("notes", []) if facts.matches(n["when"])]
     if idle_reason:
         notes.append(Note("warning", idle_reason, "ckptinspect plan: divisibility checks (rules/engines/common.yaml)"))
+        replicas = next((n for n in counts if n < gpus and gpus % n == 0 and works(n)), None)
+        if replicas:
+            k = gpus // replicas
+            notes.append(Note("info", f"all {gpus} GPUs can serve as {k} data-parallel replicas of TP {replicas}: "
+                              f"--dp-size {k} --tp-size {replicas} (SGLang) / --data-parallel-size {k} "
+                              f"--tensor-parallel-size {replicas} (vLLM); each replica holds the whole model",
+                              "SG:arg_groups/fields/parallel.py dp_size; VL:engine/arg_utils.py EngineArgs.data_parallel_size"))
     if solution and solution.chosen.id != "defaults":
         notes.append(Note("warning", f"context reduced to {context} tokens for {concurrency} concurrent request(s) "
                           f"(requested {requested}); risk: {solution.chosen.risk}", solution.chosen.source))
