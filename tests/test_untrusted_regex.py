@@ -183,7 +183,8 @@ def test_rule_schema_patterns_on_re2_give_jsonschemas_errors():
     import jsonschema
     import yaml
 
-    from ckptinspect.readiness.loader import _validator, builtin_dir, schema_path
+    from ckptinspect.readiness.loader import builtin_dir
+    from ckptinspect.rules.documents import schema_path, validator as _validator
 
     stock = jsonschema.Draft202012Validator(_json.loads(schema_path().read_text()))
     ours = _validator()
