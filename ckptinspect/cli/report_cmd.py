@@ -28,7 +28,8 @@ FAIL_ON_CHOICES = sorted(FAIL_ON) + ["error"]  # "error": any error-severity fin
 @click.option("--gpus", type=click.IntRange(1, 1024), default=None, help="Number of GPUs for the plan.")
 @click.option("--context", type=click.IntRange(1), default=None, help="Context length for the plan.")
 @click.option("--tp", type=click.IntRange(1, 1024), default=None, help="Show the MTP layer's memory per GPU at this TP.")
-@click.option("--ep", type=click.IntRange(1, 1024), default=None, help="Expert parallel size for --tp (default: TP).")
+@click.option("--ep", type=click.IntRange(1, 1024), default=None,
+              help="Expert parallel size for --tp (default: TP); must divide --tp, as in SGLang.")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hub token.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -45,6 +46,7 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
 
     from ckptinspect.pipeline import build_report
 
+    _check_parallel_options(tp, ep, gpu, gpus)
     if model is None:
         from ckptinspect.examples import EXAMPLE_DIR
 
@@ -56,13 +58,12 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
         from ckptinspect.readiness.cost import mtp_cost
 
         result = replace(result, mtp_costs=(mtp_cost(result.checkpoint, result.mtp, tp, ep or tp),))
-    if gpu is not None or gpus is not None:
-        if gpu is None or gpus is None:
-            raise click.UsageError("--gpu and --gpus go together")
-        from ckptinspect.plan import make_plan
+    if gpu is not None:
+        from ckptinspect.plan import plan_or_failure
 
-        result = replace(result, plan=make_plan(result.checkpoint, result.mtp, gpu=gpu, gpus=gpus,
-                                                   context=context, engine=engine))
+        # A plan that cannot be made is a report section saying why; the exit code stays the report's.
+        result = replace(result, plan=plan_or_failure(result.checkpoint, result.mtp, gpu=gpu, gpus=gpus,
+                                                         context=context, engine=engine))
 
     if fmt == "json":
         from ckptinspect.render.json_out import dumps, report_to_json
@@ -94,3 +95,21 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
             verdicts = ", ".join(f"{e}={result.mtp.verdicts[e].verdict}" for e in worst)
             click.echo(f"fail-on {fail_on}: MTP verdict {verdicts}", err=True)
             sys.exit(1)
+
+
+def _check_parallel_options(tp: int | None, ep: int | None, gpu: str | None, gpus: int | None) -> None:
+    """Refuse what the engines refuse before reading the checkpoint (usage error, exit 2)."""
+    if ep is not None and tp is None:
+        raise click.UsageError("--ep needs --tp: the expert-parallel size splits the --tp ranks")
+    if tp is not None:
+        from ckptinspect.plan import split_problem
+
+        problem = split_problem(tp, ep)
+        if problem:
+            raise click.UsageError(problem)
+    if (gpu is None) != (gpus is None):
+        raise click.UsageError("--gpu and --gpus go together")
+    if gpu is not None:
+        from ckptinspect.plan import find_gpu
+
+        find_gpu(gpu)  # a bad GPU name is an input error, not a failed plan
