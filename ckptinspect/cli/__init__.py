@@ -57,12 +57,21 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug or bool(os.environ.get("CKPTINSPECT_DEBUG"))}
 
 
+def hoist_debug(args: list[str]) -> tuple[list[str], bool]:
+    """``--debug`` anywhere before a ``--`` separator (also after the subcommand) -> the group's flag."""
+    cut = args.index("--") if "--" in args else len(args)
+    head = [a for a in args[:cut] if a != "--debug"]
+    debug = len(head) != cut
+    return (["--debug"] if debug else []) + head + args[cut:], debug
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Run the CLI, turning library errors into one line on stderr and exit code 2."""
+    from ckptinspect.cli.messages import explain
     from ckptinspect.errors import CkptInspectError
 
-    args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args or bool(os.environ.get("CKPTINSPECT_DEBUG"))
+    args, debug = hoist_debug(sys.argv[1:] if argv is None else list(argv))
+    debug = debug or bool(os.environ.get("CKPTINSPECT_DEBUG"))
     try:
         return cli.main(args=args, prog_name="ckptinspect", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -76,7 +85,7 @@ def main(argv: list[str] | None = None) -> Any:
     except CkptInspectError as exc:
         if debug:
             raise
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {explain(exc)}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

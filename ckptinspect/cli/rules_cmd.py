@@ -10,7 +10,11 @@ from typing import Any
 import click
 
 
-@click.group("rules")
+@click.group("rules", epilog="""\b
+Examples:
+  ckptinspect rules list
+  ckptinspect rules show deepseek_v3
+  ckptinspect rules validate ./my-rules/  # CI for your own rule files""")
 @click.option("--rules-dir", "rules_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
               help="Extra rule directory (repeatable); its families override built-ins with the same id.")
 @click.pass_context
@@ -30,7 +34,7 @@ def _origin(fam: Any) -> str:
     return "built-in" if fam.origin == 0 else fam.source
 
 
-@rules.command("list")
+@rules.command("list", epilog="\b\nExamples:\n  ckptinspect rules list\n  ckptinspect rules list --all --format json")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="Include abstract base rules.")
 @click.pass_context
@@ -64,7 +68,8 @@ def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
                                         "vLLM draft", "source"]))
 
 
-@rules.command("show")
+@rules.command("show", epilog="\b\nExamples:\n  ckptinspect rules show qwen3_5_moe\n"
+                                "  ckptinspect rules show deepseek_v3 --format json")
 @click.argument("family")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 @click.pass_context
@@ -91,7 +96,8 @@ def show_cmd(ctx: click.Context, family: str, fmt: str) -> None:
     click.echo(head + "\n" + yaml.dump(doc, Dumper=dumper, sort_keys=False, width=110, allow_unicode=True))
 
 
-@rules.command("validate")
+@rules.command("validate", epilog="\b\nExamples:\n  ckptinspect rules validate rules/families/\n"
+                                    "  ckptinspect rules validate ./my-rules/toy_mtp.yaml")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.pass_context
 def validate_cmd(ctx: click.Context, paths: tuple[Path, ...]) -> None:
