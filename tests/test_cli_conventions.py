@@ -312,3 +312,33 @@ def test_diff_fail_on(make_fixture):
     assert same.returncode == 0 and same.stderr == ""
     as_json = run_cli("diff", a, b, "--fail-on", "error", "--format", "json")
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["schema_version"] == 1
+
+
+# -- the test suite's one-time SGLang install -------------------------------------------------------
+@pytest.mark.skipif(not os.environ.get("CKPTINSPECT_NOTICE_PROBE"), reason="run by the test below")
+def test_sglang_install_inner(monkeypatch):
+    sys.path.insert(0, str(ROOT / "tests"))
+    import sglang_parser
+
+    calls = []
+
+    def fake_pip(cmd, **kwargs):  # records the install instead of downloading 1.3 GB
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setenv("CKPTINSPECT_TEST_CACHE", os.environ["CKPTINSPECT_NOTICE_PROBE"])
+    monkeypatch.setattr(sglang_parser.subprocess, "run", fake_pip)
+    sglang_parser.ensure_sglang()
+    sglang_parser.ensure_sglang()  # marker written: nothing to install, nothing printed
+    assert len(calls) == 1 and "--no-deps" in calls[0] and sglang_parser.SGLANG in calls[0]
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["serial", "xdist"])
+def test_sglang_install_prints_one_line_once_through_capture(tmp_path, workers):
+    env = dict(os.environ, CKPTINSPECT_NOTICE_PROBE=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
+                          "tests/test_cli_conventions.py::test_sglang_install_inner"], capture_output=True,
+                         text=True, env=env, cwd=str(ROOT), timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:]
+    notice = [line for line in (res.stdout + res.stderr).splitlines() if "ckptinspect tests: installing" in line]
+    assert len(notice) == 1 and str(tmp_path) in notice[0] and "1.3 GB" in notice[0], res.stdout + res.stderr
