@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 SGLANG = "sglang==0.5.23"
-# Found by importing sglang.srt.server_args until it stopped failing (see README.md, plan section).
+# Found by importing sglang.srt.server_args until it stopped failing (see CONTRIBUTING.md, "Tests").
 # triton is the only large one (~290 MB wheel): sglang/srt/utils/common.py imports it at top level.
 IMPORT_DEPS = (
     "orjson", "psutil", "pybase64", "requests", "urllib3", "certifi", "triton", "pillow", "starlette",

@@ -18,6 +18,10 @@ def explain(exc: CkptInspectError) -> str:
     if isinstance(exc, NetworkError):
         return _network(exc, text)
     if isinstance(exc, NotFoundError) and "HF_HUB_OFFLINE" in text and exc.path:
+        # The source's generic hint ("run once online") is replaced by what the cache holds and the
+        # one command that helps (a Hub read caches the JSON files, never the shard headers).
+        if exc.hint and text.endswith(f" ({exc.hint})"):
+            text = text[: -len(f" ({exc.hint})")]
         return _offline(exc.path, text)
     return text
 
