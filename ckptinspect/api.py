@@ -1,4 +1,5 @@
-"""The library API that the CLI and the tests call: ``inspect``, ``plan``, ``diff``, ``probe``, ``gate``.
+"""The library API that the CLI and the tests call: ``inspect``, ``plan``, ``diff``, ``snapshot``,
+``probe``, ``gate``.
 
 Each function takes a model reference (a directory, ``org/name[@revision]`` or a ``.json.gz``
 snapshot) and returns plain records; rendering lives in ``ckptinspect.render``. ``probe`` is the only
@@ -11,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from ckptinspect.errors import NotFoundError, PlanError
+from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError
 from ckptinspect.records import VERDICT_RANK
 
 # `--fail-on LEVEL`: the verdict rank at and above which a gate trips.
@@ -104,6 +105,20 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
     ra = build_report(check_ref(ref_a), rules_dirs=tuple(rules_dirs), progress=progress)
     rb = build_report(check_ref(ref_b), rules_dirs=tuple(rules_dirs), progress=progress)
     return diff_checkpoints(ra.checkpoint, rb.checkpoint, ra.mtp, rb.mtp)
+
+
+def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str | None = None,
+             progress: bool = False) -> Any:
+    """Write ``ref``'s config files, index and every shard header into ``output`` (.json.gz); returns the
+    ``RawCheckpoint`` that was saved (its ``stats`` say how it was read)."""
+    from ckptinspect.sources import open_source
+    from ckptinspect.sources.snapshot import write_snapshot
+
+    if not str(output).endswith(".json.gz"):
+        raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
+    raw = open_source(check_ref(ref), revision=revision, token=token, progress=progress)
+    write_snapshot(raw, output)
+    return raw
 
 
 def probe(ref: str, **options: Any) -> Any:

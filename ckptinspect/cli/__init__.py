@@ -46,13 +46,17 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ckptinspect")
-@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors (also after the command).")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """ckptinspect: what is in an LLM checkpoint, is its MTP draft layer usable, how to launch it.
 
     Exit codes: 0 the checkpoint was read; 1 a --fail-on gate tripped; 2 bad input, usage,
     source or network error (one line on stderr; --debug shows the traceback).
+
+    Text wraps to COLUMNS or the terminal (--wide: full width); verdicts are coloured on a terminal
+    unless NO_COLOR is set; progress bars show only on a terminal, never with
+    HF_HUB_DISABLE_PROGRESS_BARS=1 or --quiet.
     """
     ctx.obj = {"debug": debug or bool(os.environ.get("CKPTINSPECT_DEBUG"))}
 

@@ -64,7 +64,7 @@ def wide_option(f: Callable) -> Callable:
 
 
 # -- GPU names --------------------------------------------------------------------------------------
-def _key(text: str) -> str:
+def _key(text: str) -> str:  # the normalisation find_gpu (plan/gpus.py) applies
     return re.sub(r"[\s_]+", "-", text.strip().lower())
 
 

@@ -37,8 +37,9 @@ def _origin(fam: Any) -> str:
 @rules.command("list", epilog="\b\nExamples:\n  ckptinspect rules list\n  ckptinspect rules list --all --format json")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="Include abstract base rules.")
+@click.option("--wide", is_flag=True, help="Full-width text; by default text wraps to COLUMNS or the terminal width.")
 @click.pass_context
-def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
+def list_cmd(ctx: click.Context, fmt: str, show_all: bool, wide: bool) -> None:
     """One line per family: what it matches, where its MTP layer lives, each engine's draft model."""
     ruleset = _ruleset(ctx)
     families = ruleset.families if show_all else ruleset.concrete()
@@ -56,7 +57,8 @@ def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
     if fmt == "json":
         click.echo(json.dumps({"families": rows}, indent=2))
         return
-    from tabulate import tabulate
+    from ckptinspect.cli.options import output_width
+    from ckptinspect.render.terminal import table as fit_table
 
     def archs(names: list[str]) -> str:
         return "-" if not names else names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else "")
@@ -64,8 +66,8 @@ def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
     table = [[r["id"], archs(r["architectures"]), r["prefixes"][0] if r["prefixes"] else "-",
               r["depth_keys"][0] if r["depth_keys"] else "-", r["sglang"] or "-", r["vllm"] or "-",
               r["source"]] for r in rows]
-    click.echo(tabulate(table, headers=["family", "architectures", "MTP prefix", "depth key", "SGLang draft",
-                                        "vLLM draft", "source"]))
+    click.echo(fit_table(["family", "architectures", "MTP prefix", "depth key", "SGLang draft", "vLLM draft",
+                          "source"], table, output_width(fmt, wide)))
 
 
 @rules.command("show", epilog="\b\nExamples:\n  ckptinspect rules show qwen3_5_moe\n"

@@ -30,15 +30,12 @@ def snapshot(model: str, output: Path, revision: str | None, token: str | None, 
     MODEL is a directory, an org/name[@revision] Hub repo (only headers are fetched) or another
     snapshot. `ckptinspect report FILE.json.gz` then works offline with the same result.
     """
-    from ckptinspect.api import check_ref
+    from ckptinspect import api
     from ckptinspect.cli.options import progress_enabled
-    from ckptinspect.sources import open_source
-    from ckptinspect.sources.snapshot import write_snapshot
 
     if not str(output).endswith(".json.gz"):
         raise click.BadParameter("the snapshot file name must end with .json.gz", param_hint="--output")
-    raw = open_source(check_ref(model), revision=revision, token=token, progress=progress_enabled(quiet))
-    write_snapshot(raw, output)
+    raw = api.snapshot(model, output, revision=revision, token=token, progress=progress_enabled(quiet))
     if verbose:
         stats = raw.stats
         click.echo(f"source: {raw.kind} {raw.location}; requests: {stats.get('requests', 0)}, "
