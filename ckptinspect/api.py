@@ -17,6 +17,7 @@ from ckptinspect.records import VERDICT_RANK
 
 # `--fail-on LEVEL`: the verdict rank at and above which a gate trips.
 FAIL_ON = {"degraded": VERDICT_RANK["degraded"], "unusable": VERDICT_RANK["unusable"]}
+FAIL_ON_CHOICES = (*sorted(FAIL_ON), "error")  # "error": any error-severity finding
 ENGINES = ("sglang", "vllm")
 # Files that live inside a model directory: naming one means the directory was meant.
 _MODEL_DIR_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json",
@@ -137,7 +138,11 @@ def probe(ref: str, **options: Any) -> Any:
 
 
 def gate(report: Any, fail_on: str, engine: str = "both") -> list[str]:
-    """``engine=verdict`` for each engine whose MTP verdict is ``fail_on`` or worse (empty: gate passes)."""
+    """What trips ``--fail-on`` (empty: the gate passes): ``engine=verdict`` for each engine whose MTP
+    verdict is ``fail_on`` or worse, or for ``fail_on="error"`` the code of each error finding."""
+    if fail_on == "error":
+        return [f.code for f in (*report.checkpoint.findings, *(report.mtp.findings if report.mtp else ()))
+                if f.severity == "error"]
     if report.mtp is None:
         return []
     engines = ENGINES if engine == "both" else (engine,)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ckptinspect.api import FAIL_ON
+from ckptinspect.api import FAIL_ON, FAIL_ON_CHOICES
 from ckptinspect.cli.options import Command, check_gpu, gpu_list_help, quiet_option, wide_option
 
 EXAMPLES = (
@@ -23,8 +23,9 @@ EXAMPLES = (
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
 @click.option("--engine", type=click.Choice(["sglang", "vllm", "both"]), default="both", show_default=True,
               help="Engine(s) whose MTP verdict --fail-on checks.")
-@click.option("--fail-on", type=click.Choice(sorted(FAIL_ON)), default=None,
-              help="Exit 1 when the MTP verdict is this or worse (CI gate for checkpoint uploads).")
+@click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES), default=None,
+              help="Exit 1 when the MTP verdict is this or worse, or (error) when any finding is an error "
+                   "(CI gate for checkpoint uploads).")
 @click.option("--rules-dir", "rules_dirs", multiple=True, type=click.Path(exists=True, file_okay=False,
               path_type=Path), help="Extra rule files (override built-in families by id). Repeatable.")
 @click.option("--gpu", default=None, callback=check_gpu, help="GPU name for a deployment plan (listed below).")
@@ -63,5 +64,8 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
     if fail_on is not None:
         tripped = api.gate(result, fail_on, engine)
         if tripped:
-            click.echo(f"fail-on {fail_on}: MTP verdict {', '.join(tripped)}", err=True)
+            if fail_on in FAIL_ON:
+                click.echo(f"fail-on {fail_on}: MTP verdict {', '.join(tripped)}", err=True)
+            else:
+                click.echo(f"fail-on error: {len(tripped)} error finding(s), first: {tripped[0]}", err=True)
             sys.exit(1)
