@@ -86,3 +86,10 @@ def test_import_is_light_and_inspect_is_lazy():
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; print('ok')")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
     assert res.stdout.strip() == "ok", res.stderr
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_moe_mtp_incomplete", "qwen3_5_moe_nvfp4_nomtp", "qwen3_5_moe_nvfp4"])
+def test_error_gate_is_every_error_finding_of_the_document(name, make_fixture):
+    report = api.inspect(str(make_fixture(name)))
+    doc = json.loads(render_report(report, "json"))
+    assert api.gate(report, "error") == [f["code"] for f in doc["findings"] if f["severity"] == "error"]

@@ -10,7 +10,7 @@ import os
 
 import click
 
-from ckptinspect.cli.options import Command
+from ckptinspect.cli.options import Command, wide_option
 from ckptinspect.errors import ProbeError
 
 EXAMPLES = (
@@ -52,14 +52,15 @@ def _parse_devices(text: str | None) -> list[int] | None:
 @click.option("--max-prompts", default=None, type=click.IntRange(1), help="Use only the first N prompts.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars (also off when stderr is not a terminal or "
               "HF_HUB_DISABLE_PROGRESS_BARS=1).")
+@wide_option
 def probe(model: str, device: str | None, devices: str | None, prompts_file: str | None, max_new_tokens: int,
           steps: int, mode: str, temperature: float, gpu: str, batch_size: int, dtype: str | None, fmt: str,
           output: str | None, plot: str | None, main_url: str | None, trust_remote_code: bool,
-          max_prompts: int | None, quiet: bool) -> None:
+          max_prompts: int | None, quiet: bool, wide: bool) -> None:
     """Measure how well MODEL's MTP head drafts for its own main model (acceptance per depth,
     accept length, projected speedup, recommended speculative settings)."""
     from ckptinspect import api
-    from ckptinspect.cli.options import progress_enabled
+    from ckptinspect.cli.options import output_width, progress_enabled
 
     progress = progress_enabled(quiet)
     try:
@@ -79,7 +80,7 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
                        max_new_tokens=max_new_tokens, steps=steps, mode=mode, temperature=temperature, gpu=gpu,
                        trust_remote_code=trust_remote_code, batch_size=batch_size, dtype=dtype,
                        progress=progress, main_url=main_url, max_prompts=max_prompts)
-    text = render_probe(result, fmt)
+    text = render_probe(result, fmt, width=None if output else output_width(fmt, wide))
     if output:
         with open(output, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
