@@ -128,7 +128,14 @@ def test_generated_examples_are_current(qwen35_replica):
         stale = gen_docs.stale_blocks(ctx)
     finally:
         ctx.close()
-    assert not stale, f"stale generated blocks in {sorted(stale)}: run python scripts/gen_docs.py"
+    if stale:
+        import difflib
+
+        rel, fresh = sorted(stale.items())[0]
+        diff = difflib.unified_diff((ROOT / rel).read_text(encoding="utf-8").splitlines(), fresh.splitlines(),
+                                    rel, f"{rel} (regenerated)", lineterm="", n=1)
+        detail = "\n".join(list(diff)[:40])
+        raise AssertionError(f"stale generated blocks in {sorted(stale)}: run python scripts/gen_docs.py\n{detail}")
 
 
 def test_the_bundled_example_block_shows_the_mtp_fc_warning():
