@@ -47,10 +47,11 @@ def _network(exc: NetworkError, text: str) -> str:
     if "://" not in text:
         extra.append(f"endpoint {endpoint} (HF_ENDPOINT)")
     cause = _root_cause(exc)
-    if cause is not None:
-        detail = f"{type(cause).__name__}: {cause}".rstrip(": ")
-        if str(cause) and str(cause) not in text:
-            extra.append(f"cause: {detail}")
+    # A cause worth adding is a transport error the message does not already name (the Hub source
+    # names it in most messages; an inner library error only repeats the message).
+    if cause is not None and not isinstance(cause, CkptInspectError) and type(cause).__name__ not in text:
+        detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+        extra.append(f"cause: {detail}")
     return text + (f" [{'; '.join(extra)}]" if extra else "")
 
 

@@ -6,6 +6,11 @@ implementation's ``Metadata::validate`` (huggingface/safetensors, safetensors/sr
 dtype, ``numel * bits == 8 * (end - begin)``, offsets contiguous from 0 without holes or overlaps, and
 ``8 + N + last_end == file size`` when the size is known. Sizes always come from ``data_offsets``,
 never from a dtype table, so packed formats (U8 nibble pairs, F4, E8M0) stay exact.
+
+The JSON itself is read with the reference's rules (serde_json: no NaN, no repeated fields, no lone
+surrogates, ...): a fast path proves plain ``json.loads`` gives the same answer, everything else goes
+through header/exact.py. tests/test_conformance.py checks the accept / reject answers against the
+``safetensors`` library; docs/header_conformance.md lists the two deliberate differences.
 """
 
 from __future__ import annotations
@@ -104,7 +109,7 @@ def parse_header(data: bytes, *, source: str, file_size: int | None = None) -> H
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise HeaderError(f"header is not valid UTF-8 (byte {exc.start})", path=source) from None
-    fast = _fast_path(text, source)
+    fast = _fast_path(text)
     if fast is None:
         obj, metadata = decode_exact(text, source=source)
         columns = _columns(obj)
@@ -140,7 +145,7 @@ def parse_header(data: bytes, *, source: str, file_size: int | None = None) -> H
                   numels=numels, metadata=metadata, data_bytes=position)
 
 
-def _fast_path(text: str, source: str) -> tuple[dict, dict, tuple] | None:
+def _fast_path(text: str) -> tuple[dict, dict, tuple] | None:
     """(entries, metadata, columns) when plain ``json.loads`` provably gives the reference's answer, else None.
 
     Plain decoding differs from the reference only through escapes (escaped keys, surrogates), ``-``
@@ -149,7 +154,8 @@ def _fast_path(text: str, source: str) -> tuple[dict, dict, tuple] | None:
     floats, nulls and bools outside shapes. A header without a backslash, a ``-0`` or a bool literal,
     whose entries all have exactly the three fields, and whose ``:`` count equals the number of
     key/value pairs decoded (so no key was repeated, and no string holds a ``:``) has none of them.
-    Costs ~25 ms of C-speed scanning per 50 MB of headers; real headers always take this path.
+    The scans run at C speed and replace the former duplicate-name count: parse_header's CPU time on
+    the 371k-tensor replica is within ~1% of the parser without them. Real headers take this path.
     """
     try:
         obj = json.loads(text)
@@ -216,7 +222,7 @@ def _columns(obj: dict, fields: int | None = None) -> tuple[list, list, list, li
             add_size(size)
             add_numel(numel)
             add_begin(begin)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: a float meets a 400-digit int
         return None
     return dtypes, shapes, sizes, numels, begins
 
@@ -242,7 +248,7 @@ def _raise_first_invalid(obj: dict, source: str) -> None:
             numel = math.prod(shape)
             ok = (type(numel) is int and type(begin) is int and type(end) is int and 0 <= begin <= end
                   and all(type(d) is int and d >= 0 for d in shape))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             ok = False
         if not ok:
             _raise_entry_error(name, info, source)

@@ -95,7 +95,7 @@ def open_regular(path: Path, *, source: str, what: str = "file") -> tuple[int, i
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise SourceError(f"{what} is not a regular file", path=source)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise NotFoundError(f"{what} is missing", path=source) from None
     except OSError as exc:
