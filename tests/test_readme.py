@@ -43,8 +43,4 @@ def test_json_contract_keys_are_documented():
 def test_readme_is_a_front_page():
     assert len(README.splitlines()) <= 250
     for doc in re.findall(r"\]\((docs/[\w.]+|CONTRIBUTING\.md|BENCHMARKS\.md)\)", README):
-        assert (ROOT / doc).exists() or doc in PENDING_DOCS, doc
-
-
-# Written on another branch in parallel (the security helper's); linked from the README already.
-PENDING_DOCS = {"docs/security.md"}
+        assert (ROOT / doc).exists(), doc
