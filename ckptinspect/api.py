@@ -79,23 +79,28 @@ def _mtp_cost(report: Any, tp: int, ep: int | None) -> Any:
 
 
 def _plan_section(report: Any, *, gpu: str, gpus: int, context: int | None, engine: str) -> Any:
-    # The report's plan section is exactly one planner call (the planner owns what a failed plan says).
-    from ckptinspect.plan import make_plan
+    # Exactly one planner call: a plan that cannot be made is a report section saying why (the
+    # planner owns that text); the report's exit code does not change.
+    from ckptinspect.plan import plan_or_failure
 
-    return make_plan(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, engine=engine)
+    return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, engine=engine)
 
 
 def plan(ref: str, *, gpu: str, gpus: int, context: int | None = None, goal: str = "latency",
-         engine: str = "both", probe_report: dict | None = None, rules_dirs: Sequence[Path] = (),
-         revision: str | None = None, token: str | None = None, progress: bool = False) -> Any:
-    """Fit ``ref`` on ``gpus`` x ``gpu``: a ``plan.Plan`` with memory, KV capacity and launch commands."""
+         engine: str = "both", probe_report: dict | None = None, max_context: bool = False, concurrency: int = 1,
+         rules_dirs: Sequence[Path] = (), revision: str | None = None, token: str | None = None,
+         progress: bool = False) -> Any:
+    """Fit ``ref`` on ``gpus`` x ``gpu``: a ``plan.Plan`` (memory, KV capacity, launch commands) or, when
+    nothing runs, a ``plan.PlanFailure`` saying why. ``max_context``: solve for the longest context
+    ``concurrency`` requests get."""
     from ckptinspect.pipeline import build_report
-    from ckptinspect.plan import find_gpu, make_plan
+    from ckptinspect.plan import find_gpu, plan_or_failure
 
     find_gpu(gpu)  # fail on a bad GPU name before reading any checkpoint
     report = build_report(check_ref(ref), rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
-    return make_plan(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal, engine=engine,
-                     probe_report=probe_report)
+    return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
+                           engine=engine, probe_report=probe_report, max_context=max_context,
+                           concurrency=concurrency)
 
 
 def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: bool = False) -> Any:

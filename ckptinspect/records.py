@@ -288,9 +288,13 @@ class EngineVerdict:
     engine_version: str  # e.g. "0.5.23"
     draft_architecture: str | None  # e.g. Qwen3_5ForCausalLMMTP
     method: str | None  # SGLang --speculative-algorithm value / vLLM speculative method
-    draft_quantization: str | None  # how the engine would build the draft: None = unquantized
+    # the declared scheme when the engine builds at least one MTP module with it (decided per module
+    # with the engine's exclude semantics); None = every MTP module is built unquantized
+    draft_quantization: str | None
     layers_used: int  # MTP layers the engine would use (vLLM reuses layer 0)
     reasons: tuple[str, ...]  # finding codes behind the verdict
+    # what the engine builds per MTP weight group: (module pattern, declared label or None = unquantized)
+    module_quantization: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ Python's ``unicodedata`` knows may be ``\\w`` / ``\\d`` for RE2 only; real tenso
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from typing import Any
@@ -216,11 +217,16 @@ def compile_re2(pattern: str) -> Any:
         raise UnsupportedPattern(f"RE2 cannot evaluate it: {detail}") from None
 
 
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str) -> Any:
+    return compile_re2(translate(pattern))
+
+
 def match(pattern: str, text: str) -> bool:
     """``re.match(pattern, text) is not None``, in linear time (raises UnsupportedPattern)."""
-    return compile_re2(translate(pattern)).match(text) is not None
+    return _compiled(pattern).match(text) is not None
 
 
 def search(pattern: str, text: str) -> bool:
     """``re.search(pattern, text) is not None``, in linear time (raises UnsupportedPattern)."""
-    return compile_re2(translate(pattern)).search(text) is not None
+    return _compiled(pattern).search(text) is not None

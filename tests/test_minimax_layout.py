@@ -32,6 +32,8 @@ def test_every_expert_and_attention_linear_is_fp8_block(minimax):
     assert schemes["fp8_block"] == layers * (4 + 3 * experts) * 2
     assert schemes["fp8_tensor"] == 0 and schemes.get("other", 0) == 0
     assert schemes["fp32"] == layers * 2  # router gate + e_score_correction_bias
+    fp32 = {g.pattern: g.component for g in inv.groups if g.scheme == "fp32"}
+    assert set(fp32.values()) == {"router"}, fp32
     expert_weights = [g for g in inv.groups if g.component == "routed_expert" and g.role == "weight"]
     assert {g.pattern.rsplit(".", 2)[-2] for g in expert_weights} == {"w1", "w2", "w3"}
     assert all(g.scheme == "fp8_block" and g.dtypes == ("F8_E4M3",) for g in expert_weights)

@@ -175,13 +175,29 @@ def test_glob_exclude_lists_cover_children_like_the_reference(glob, name):
     assert ExcludeMatcher(declared).is_excluded(name) is expected
 
 
-def test_rule_name_regex_runs_on_re2():
-    """plan rules' name_regex (re.search semantics) goes through the same engine."""
-    from ckptinspect.plan.rules import Facts
+def test_rule_schema_patterns_on_re2_give_jsonschemas_errors():
+    """The family schema's `pattern` keyword runs on RE2; on built-in rules and on values that break
+    each kind of pattern, the errors are exactly the stock jsonschema validator's."""
+    import json as _json
 
-    facts = Facts(arch="x", quant="fp8", attention="mla", moe=True, interconnect="nvlink", spec=False,
-                  goal="latency", model_type="x", name="a" * 5000)
-    started = time.perf_counter()
-    assert facts.matches({"name_regex": "(a|a)*b"}) is False
-    assert time.perf_counter() - started < 1.0
-    assert facts.matches({"name_regex": "a{3}"}) is True
+    import jsonschema
+    import yaml
+
+    from ckptinspect.readiness.loader import _validator, builtin_dir, schema_path
+
+    stock = jsonschema.Draft202012Validator(_json.loads(schema_path().read_text()))
+    ours = _validator()
+    docs = [yaml.safe_load(p.read_text()) for p in sorted(builtin_dir().glob("*.yaml"))]
+    broken = []
+    for doc in docs[:6]:
+        for key, value in (("id", "Bad-Id"), ("extends", "x y"), ("id", "a" * 3000 + "!")):
+            broken.append({**doc, key: value})
+        if isinstance(doc.get("mtp"), dict) and doc["mtp"].get("prefixes"):
+            broken.append({**doc, "mtp": {**doc["mtp"], "prefixes": ["model.layers.{x}."]}})
+
+    def errors(validator, doc):
+        return sorted((tuple(map(str, e.absolute_path)), e.validator, e.message) for e in validator.iter_errors(doc))
+
+    assert any(errors(stock, d) for d in broken)
+    for doc in docs + broken:
+        assert errors(ours, doc) == errors(stock, doc)

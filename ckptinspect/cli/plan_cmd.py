@@ -22,6 +22,10 @@ EXAMPLES = (
               help="GPU name or alias, e.g. rtx-pro-6000, b200, h200 (all names below).")
 @click.option("--gpus", type=click.IntRange(1, 1024), required=True, help="Number of GPUs (TP size).")
 @click.option("--context", type=click.IntRange(1), default=None, help="Context length in tokens (default: the model's max).")
+@click.option("--max-context", "max_context", is_flag=True,
+              help="Solve for the longest context --concurrency requests get (also used when the default does not fit).")
+@click.option("--concurrency", type=click.IntRange(1), default=1, show_default=True,
+              help="Concurrent requests the max-context solver sizes the KV pool for.")
 @click.option("--goal", type=click.Choice(["latency", "throughput"]), default="latency", show_default=True)
 @click.option("--engine", type=click.Choice(["sglang", "vllm", "both"]), default="both", show_default=True)
 @click.option("--probe-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -33,17 +37,24 @@ EXAMPLES = (
 @click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hub token.")
 @wide_option
 @quiet_option
-def plan(model: str, gpu: str, gpus: int, context: int | None, goal: str, engine: str, probe_report: Path | None,
-         fmt: str, rules_dirs: tuple[Path, ...], revision: str | None, token: str | None, wide: bool,
-         quiet: bool) -> None:
+def plan(model: str, gpu: str, gpus: int, context: int | None, max_context: bool, concurrency: int, goal: str,
+         engine: str, probe_report: Path | None, fmt: str, rules_dirs: tuple[Path, ...], revision: str | None,
+         token: str | None, wide: bool, quiet: bool) -> None:
     """Plan MODEL on GPUS x GPU: TP/EP that loads, memory, KV capacity, launch commands with reasons."""
     from ckptinspect import api
     from ckptinspect.cli.options import output_width, progress_enabled
+    from ckptinspect.plan import PlanFailure
     from ckptinspect.render.plan_out import render_plan
 
     probe = _read_probe(probe_report) if probe_report else None
     result = api.plan(model, gpu=gpu, gpus=gpus, context=context, goal=goal, engine=engine, probe_report=probe,
-                      rules_dirs=rules_dirs, revision=revision, token=token, progress=progress_enabled(quiet))
+                      max_context=max_context, concurrency=concurrency, rules_dirs=rules_dirs, revision=revision,
+                      token=token, progress=progress_enabled(quiet))
+    if isinstance(result, PlanFailure):
+        # Nothing runs: the JSON document still says why (status failed) for machines; exit 2 as before.
+        if fmt == "json":
+            click.echo(render_plan(result, "json"), nl=False)
+        raise PlanError(result.message, hint=result.hint)
     click.echo(render_plan(result, fmt, width=output_width(fmt, wide)), nl=False)
 
 

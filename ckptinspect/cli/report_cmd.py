@@ -32,7 +32,8 @@ EXAMPLES = (
 @click.option("--gpus", type=click.IntRange(1, 1024), default=None, help="Number of GPUs for the plan.")
 @click.option("--context", type=click.IntRange(1), default=None, help="Context length for the plan.")
 @click.option("--tp", type=click.IntRange(1, 1024), default=None, help="Show the MTP layer's memory per GPU at this TP.")
-@click.option("--ep", type=click.IntRange(1, 1024), default=None, help="Expert parallel size for --tp (default: TP).")
+@click.option("--ep", type=click.IntRange(1, 1024), default=None,
+              help="Expert parallel size for --tp (default: TP); must divide --tp, as in SGLang.")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hub token.")
 @wide_option
@@ -50,8 +51,7 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
     from ckptinspect.cli.options import colour_enabled, output_width, progress_enabled
     from ckptinspect.render.report import render_report
 
-    if (gpu is None) != (gpus is None):
-        raise click.UsageError("--gpu and --gpus go together")
+    _check_parallel_options(tp, ep, gpu, gpus)
     started = time.perf_counter()
     result = api.inspect(model, rules_dirs=rules_dirs, revision=revision, token=token,
                          progress=progress_enabled(quiet), tp=tp, ep=ep, gpu=gpu, gpus=gpus, context=context,
@@ -69,3 +69,21 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
             else:
                 click.echo(f"fail-on error: {len(tripped)} error finding(s), first: {tripped[0]}", err=True)
             sys.exit(1)
+
+
+def _check_parallel_options(tp: int | None, ep: int | None, gpu: str | None, gpus: int | None) -> None:
+    """Refuse what the engines refuse before reading the checkpoint (usage error, exit 2)."""
+    if ep is not None and tp is None:
+        raise click.UsageError("--ep needs --tp: the expert-parallel size splits the --tp ranks")
+    if tp is not None:
+        from ckptinspect.plan import split_problem
+
+        problem = split_problem(tp, ep)
+        if problem:
+            raise click.UsageError(problem)
+    if (gpu is None) != (gpus is None):
+        raise click.UsageError("--gpu and --gpus go together")
+    if gpu is not None:
+        from ckptinspect.plan import find_gpu
+
+        find_gpu(gpu)  # a bad GPU name is an input error, not a failed plan

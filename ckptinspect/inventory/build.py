@@ -102,7 +102,7 @@ def _companion_mismatches(modules: dict) -> list[Finding]:
         weight = parts.get(".weight") or parts.get(".weight_packed") or parts.get(".qweight")
         if weight is None:
             continue
-        for suffix in (".weight_scale", ".weight_scale_inv", ".weight_scale_2", ".weight_global_scale"):
+        for suffix in (".weight_scale", ".weight_scale_inv", ".weight_scale_2", ".weight_global_scale", ".scale"):
             companion = parts.get(suffix)
             if companion is not None and companion.tensors != weight.tensors:
                 where = _show(module, index)

@@ -14,7 +14,6 @@ from typing import Any, Mapping
 
 import jsonschema
 
-from ckptinspect import safe_regex
 from ckptinspect.errors import RuleError
 from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
 
@@ -66,14 +65,12 @@ class Facts:
     spec: bool
     goal: str
     model_type: str
-    name: str
 
     def matches(self, when: Mapping[str, Any]) -> bool:
+        # Conditions are over config / inventory / GPU facts only, never over the name the user typed:
+        # a local copy and the Hub repo of one checkpoint must get the same plan.
         for key, want in when.items():
-            if key == "name_regex":
-                if not safe_regex.search(want, self.name):
-                    return False
-            elif key in ("moe", "spec"):
+            if key in ("moe", "spec"):
                 if getattr(self, key) != want:
                     return False
             elif getattr(self, key) not in want:

@@ -52,8 +52,21 @@ def _validator() -> Any:
         import jsonschema
 
         schema = json.loads(schema_path().read_text(encoding="utf-8"))
-        _validator_cache.append(jsonschema.Draft202012Validator(schema))
+        # The schema's `pattern`s meet strings from rule files: matched on RE2 like every other
+        # untrusted match (ckptinspect/safe_regex.py), not on Python's backtracking engine.
+        validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _re2_pattern})
+        _validator_cache.append(validator(schema))
     return _validator_cache[0]
+
+
+def _re2_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterable[Any]:
+    """jsonschema's ``pattern`` keyword (``re.search`` semantics, its own message), evaluated by RE2."""
+    import jsonschema
+
+    from ckptinspect.safe_regex import search
+
+    if validator.is_type(instance, "string") and not search(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
 class ValidationCache:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ckptinspect.errors import NotFoundError
 from ckptinspect.records import RawCheckpoint
+from ckptinspect.sources.offline import hub_offline
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -151,8 +152,6 @@ def open_hf_cache(repo_id: str, *, revision: str | None = None, required: bool |
             so the error says which file the cache lacks.
     """
     if required is None:
-        from ckptinspect.sources.hub import hub_offline
-
         required = hub_offline()
     gap = describe_cache_gap(repo_id, revision)
     if gap:

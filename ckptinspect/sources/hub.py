@@ -33,7 +33,9 @@ from ckptinspect.records import IndexSummary, RawCheckpoint
 from ckptinspect.sources import http_ranges
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient
 from ckptinspect.sources.index_prefetch import IndexPrefetch
+from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap, resolve_commit
 from ckptinspect.sources.index_summary import summarize_index
+from ckptinspect.sources.offline import hub_offline
 from ckptinspect.sources.interface import LazyJson, json_file_cap, parse_json_bytes, read_file_bytes
 from ckptinspect.sources.net_limits import Budget, NetLimits
 from ckptinspect.sources.repo_info import model_info
@@ -73,16 +75,6 @@ def hub_endpoint(endpoint: str | None = None) -> str:
     return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
-def hub_offline() -> bool:
-    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read at call time."""
-    from huggingface_hub import constants
-
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
-    if value is None:
-        return bool(constants.HF_HUB_OFFLINE)
-    return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
 def download_timeout() -> float:
     """Seconds per socket read: HF_HUB_DOWNLOAD_TIMEOUT, default 10 (huggingface_hub's own default)."""
     return NetLimits.from_env().read_s
@@ -114,7 +106,6 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         HeaderError: a header length prefix over 25,000,000 bytes or beyond the file size.
     """
     if hub_offline():
-        from ckptinspect.sources.hf_cache import describe_cache_gap
 
         raise NotFoundError(f"HF_HUB_OFFLINE=1 and the HF cache cannot answer: {describe_cache_gap(repo_id, revision)}",
                             path=repo_id, hint="run once online, or use a .json.gz snapshot")
@@ -139,7 +130,6 @@ def _start_index_prefetch(endpoint: str, repo_id: str, revision: str | None, tok
                           budget: Budget) -> IndexPrefetch | None:
     """Read the index in a child while this process starts up (sources/index_prefetch.py), unless the HF
     cache already holds it for the commit the revision last pointed to."""
-    from ckptinspect.sources.hf_cache import cached_file, resolve_commit
 
     if os.environ.get(PREFETCH_ENV, "1").strip() == "0":
         return None
@@ -240,7 +230,6 @@ def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint
 # -- small JSON files through the HF cache ----------------------------------------------------------
 def _json_file(client: RangeClient, repo_id: str, revision: str | None, commit: str, name: str,
                sibling: Any, url: str) -> tuple[Any, int]:
-    from ckptinspect.sources.hf_cache import cache_store, cached_file
 
     local = cached_file(repo_id, commit, name)
     cap = json_file_cap(name)  # the local files' caps (16 MiB, 512 MiB for the index): sources/interface.py
@@ -361,4 +350,4 @@ class _HeaderReader:
         return header
 
 
-__all__ = ["open_hub", "hub_endpoint", "hub_offline"]
+__all__ = ["open_hub", "hub_endpoint"]
