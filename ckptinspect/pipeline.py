@@ -1,6 +1,6 @@
 """The report pipeline: source -> headers -> inventory -> quantization -> rules -> (plan).
 
-Never imports torch or transformers: ``tests/test_report_imports.py`` proves it.
+Never imports torch or transformers: ``tests/test_report.py`` (test_report_never_imports_torch_or_transformers) proves it.
 """
 
 from __future__ import annotations

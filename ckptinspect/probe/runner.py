@@ -110,7 +110,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
               gpu: str = "H200", trust_remote_code: bool = False, batch_size: int = 8,
               dtype: str | None = None, progress: bool = True, main_url: str | None = None,
               max_prompts: int | None = None, head_factory: Callable | None = None) -> ProbeResult:
-    """Measure draft acceptance of ``model``'s MTP head; see README.md (probe section)."""
+    """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md."""
     if mode not in MODES:
         raise ProbeError(f"unknown mode {mode!r} (greedy or teacher)")
     if not 1 <= steps <= 16:
