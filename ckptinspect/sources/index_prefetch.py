@@ -30,7 +30,8 @@ from urllib.parse import quote
 
 from ckptinspect.errors import SourceError
 from ckptinspect.records import IndexSummary
-from ckptinspect.sources.http_ranges import FetchStats, RangeClient, content_range_total
+from ckptinspect.sources.http_fields import content_range_total
+from ckptinspect.sources.http_ranges import FetchStats, RangeClient
 from ckptinspect.sources.interface import MAX_INDEX_FILE_BYTES
 from ckptinspect.sources.net_limits import Budget, NetLimits
 
