@@ -175,6 +175,31 @@ def test_glob_exclude_lists_cover_children_like_the_reference(glob, name):
     assert ExcludeMatcher(declared).is_excluded(name) is expected
 
 
+def test_plan_rules_have_no_name_regex_to_run():
+    """Plan rules no longer match the typed name (issue 13 item 2), so no rule regex runs on it at all:
+    the condition is refused by the engine schema and by the condition evaluator, never evaluated."""
+    import copy
+
+    import jsonschema
+
+    from ckptinspect.errors import RuleError
+    from ckptinspect.plan.rules import Facts, engine_rules, rules_root
+
+    facts = Facts(arch="x", quant="fp8", attention="mla", moe=True, interconnect="nvlink", spec=False,
+                  goal="latency", model_type="x")
+    started = time.perf_counter()
+    with pytest.raises(RuleError, match="unknown plan rule condition 'name_regex'"):
+        facts.matches({"name_regex": "(a|a)*b"})
+    assert time.perf_counter() - started < 1.0
+    rules = copy.deepcopy(engine_rules("sglang"))
+    rules["parsers"][0]["when"]["name_regex"] = "(a|a)*b"
+    import json as _json
+
+    schema = _json.loads((rules_root() / "schema" / "engine.schema.json").read_text())
+    with pytest.raises(jsonschema.ValidationError, match="name_regex"):
+        jsonschema.validate(rules, schema)
+
+
 def test_rule_schema_patterns_on_re2_give_jsonschemas_errors():
     """The family schema's `pattern` keyword runs on RE2; on built-in rules and on values that break
     each kind of pattern, the errors are exactly the stock jsonschema validator's."""

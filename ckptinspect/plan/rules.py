@@ -45,12 +45,18 @@ class Facts:
         # Conditions are over config / inventory / GPU facts only, never over the name the user typed:
         # a local copy and the Hub repo of one checkpoint must get the same plan.
         for key, want in when.items():
+            if key not in _CONDITION_KEYS:
+                raise RuleError(f"unknown plan rule condition {key!r}; conditions are {', '.join(_CONDITION_KEYS)}",
+                                path="rules/engines")
             if key in ("moe", "spec"):
                 if getattr(self, key) != want:
                     return False
             elif getattr(self, key) not in want:
                 return False
         return True
+
+
+_CONDITION_KEYS = ("arch", "quant", "attention", "moe", "interconnect", "spec", "goal", "model_type")
 
 
 def first_match(entries: list[Mapping[str, Any]], facts: Facts) -> Mapping[str, Any] | None:
