@@ -102,9 +102,9 @@ def fail_on_gate(ctx: Context) -> str:
 
 
 def rules_list(ctx: Context) -> str:
-    res = ctx.cli("rules", "list", "--wide")
+    res = ctx.cli("rules", "list")
     assert res.returncode == 0, res.stderr
-    return fence("text", "$ ckptinspect rules list --wide\n" + res.stdout)
+    return fence("text", "$ ckptinspect rules list\n" + res.stdout)
 
 
 def rules_validate_bad(ctx: Context) -> str:

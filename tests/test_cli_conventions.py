@@ -344,11 +344,8 @@ def test_sglang_install_prints_one_line_once_through_capture(tmp_path, workers):
     assert len(notice) == 1 and str(tmp_path) in notice[0] and "1.3 GB" in notice[0], res.stdout + res.stderr
 
 
-def test_rules_list_fits_columns_and_wide_is_the_plain_table():
-    narrow = run_cli("rules", "list", env={"COLUMNS": "70"})
-    assert narrow.returncode == 0 and max(len(x) for x in narrow.stdout.splitlines()) <= 70
-    wide = run_cli("rules", "list", "--wide", env={"COLUMNS": "70"})
+def test_rules_list_is_one_line_per_family_at_any_width():
     families = json.loads(run_cli("rules", "list", "--format", "json").stdout)["families"]
-    rows = wide.stdout.splitlines()[2:]
-    assert [r.split()[0] for r in rows] == [f["id"] for f in families]  # one line per family
-    assert all(f["id"] in narrow.stdout for f in families)
+    for columns in ("60", "200"):
+        rows = run_cli("rules", "list", env={"COLUMNS": columns}).stdout.splitlines()[2:]
+        assert [r.split()[0] for r in rows] == [f["id"] for f in families], columns  # greppable

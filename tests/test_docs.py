@@ -155,4 +155,4 @@ def test_regenerate_replaces_only_the_marked_block():
     head, rest = fresh.split("<!-- gen:rules-list -->\n", 1)
     body, tail = rest.split("<!-- /gen:rules-list -->", 1)
     assert head == "keep\n" and tail == "\nkeep too\n"
-    assert body.startswith("```text\n$ ckptinspect rules list --wide\n") and "deepseek_v3" in body and "old" not in body
+    assert body.startswith("```text\n$ ckptinspect rules list\n") and "deepseek_v3" in body and "old" not in body

@@ -37,9 +37,8 @@ def _origin(fam: Any) -> str:
 @rules.command("list", epilog="\b\nExamples:\n  ckptinspect rules list\n  ckptinspect rules list --all --format json")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="Include abstract base rules.")
-@click.option("--wide", is_flag=True, help="Full-width text; by default text wraps to COLUMNS or the terminal width.")
 @click.pass_context
-def list_cmd(ctx: click.Context, fmt: str, show_all: bool, wide: bool) -> None:
+def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
     """One line per family: what it matches, where its MTP layer lives, each engine's draft model."""
     ruleset = _ruleset(ctx)
     families = ruleset.families if show_all else ruleset.concrete()
@@ -57,8 +56,7 @@ def list_cmd(ctx: click.Context, fmt: str, show_all: bool, wide: bool) -> None:
     if fmt == "json":
         click.echo(json.dumps({"families": rows}, indent=2))
         return
-    from ckptinspect.cli.options import output_width
-    from ckptinspect.render.terminal import table as fit_table
+    from tabulate import tabulate
 
     def archs(names: list[str]) -> str:
         return "-" if not names else names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else "")
@@ -68,8 +66,9 @@ def list_cmd(ctx: click.Context, fmt: str, show_all: bool, wide: bool) -> None:
     table = [[r["id"], archs(r["architectures"]), ", ".join(r["model_types"]) or "-",
               r["prefixes"][0] if r["prefixes"] else "-", r["depth_keys"][0] if r["depth_keys"] else "-",
               r["sglang"] or "-", r["vllm"] or "-", r["source"]] for r in rows]
-    click.echo(fit_table(["family", "architectures", "model types", "MTP prefix", "depth key", "SGLang draft",
-                          "vLLM draft", "source"], table, output_width(fmt, wide)))
+    # A listing stays one line per family at any width (like `pip list`): it is what people grep.
+    click.echo(tabulate(table, headers=["family", "architectures", "model types", "MTP prefix", "depth key",
+                                        "SGLang draft", "vLLM draft", "source"]))
 
 
 @rules.command("show", epilog="\b\nExamples:\n  ckptinspect rules show qwen3_5_moe\n"
