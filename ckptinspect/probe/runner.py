@@ -1,7 +1,9 @@
-"""``run_probe``: load main model + MTP head, build sequences, score them, project the cost."""
+"""``run_probe``: open the checkpoint through the report pipeline, load main model + MTP head,
+build sequences, score them, project the cost."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Callable, Sequence as Seq
@@ -10,14 +12,16 @@ import torch
 
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe import loader
+from ckptinspect.probe.checkpoint import ProbeCheckpoint, open_checkpoint
 from ckptinspect.probe.evaluate import Sequence, score_batch
-from ckptinspect.probe.heads import HeadSpec, find_spec
+from ckptinspect.probe.heads import HeadSpec, spec_from_rule
 from ckptinspect.probe.metrics import Tally
-from ckptinspect.probe.prompts import Prompt, load_prompts
+from ckptinspect.probe.prompts import Prompt, check_ids, encode_prompt, load_corpus, load_prompts, load_tokenizer
 from ckptinspect.probe.readiness_gate import check_mtp_usable
 from ckptinspect.probe.result import ProbeResult, build_result
 
 MODES = ("greedy", "teacher")
+CONTINUATIONS_VERSION = 1
 
 
 def _device_plan(device: str, devices: Seq[int] | None) -> tuple[Any, list[str], str]:
@@ -46,29 +50,32 @@ def _free_bytes(names: list[str]) -> int:
         return 1 << 62
 
 
-def estimate_bytes(metas, dtype: torch.dtype) -> int:
-    """Weights after dequantization at ``dtype`` + 15% for activations, logits and allocator slack."""
+def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dtype: torch.dtype) -> int:
+    """Peak scratch of scoring one batch (chain.py): at each depth the draft logits and the target
+    logits at the compute dtype plus the float32 softmaxes of sum(min(p, q)) (p, q and one
+    temporary) over batch x seq x vocab, and the K side-by-side hidden streams."""
     per = torch.tensor([], dtype=dtype).element_size()
-    return int(loader.logical_params(metas) * per * 1.15) + (256 << 20)
+    return batch * seq * vocab * (2 * per + 12) + 4 * batch * seq * hidden * (steps + 1) * per
 
 
-def _encode(tok, prompt: Prompt, chat: bool) -> list[int]:
-    if chat and getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": prompt.text}], tokenize=False,
-                                       add_generation_prompt=True)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
-    return list(tok(prompt.text)["input_ids"])
+def estimate_bytes(metas, dtype: torch.dtype, *, batch: int = 0, seq: int = 0, vocab: int = 0, hidden: int = 0,
+                   steps: int = 1) -> int:
+    """Device bytes of an in-memory run: the weights after dequantization at ``dtype``, the
+    scoring scratch of the largest batch, and 256 MiB of allocator slack."""
+    per = torch.tensor([], dtype=dtype).element_size()
+    return (loader.logical_params(metas) * per + scoring_bytes(batch, seq, vocab, hidden, steps, dtype)
+            + (256 << 20))
 
 
 @torch.no_grad()
 def generate_sequences(main, tok, prompts: list[Prompt], max_new_tokens: int, batch_size: int, device,
-                       progress: bool) -> list[Sequence]:
+                       progress: bool, *, vocab_size: int | None, source: str) -> list[Sequence]:
     from tqdm import tqdm
 
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     eos = main.generation_config.eos_token_id if main.generation_config.eos_token_id is not None else tok.eos_token_id
     eos_set = set(eos if isinstance(eos, list) else [eos]) - {None}
-    encoded = [(p, _encode(tok, p, chat=True)) for p in prompts]
+    encoded = [(p, encode_prompt(tok, p, chat=True, vocab_size=vocab_size, source=source)) for p in prompts]
     out: list[Sequence] = []
     for i in tqdm(range(0, len(encoded), batch_size), desc="generate", unit="batch", disable=not progress):
         chunk = encoded[i:i + batch_size]
@@ -90,44 +97,110 @@ def generate_sequences(main, tok, prompts: list[Prompt], max_new_tokens: int, ba
     return out
 
 
-def build_head(spec: HeadSpec, main, load_dir: str):
+def save_continuations(path: str, sequences: list[Sequence], *, model_dir: str, max_new_tokens: int) -> None:
+    """The main model's greedy continuations, reused by ``--mode teacher --continuations`` runs."""
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"ckptinspect_continuations": CONTINUATIONS_VERSION, "model_dir": model_dir,
+                             "max_new_tokens": max_new_tokens}) + "\n")
+        for s in sequences:
+            fh.write(json.dumps({"category": s.category, "prompt_len": s.prompt_len, "tokens": list(s.tokens)}) + "\n")
+
+
+def load_continuations(path: str, vocab_size: int | None) -> list[Sequence]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = [json.loads(line) for line in fh if line.strip()]
+    except OSError as exc:
+        raise ProbeError(f"cannot read continuations ({exc.strerror})", path=path) from exc
+    except json.JSONDecodeError as exc:
+        raise ProbeError(f"continuations file is not JSON lines ({exc.msg})", path=path) from exc
+    if not lines or lines[0].get("ckptinspect_continuations") != CONTINUATIONS_VERSION:
+        raise ProbeError("not a continuations file written by `ckptinspect probe --save-continuations`", path=path)
+    out = []
+    for no, row in enumerate(lines[1:], start=2):
+        tokens, plen = row.get("tokens"), row.get("prompt_len")
+        if not (isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) and isinstance(plen, int)
+                and 1 <= plen <= len(tokens)):
+            raise ProbeError(f"line {no}: needs integer 'tokens' and 1 <= 'prompt_len' <= len(tokens)", path=path)
+        out.append(Sequence(str(row.get("category", "file")), tuple(check_ids(tokens, vocab_size, path,
+                                                                               what=f"line {no}")), plen))
+    return out
+
+
+def build_head(spec: HeadSpec, main, load_dir: str, source_dir: str | None = None, metas=None):
+    """The MTP head. transformers-kind heads load through transformers from ``load_dir`` unless
+    ``metas`` is given; every other head reads its tensors with the probe's loader from
+    ``source_dir`` (the checkpoint itself, dequantizing on the device; ``metas`` = its inventory)."""
     from ckptinspect.probe.heads.fusion import FusionHead
     from ckptinspect.probe.heads.transformers_mtp import TransformersMtpHead
 
-    if spec.kind == "transformers":
+    if spec.kind == "transformers" and metas is None:
         return TransformersMtpHead.load(main, load_dir, family=spec.id)
-    metas = loader.read_headers(load_dir)
-    num_layers = int(main.config.get_text_config().num_hidden_layers)
-    prefix = spec.concrete_prefix(num_layers)
-    ref = next(main.get_decoder().layers[-1].parameters())
-    tensors = {n[len(prefix):]: t for n, t in loader.iter_tensors(load_dir, metas, lambda n: n.startswith(prefix), ref.dtype)}
-    # ERNIE keeps MTP parts under model.* next to the main model: only the spec's own names count.
-    return FusionHead(main, spec, tensors, source=load_dir)
+    source_dir = source_dir or load_dir
+    if metas is None:
+        metas = open_checkpoint(source_dir).metas
+    prefix = spec.concrete_prefix(int(main.config.get_text_config().num_hidden_layers))
+    ref = next(main.get_decoder().norm.parameters())
+    tensors = {n[len(prefix):]: t for n, t in
+               loader.iter_tensors(source_dir, metas, lambda n: n.startswith(prefix), ref.dtype, device=ref.device)}
+    if spec.kind == "transformers":
+        # fresh() builds the MTP layer at the default dtype: run it at the main model's
+        return TransformersMtpHead.from_tensors(main, tensors, family=spec.id, source=source_dir).to(dtype=ref.dtype)
+    return FusionHead(main, spec, tensors, source=source_dir)
+
+
+def _spec(probe_ckpt: ProbeCheckpoint) -> HeadSpec | None:
+    block = probe_ckpt.probe_rule
+    return None if block is None else spec_from_rule(probe_ckpt.family_rule.id, block)
+
+
+def _check_code(config: dict, spec: HeadSpec | None, trust_remote_code: bool, model_dir: str) -> None:
+    from transformers import CONFIG_MAPPING
+
+    model_type = str(config.get("model_type"))
+    if (spec and spec.main_model_type) or trust_remote_code or model_type in CONFIG_MAPPING:
+        return
+    if config.get("auto_map"):
+        raise ProbeError("the checkpoint needs remote code (config.json auto_map, model_type "
+                         f"{model_type!r} unknown to transformers); pass --trust-remote-code to run it", path=model_dir)
+    import transformers
+
+    raise ProbeError(f"transformers {transformers.__version__} has no model for model_type {model_type!r}",
+                     path=model_dir)
 
 
 def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = None, prompts: str | None = None,
               max_new_tokens: int = 128, steps: int = 3, mode: str = "greedy", temperature: float = 1.0,
               gpu: str = "H200", trust_remote_code: bool = False, batch_size: int = 8,
               dtype: str | None = None, progress: bool = True, main_url: str | None = None,
-              max_prompts: int | None = None, head_factory: Callable | None = None) -> ProbeResult:
-    """Measure draft acceptance of ``model``'s MTP head; see README.md (probe section)."""
+              max_prompts: int | None = None, head_factory: Callable | None = None,
+              corpus: str | None = None, continuations: str | None = None,
+              save_continuations_to: str | None = None, max_gpu_memory: float | None = None,
+              stream_chunk_tokens: int = 32768, cost_calibration: str | None = None) -> ProbeResult:
+    """Measure draft acceptance of ``model``'s MTP head; see docs (probe section)."""
     if mode not in MODES:
         raise ProbeError(f"unknown mode {mode!r} (greedy or teacher)")
     if not 1 <= steps <= 16:
         raise ProbeError("--steps must be between 1 and 16")
+    if (corpus or continuations) and mode != "teacher":
+        raise ProbeError("--corpus and --continuations score a fixed text: they need --mode teacher")
+    if corpus and continuations:
+        raise ProbeError("give --corpus or --continuations, not both")
+    if save_continuations_to and mode != "greedy":
+        raise ProbeError("--save-continuations records greedy continuations: it needs --mode greedy")
     started = time.time()
-    model_dir = loader.resolve_model_dir(model)
-    config = loader.read_config(model_dir)
-    metas = loader.read_headers(model_dir)
-    spec = find_spec(config)
-    if config.get("auto_map") and not trust_remote_code and not (spec and spec.main_model_type):
-        from transformers import CONFIG_MAPPING
+    timings: dict[str, float] = {}
+    from ckptinspect.probe.cost import DEFAULT_EFFICIENCY, load_efficiency
 
-        if str(config.get("model_type")) not in CONFIG_MAPPING:
-            raise ProbeError("the checkpoint needs remote code (config.json auto_map, model_type "
-                             f"{config.get('model_type')!r} unknown to transformers); pass --trust-remote-code to run it",
-                             path=model_dir)
-    readiness = check_mtp_usable(model, model_dir, config, metas, spec)
+    efficiency = load_efficiency(cost_calibration) if cost_calibration else DEFAULT_EFFICIENCY
+    model_dir = loader.resolve_model_dir(model)
+    probe_ckpt = open_checkpoint(model_dir)
+    config = dict(probe_ckpt.checkpoint.config.raw)
+    vocab = probe_ckpt.checkpoint.config.vocab_size
+    spec = _spec(probe_ckpt)
+    _check_code(config, spec, trust_remote_code, model_dir)
+    readiness = check_mtp_usable(probe_ckpt, spec, model_dir)
+    metas = probe_ckpt.metas
     device_map, names, primary = _device_plan(device, devices)
     torch_dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                    "fp32": torch.float32, "float32": torch.float32}.get(dtype or "", None)
@@ -136,61 +209,95 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
     prompt_list = load_prompts(prompts)
     if max_prompts:
         prompt_list = prompt_list[:max_prompts]
+    common = dict(ref=model, probe_ckpt=probe_ckpt, spec=spec, steps=steps, temperature=temperature, gpu=gpu,
+                  readiness=readiness, started=started, max_new_tokens=max_new_tokens, efficiency=efficiency)
     if main_url:  # the main model lives in the server: no in-process memory check
         if mode != "greedy":
             raise ProbeError("--main-url supports --mode greedy only")
         from ckptinspect.probe.server_client import run_remote
 
-        return run_remote(main_url, model_dir=model_dir, config=config, metas=metas, spec=spec, prompts=prompt_list,
-                          steps=steps, max_new_tokens=max_new_tokens, gpu=gpu, readiness=readiness,
-                          device=primary, dtype=torch_dtype, started=started, ref=model,
-                          batch_size=batch_size, progress=progress, temperature=temperature)
-    need = estimate_bytes(metas, torch_dtype)
-    free = _free_bytes(names)
-    if need > free:
-        raise ProbeError(f"needs about {need / 2**30:.1f} GiB ({loader.logical_params(metas) / 1e9:.2f} B params at "
-                         f"{str(torch_dtype).replace('torch.', '')}) but only {free / 2**30:.1f} GiB is free on "
-                         f"{', '.join(names)}; add --devices or use --main-url", path=model_dir)
+        return run_remote(main_url, model_dir=model_dir, config=config, probe_ckpt=probe_ckpt, spec=spec,
+                          prompts=prompt_list, steps=steps, max_new_tokens=max_new_tokens, gpu=gpu,
+                          readiness=readiness, device=primary, dtype=torch_dtype, started=started, ref=model,
+                          batch_size=batch_size, progress=progress, temperature=temperature, efficiency=efficiency)
+    tok = load_tokenizer(model_dir, vocab, trust_remote_code=trust_remote_code)
+    if mode == "greedy":
+        encoded = [encode_prompt(tok, p, chat=True, vocab_size=vocab, source=model_dir) for p in prompt_list]
+        longest = max(len(e) for e in encoded) + max_new_tokens
+        count = len(encoded)
+    else:
+        sequences = teacher_sequences(tok, prompt_list, corpus, continuations, vocab, model_dir)
+        longest, count = max(len(s.tokens) for s in sequences), len(sequences)
+    cfg = probe_ckpt.checkpoint.config
+    need = estimate_bytes(metas, torch_dtype, batch=min(batch_size, count), seq=longest, vocab=vocab or 0,
+                          hidden=cfg.hidden_size, steps=steps)
+    limit = int(max_gpu_memory * 2**30) if max_gpu_memory is not None else _free_bytes(names)
+    if need > limit:
+        if mode != "teacher" or len(names) > 1:
+            raise ProbeError(f"needs about {need / 2**30:.1f} GiB ({loader.logical_params(metas) / 1e9:.2f} B params "
+                             f"at {str(torch_dtype).replace('torch.', '')} + scoring scratch) but only "
+                             f"{limit / 2**30:.1f} GiB is {'allowed' if max_gpu_memory is not None else 'free'} on "
+                             f"{', '.join(names)}; --mode teacher streams the layers of a model that does not fit, "
+                             "or use --main-url", path=model_dir)
+        from ckptinspect.probe.streamed_run import run_streamed
 
+        return run_streamed(model_dir, probe_ckpt, spec, sequences, tok, common=common, mode=mode, device=primary,
+                            dtype=torch_dtype, batch_size=batch_size, progress=progress, need=need, limit=limit,
+                            chunk_tokens=stream_chunk_tokens, timings=timings, trust_remote_code=trust_remote_code)
 
+    t0 = time.perf_counter()
     load_dir, tmp = loader.prepare_loadable_dir(model_dir, metas, torch_dtype if torch_dtype != torch.float32 else torch.bfloat16, progress)
     try:
         main = loader.load_main_model(load_dir, config, main_model_type=spec.main_model_type, device_map=device_map,
                                       dtype=torch_dtype, trust_remote_code=trust_remote_code)
-        head = (head_factory or build_head)(spec, main, load_dir)
-        from transformers import AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(load_dir, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError) as exc:
-            raise ProbeError(f"no usable tokenizer ({exc})", path=model_dir) from exc
+        head = (head_factory(spec, main, load_dir) if head_factory else
+                build_head(spec, main, load_dir, model_dir, None if spec.kind == "transformers" else metas))
     finally:
         if tmp is not None:
             tmp.cleanup()
     first_device = next(main.parameters()).device
+    timings["load"] = time.perf_counter() - t0
     if mode == "greedy":
-        sequences = generate_sequences(main, tok, prompt_list, max_new_tokens, batch_size, first_device, progress)
-    else:  # teacher: the prompt texts themselves are the corpus; never score position 0
-        sequences = [Sequence(p.category, tuple(tok(p.text)["input_ids"]), 2) for p in prompt_list]
+        t0 = time.perf_counter()
+        sequences = generate_sequences(main, tok, prompt_list, max_new_tokens, batch_size, first_device, progress,
+                                       vocab_size=vocab, source=model_dir)
+        timings["generate"] = time.perf_counter() - t0
+        if save_continuations_to:
+            save_continuations(save_continuations_to, sequences, model_dir=model_dir, max_new_tokens=max_new_tokens)
     tallies = score_all(main, head, sequences, steps, mode=mode, temperature=temperature, batch_size=batch_size,
                         pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, device=first_device,
-                        progress=progress)
-    return build_result(ref=model, model_dir=model_dir, config=config, metas=metas, spec=spec, mode=mode,
-                        steps=steps, temperature=temperature, gpu=gpu, tallies=tallies, readiness=readiness,
-                        devices=names, dtype=str(torch_dtype).replace("torch.", ""), started=started,
-                        max_new_tokens=max_new_tokens, main_source="in-process transformers",
-                        dequantized=tmp is not None)
+                        progress=progress, timings=timings)
+    return build_result(**common, mode=mode, tallies=tallies, devices=names,
+                        dtype=str(torch_dtype).replace("torch.", ""), main_source="in-process transformers",
+                        dequantized=tmp is not None, timings=timings,
+                        extra={"tokens_scored": sum(len(s.tokens) for s in sequences), "memory_estimate_bytes": need})
+
+
+def teacher_sequences(tok, prompt_list: list[Prompt], corpus: str | None, continuations: str | None,
+                      vocab: int | None, source: str) -> list[Sequence]:
+    """Teacher mode's fixed text: saved greedy continuations (scored from the prompt end, as greedy
+    mode does), a user corpus, or the prompt texts themselves; never scored at position 0."""
+    if continuations:
+        return load_continuations(continuations, vocab)
+    docs = load_corpus(corpus) if corpus else prompt_list
+    return [Sequence(p.category, tuple(check_ids(list(tok(p.text)["input_ids"]), vocab, source,
+                                                 what=f"text {p.text[:40]!r}")), 2) for p in docs]
 
 
 def score_all(main, head, sequences: list[Sequence], steps: int, *, mode: str, temperature: float,
-              batch_size: int, pad_id: int, device, progress: bool) -> dict[str, Tally]:
+              batch_size: int, pad_id: int, device, progress: bool, timings: dict[str, float] | None = None,
+              hidden_for: Callable | None = None) -> dict[str, Tally]:
+    """Tallies per category. ``hidden_for(indices, width)`` supplies precomputed target hidden
+    states for those sequences (streamed main model), else the main model runs per batch."""
     from tqdm import tqdm
 
     tallies: dict[str, Tally] = {}
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].tokens))  # less padding per batch
     for i in tqdm(range(0, len(order), batch_size), desc="forward+mtp", unit="batch", disable=not progress):
-        batch = [sequences[j] for j in order[i:i + batch_size]]
+        idx = order[i:i + batch_size]
+        batch = [sequences[j] for j in idx]
+        hidden = None if hidden_for is None else hidden_for(idx, max(len(s.tokens) for s in batch))
         for cat, t in score_batch(main, head, batch, steps, mode=mode, temperature=temperature,
-                                  pad_id=pad_id, device=device).items():
+                                  pad_id=pad_id, device=device, hidden=hidden, timings=timings).items():
             tallies.setdefault(cat, Tally(steps)).merge(t)
     return tallies
