@@ -173,6 +173,18 @@ def corpus_file(min_tokens: int = 65536) -> str:
     return path
 
 
+def prompts_x4() -> str:
+    from ckptinspect.probe.prompts import builtin_prompts
+
+    path = os.path.join(WORK, "prompts96.jsonl")
+    lead = ("", "Please answer: ", "Question: ", "Briefly, ")
+    with open(path, "w") as fh:
+        for pre in lead:
+            for p in builtin_prompts():
+                fh.write(json.dumps({"category": p.category, "prompt": pre + p.text}) + "\n")
+    return path
+
+
 def hf_mtp(path: str, prompts: int = 4, new: int = 128) -> dict:
     import build_fixtures as bf  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -355,6 +367,9 @@ def main() -> None:
                 RESULTS[name] = hf_mtp(ds)
             elif name == "greedy":
                 RESULTS[name] = probe_run(ds, mode="greedy", steps=3, max_new_tokens=256, batch_size=24)
+            elif name == "greedy96":  # one batch of 96 prompts: the 24 built-ins in 4 phrasings each
+                RESULTS[name] = probe_run(ds, mode="greedy", steps=3, max_new_tokens=256, batch_size=96,
+                                          prompts=prompts_x4())
             elif name == "teacher":
                 RESULTS[name] = probe_run(ds, mode="teacher", corpus=corpus, steps=3, batch_size=32)
             elif name == "stream":
@@ -385,7 +400,7 @@ def summary(out: str) -> None:
     r = RESULTS
     lines = [f"probe GPU benchmark {r['env']}"]
     base = r.get("hf_mtp", {}).get("samples_per_s")
-    for name in ("greedy", "teacher", "stream"):
+    for name in ("greedy", "greedy96", "teacher", "stream"):
         s = r.get(name, {})
         if "samples_per_s" in s:
             ratio = f" = {s['samples_per_s'] / base:.0f}x transformers" if base else ""
