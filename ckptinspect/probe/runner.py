@@ -3,7 +3,6 @@ build sequences, score them, project the cost."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Callable, Sequence as Seq
@@ -13,15 +12,17 @@ import torch
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe import loader
 from ckptinspect.probe.checkpoint import ProbeCheckpoint, open_checkpoint
-from ckptinspect.probe.evaluate import Sequence, score_batch
 from ckptinspect.probe.heads import HeadSpec, spec_from_rule
-from ckptinspect.probe.metrics import Tally
-from ckptinspect.probe.prompts import Prompt, check_ids, encode_prompt, load_corpus, load_prompts, load_tokenizer
+from ckptinspect.probe.heads.build import build_head
+from ckptinspect.probe.prompts import encode_prompt, load_prompts, load_tokenizer
 from ckptinspect.probe.readiness_gate import check_mtp_usable
 from ckptinspect.probe.result import ProbeResult, build_result
+from ckptinspect.probe.scoring import estimate_bytes, score_all
+from ckptinspect.probe.sequences import generate_sequences, save_continuations, teacher_sequences
+
+__all__ = ["MODES", "build_head", "estimate_bytes", "run_probe"]
 
 MODES = ("greedy", "teacher")
-CONTINUATIONS_VERSION = 1
 
 
 def _device_plan(device: str, devices: Seq[int] | None) -> tuple[Any, list[str], str]:
@@ -48,105 +49,6 @@ def _free_bytes(names: list[str]) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):  # non-Linux: no reliable figure, do not block
         return 1 << 62
-
-
-def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dtype: torch.dtype) -> int:
-    """Peak scratch of scoring one batch (chain.py): at each depth the draft logits and the target
-    logits at the compute dtype plus the float32 softmaxes of sum(min(p, q)) (p, q and one
-    temporary) over batch x seq x vocab, and the K side-by-side hidden streams."""
-    per = torch.tensor([], dtype=dtype).element_size()
-    return batch * seq * vocab * (2 * per + 12) + 4 * batch * seq * hidden * (steps + 1) * per
-
-
-def estimate_bytes(metas, dtype: torch.dtype, *, batch: int = 0, seq: int = 0, vocab: int = 0, hidden: int = 0,
-                   steps: int = 1) -> int:
-    """Device bytes of an in-memory run: the weights after dequantization at ``dtype``, the
-    scoring scratch of the largest batch, and 256 MiB of allocator slack."""
-    per = torch.tensor([], dtype=dtype).element_size()
-    return (loader.logical_params(metas) * per + scoring_bytes(batch, seq, vocab, hidden, steps, dtype)
-            + (256 << 20))
-
-
-@torch.no_grad()
-def generate_sequences(main, tok, prompts: list[Prompt], max_new_tokens: int, batch_size: int, device,
-                       progress: bool, *, vocab_size: int | None, source: str) -> list[Sequence]:
-    from tqdm import tqdm
-
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    eos = main.generation_config.eos_token_id if main.generation_config.eos_token_id is not None else tok.eos_token_id
-    eos_set = set(eos if isinstance(eos, list) else [eos]) - {None}
-    encoded = [(p, encode_prompt(tok, p, chat=True, vocab_size=vocab_size, source=source)) for p in prompts]
-    out: list[Sequence] = []
-    for i in tqdm(range(0, len(encoded), batch_size), desc="generate", unit="batch", disable=not progress):
-        chunk = encoded[i:i + batch_size]
-        width = max(len(ids) for _, ids in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, (_, p_ids) in enumerate(chunk):  # left padding for batched generation
-            ids[r, width - len(p_ids):] = torch.tensor(p_ids)
-            mask[r, width - len(p_ids):] = 1
-        gen = main.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                            max_new_tokens=max_new_tokens, pad_token_id=pad)
-        for r, (prompt, p_ids) in enumerate(chunk):
-            cont = gen[r, width:].tolist()
-            for c, t in enumerate(cont):
-                if t in eos_set:
-                    cont = cont[: c + 1]
-                    break
-            out.append(Sequence(prompt.category, tuple(p_ids + cont), len(p_ids)))
-    return out
-
-
-def save_continuations(path: str, sequences: list[Sequence], *, model_dir: str, max_new_tokens: int) -> None:
-    """The main model's greedy continuations, reused by ``--mode teacher --continuations`` runs."""
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"ckptinspect_continuations": CONTINUATIONS_VERSION, "model_dir": model_dir,
-                             "max_new_tokens": max_new_tokens}) + "\n")
-        for s in sequences:
-            fh.write(json.dumps({"category": s.category, "prompt_len": s.prompt_len, "tokens": list(s.tokens)}) + "\n")
-
-
-def load_continuations(path: str, vocab_size: int | None) -> list[Sequence]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = [json.loads(line) for line in fh if line.strip()]
-    except OSError as exc:
-        raise ProbeError(f"cannot read continuations ({exc.strerror})", path=path) from exc
-    except json.JSONDecodeError as exc:
-        raise ProbeError(f"continuations file is not JSON lines ({exc.msg})", path=path) from exc
-    if not lines or lines[0].get("ckptinspect_continuations") != CONTINUATIONS_VERSION:
-        raise ProbeError("not a continuations file written by `ckptinspect probe --save-continuations`", path=path)
-    out = []
-    for no, row in enumerate(lines[1:], start=2):
-        tokens, plen = row.get("tokens"), row.get("prompt_len")
-        if not (isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) and isinstance(plen, int)
-                and 1 <= plen <= len(tokens)):
-            raise ProbeError(f"line {no}: needs integer 'tokens' and 1 <= 'prompt_len' <= len(tokens)", path=path)
-        out.append(Sequence(str(row.get("category", "file")), tuple(check_ids(tokens, vocab_size, path,
-                                                                               what=f"line {no}")), plen))
-    return out
-
-
-def build_head(spec: HeadSpec, main, load_dir: str, source_dir: str | None = None, metas=None):
-    """The MTP head. transformers-kind heads load through transformers from ``load_dir`` unless
-    ``metas`` is given; every other head reads its tensors with the probe's loader from
-    ``source_dir`` (the checkpoint itself, dequantizing on the device; ``metas`` = its inventory)."""
-    from ckptinspect.probe.heads.fusion import FusionHead
-    from ckptinspect.probe.heads.transformers_mtp import TransformersMtpHead
-
-    if spec.kind == "transformers" and metas is None:
-        return TransformersMtpHead.load(main, load_dir, family=spec.id)
-    source_dir = source_dir or load_dir
-    if metas is None:
-        metas = open_checkpoint(source_dir).metas
-    prefix = spec.concrete_prefix(int(main.config.get_text_config().num_hidden_layers))
-    ref = next(main.get_decoder().norm.parameters())
-    tensors = {n[len(prefix):]: t for n, t in
-               loader.iter_tensors(source_dir, metas, lambda n: n.startswith(prefix), ref.dtype, device=ref.device)}
-    if spec.kind == "transformers":
-        # fresh() builds the MTP layer at the default dtype: run it at the main model's
-        return TransformersMtpHead.from_tensors(main, tensors, family=spec.id, source=source_dir).to(dtype=ref.dtype)
-    return FusionHead(main, spec, tensors, source=source_dir)
 
 
 def _spec(probe_ckpt: ProbeCheckpoint) -> HeadSpec | None:
@@ -273,31 +175,3 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                         extra={"tokens_scored": sum(len(s.tokens) for s in sequences), "memory_estimate_bytes": need})
 
 
-def teacher_sequences(tok, prompt_list: list[Prompt], corpus: str | None, continuations: str | None,
-                      vocab: int | None, source: str) -> list[Sequence]:
-    """Teacher mode's fixed text: saved greedy continuations (scored from the prompt end, as greedy
-    mode does), a user corpus, or the prompt texts themselves; never scored at position 0."""
-    if continuations:
-        return load_continuations(continuations, vocab)
-    docs = load_corpus(corpus) if corpus else prompt_list
-    return [Sequence(p.category, tuple(check_ids(list(tok(p.text)["input_ids"]), vocab, source,
-                                                 what=f"text {p.text[:40]!r}")), 2) for p in docs]
-
-
-def score_all(main, head, sequences: list[Sequence], steps: int, *, mode: str, temperature: float,
-              batch_size: int, pad_id: int, device, progress: bool, timings: dict[str, float] | None = None,
-              hidden_for: Callable | None = None) -> dict[str, Tally]:
-    """Tallies per category. ``hidden_for(indices, width)`` supplies precomputed target hidden
-    states for those sequences (streamed main model), else the main model runs per batch."""
-    from tqdm import tqdm
-
-    tallies: dict[str, Tally] = {}
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].tokens))  # less padding per batch
-    for i in tqdm(range(0, len(order), batch_size), desc="forward+mtp", unit="batch", disable=not progress):
-        idx = order[i:i + batch_size]
-        batch = [sequences[j] for j in idx]
-        hidden = None if hidden_for is None else hidden_for(idx, max(len(s.tokens) for s in batch))
-        for cat, t in score_batch(main, head, batch, steps, mode=mode, temperature=temperature,
-                                  pad_id=pad_id, device=device, hidden=hidden, timings=timings).items():
-            tallies.setdefault(cat, Tally(steps)).merge(t)
-    return tallies

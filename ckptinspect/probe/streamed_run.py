@@ -25,7 +25,8 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
                  device: str, dtype: torch.dtype, batch_size: int, progress: bool, need: int, limit: int,
                  chunk_tokens: int, timings: dict[str, float], trust_remote_code: bool = False):
     from ckptinspect.probe.result import build_result
-    from ckptinspect.probe.runner import build_head, scoring_bytes, score_all
+    from ckptinspect.probe.heads.build import build_head
+    from ckptinspect.probe.scoring import score_all, scoring_bytes
     from ckptinspect.probe.stream import StreamedMain, stream_estimate
 
     cfg = probe_ckpt.checkpoint.config
