@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ckptinspect.config.normalize import normalize_config
+from ckptinspect.config.quant_fields import check_quant_fields
 from ckptinspect.errors import ConfigError
+from ckptinspect.header.parser import parse_header
 from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
 from ckptinspect.inventory.parallel import scan_checkpoint
@@ -73,11 +75,14 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) 
         findings.extend(_index_findings(raw, scans, index_summary))
     inventory, inv_findings = build_inventory(scans, config, prefixes)
     findings.extend(inv_findings)
-    declared, decl_findings = read_declared(config.raw, raw.json_files.get(HF_QUANT_CONFIG))
+    hf_quant = raw.json_files.get(HF_QUANT_CONFIG)
+    check_quant_fields(config.raw, hf_quant, config_source=f"{raw.location}/{CONFIG}",
+                       quant_source=f"{raw.location}/{HF_QUANT_CONFIG}")
+    declared, decl_findings = read_declared(config.raw, hf_quant)
     findings.extend(decl_findings)
     findings.extend(crosscheck(inventory, declared, matcher_for(declared)))
     findings.extend(_expert_findings(inventory, config))
-    findings.extend(_file_findings(raw))
+    findings.extend(_file_findings(raw, {scan.shard for scan in scans}))
     stats = dict(raw.stats)
     if raw.revision:
         stats["revision"] = raw.revision
@@ -117,9 +122,8 @@ def _index_findings(raw: RawCheckpoint, scans: list[ShardScan], summary: IndexSu
 
 
 def _header_names(raw: RawCheckpoint, shard: str) -> list[str]:
-    import json
-
-    return [k for k in json.loads(raw.headers[shard]) if k != "__metadata__"]
+    """The tensor names of one shard, from the parser (header bytes never leave it as raw JSON)."""
+    return parse_header(raw.headers[shard], source=shard, file_size=raw.file_sizes.get(shard)).names
 
 
 def _expert_findings(inventory: Inventory, config: ModelConfig) -> list[Finding]:
@@ -140,15 +144,21 @@ def _expert_findings(inventory: Inventory, config: ModelConfig) -> list[Finding]
     return findings
 
 
-def _file_findings(raw: RawCheckpoint) -> list[Finding]:
+def _file_findings(raw: RawCheckpoint, shards: set[str]) -> list[Finding]:
     findings = []
     pickles = [f for f in raw.files if f.lower().endswith(PICKLE_SUFFIXES)]
+    if not raw.headers:
+        # Without safetensors weights there is nothing to serve, size or check: never a clean report.
+        only = (f"; only pickle-based weights ({', '.join(pickles[:3])}), which ckptinspect never loads"
+                if pickles else "")
+        findings.append(Finding("no-weights", "error", f"the checkpoint has no safetensors weight files{only}",
+                                subject=raw.location,
+                                hint="convert the weights to safetensors (engines and this tool read only those)"))
     if pickles:
         findings.append(Finding(
             "pickle-files-present", "warning",
             f"{len(pickles)} pickle-based file(s) present ({', '.join(pickles[:3])}); never loaded by ckptinspect, "
             "and loading them can execute code", subject=pickles[0]))
-    shards = set(raw.headers)
     unindexed = [f for f in raw.files if f.endswith(".safetensors") and "/" not in f and f not in shards]
     if unindexed:
         findings.append(Finding(

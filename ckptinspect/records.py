@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -243,6 +243,18 @@ class IndexSummary:
 
 
 @dataclass(frozen=True)
+class ScanPlan:
+    """How the scan stage may read a source's headers. The source fills it; inventory/parallel.py reads
+    it and never asks which kind of source it holds."""
+
+    early: Mapping[str, int | None]  # shards that can be scanned before the shard list is final -> size
+    header_bytes: int  # header volume, exact or estimated: decides whether worker processes pay
+    # Reads and summarizes the index in a worker process (the parent never holds the 370k-entry dict);
+    # None when the index is already summarized or absent.
+    index_summarizer: Callable[[], IndexSummary] | None = None
+
+
+@dataclass(frozen=True)
 class RawCheckpoint:
     """What a source delivers: small JSON files and every shard's header bytes."""
 
@@ -256,6 +268,7 @@ class RawCheckpoint:
     revision: str | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)  # requests, bytes fetched, ...
     index_summary: IndexSummary | None = None  # when the source already summarized the index (Hub)
+    scan_plan: ScanPlan | None = None  # None: scan the shards of ``headers`` (already in memory)
 
 
 @dataclass(frozen=True)
@@ -283,9 +296,13 @@ class EngineVerdict:
     engine_version: str  # e.g. "0.5.23"
     draft_architecture: str | None  # e.g. Qwen3_5ForCausalLMMTP
     method: str | None  # SGLang --speculative-algorithm value / vLLM speculative method
-    draft_quantization: str | None  # how the engine would build the draft: None = unquantized
+    # the declared scheme when the engine builds at least one MTP module with it (decided per module
+    # with the engine's exclude semantics); None = every MTP module is built unquantized
+    draft_quantization: str | None
     layers_used: int  # MTP layers the engine would use (vLLM reuses layer 0)
     reasons: tuple[str, ...]  # finding codes behind the verdict
+    # what the engine builds per MTP weight group: (module pattern, declared label or None = unquantized)
+    module_quantization: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,12 @@ def test_mixed_precision_is_an_inclusion_map():
 def test_gptq_dynamic_negative_rules_and_unsafe_regex_is_skipped():
     m = _declared({"quant_method": "gptq", "dynamic": {"-:.*mtp.*": {}, "+:.*": {"bits": 8}}})
     assert m.is_excluded("mtp.layers.0.mlp.down_proj") and not m.is_excluded("model.layers.0.mlp.down_proj")
-    unsafe = _declared({"quant_method": "compressed-tensors", "ignore": ["re:(a+)+$"]})
+    # (a+)+$ backtracks for ever in Python's engine; on RE2 (linear time) it is evaluated, with re.match's answer
+    nested = _declared({"quant_method": "compressed-tensors", "ignore": ["re:(a+)+$"]})
+    assert nested.findings == []
+    assert nested.is_excluded("a" * 40 + "!") is False and nested.is_excluded("aaa") is True
+    # what RE2 cannot evaluate (a backreference) is skipped with a finding, never run on Python's engine
+    unsafe = _declared({"quant_method": "compressed-tensors", "ignore": [r"re:(a+)\1+$"]})
     assert [f.code for f in unsafe.findings] == ["exclude-entry-skipped"]
     assert unsafe.is_excluded("a" * 40 + "!") is False  # returns at once: the pattern was never run
 

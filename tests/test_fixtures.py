@@ -30,7 +30,17 @@ MTP_RE = {
     "qwen3_5_moe": r"^mtp\.", "qwen3_5": r"^mtp\.", "qwen3_next": r"^mtp\.", "nemotron_h": r"^mtp\.",
     "mimo": r"^model\.mtp_layers\.", "mimo_v2": r"^model\.mtp\.", "longcat_flash": r"^model\.mtp\.",
     "ernie4_5_moe": r"^model\.mtp_(emb_norm|hidden_norm|linear_proj|block)\.",
+    "deepseek_v4": r"^mtp\.", "deepseek_v41": r"^mtp\.", "qwen4_exp": r"^mtp\.", "intern_s2": r"^mtp\.",
+    "interns2_mobius": r"^mtp\.",
+    # issue 10 part B (fixtures/families_2026_b.py)
+    "minimax_m3": r"^(language_model\.)?model\.mtp\.", "exaone_moe": r"^mtp\.", "exaone4_5": r"^mtp\.",
+    "inkling": r"^model\.mtp\.", "mimo_v2_omni": r"^model\.mtp\.", "longcat_flash_ngram": r"^model\.mtp\.",
+    "nemotron_h_omni": r"^language_model\.mtp\.",
 }
+# DeepSeek-style families whose MTP layer may also (or instead) live under a second prefix: HY V4
+# releases name it model.mtp_layers.0 (SG:models/hunyuan_v4_nextn.py), dots3 ships a draft embedding
+# model.mtp.embed_tokens; unknown architectures (family None) use top-level mtp. / model.mtp.
+EXTRA_MTP_RE = {"hy_v4": r"^model\.mtp_layers\.", "dots3_note": r"^model\.mtp\.", None: r"^(model\.)?mtp\."}
 
 
 def read_header(path: Path) -> tuple[int, dict, int]:
@@ -101,9 +111,11 @@ def test_valid_fixture_headers_match_spec(built, name):
         assert sum(bool(re.match(MTP_RE[spec.family], k)) for k in tensors) == spec.mtp_tensors
     else:  # DeepSeek-style: layers with index >= num_hidden_layers
         text = config.get("text_config", config)
-        big = [k for k in tensors if (m := re.match(r"^(?:model|language_model\.model)\.layers\.(\d+)\.", k))
+        big = [k for k in tensors
+               if (m := re.match(r"^(?:model|language_model\.model|model\.language_model)\.layers\.(\d+)\.", k))
                and int(m.group(1)) >= text["num_hidden_layers"]]
-        assert len(big) == spec.mtp_tensors
+        extra = [k for k in tensors if spec.family in EXTRA_MTP_RE and re.match(EXTRA_MTP_RE[spec.family], k)]
+        assert len(big) + len(extra) == spec.mtp_tensors
     index = d / "model.safetensors.index.json"
     if index.exists():
         doc = json.loads(index.read_text())
@@ -119,9 +131,12 @@ def logical_params(tensors: dict) -> int:
     total = 0
     for k, (_, e) in tensors.items():
         numel = math.prod(e["shape"])
-        if re.search(r"(weight_scale(_inv|_2)?|input_scale|global_scale|[kv]_scale|qzeros|scales|g_idx|weight_shape|_scales)$", k):
+        if re.search(r"(weight_scale(_inv|_2)?|input_scale|global_scale|[kv]_scale|qzeros|scales|g_idx|weight_shape|_scales|\.scale)$", k):
             continue
-        if k.endswith("_blocks") or (e["dtype"] == "U8" and re.sub(r"weight(_packed)?$", "weight_scale", k) in names):
+        # DeepSeek-V4 FP4 experts: I8 nibble pairs next to an E8M0 ".scale"
+        bare_scale = tensors.get(k[: -len(".weight")] + ".scale") if k.endswith(".weight") else None
+        if k.endswith("_blocks") or (e["dtype"] == "U8" and re.sub(r"weight(_packed)?$", "weight_scale", k) in names) or (
+                e["dtype"] == "I8" and bare_scale is not None and bare_scale[1]["dtype"] == "F8_E8M0"):
             total += numel * 2
         elif e["dtype"] == "I32" and (k.endswith(".qweight") or k.endswith(".weight_packed")):
             total += numel * 8

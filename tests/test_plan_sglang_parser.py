@@ -14,7 +14,7 @@ import pytest
 
 from ckptinspect.plan import make_plan
 from ckptinspect.plan.rules import engine_rules
-from plan_checkpoints import deepseek_v3_fp8, glm_4_5_fp8, mtp_ready
+from plan_checkpoints import deepseek_v3_fp8, glm_4_5_fp8, glm_5_fp8, mtp_ready, qwen3_next_80b
 from sglang_parser import parse_with_sglang
 
 GPUS = ["rtx-pro-6000", "b200", "b300", "h200", "h100", "h20", "gb200", "l40s", "a100", "mi300x", "mi355x",
@@ -30,7 +30,8 @@ def qwen35(qwen35_report):
 @pytest.fixture(scope="session")
 def plans(qwen35) -> list:
     out = []
-    cases = [(qwen35[0], qwen35[1]), (deepseek_v3_fp8(), mtp_ready()), (glm_4_5_fp8(), mtp_ready("NEXTN"))]
+    cases = [(qwen35[0], qwen35[1]), (deepseek_v3_fp8(), mtp_ready()), (glm_4_5_fp8(), mtp_ready("NEXTN")),
+             (glm_5_fp8(), mtp_ready("NEXTN")), (qwen3_next_80b(), mtp_ready("NEXTN"))]
     for ck, mtp in cases:
         for gpu in GPUS:
             for goal in ("latency", "throughput"):
@@ -42,6 +43,11 @@ def plans(qwen35) -> list:
     probe = {"recommendation": {"sglang": {"num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8}}}
     for gpu in ("b200", "rtx-pro-6000", "h200"):
         out.append(make_plan(qwen35[0], qwen35[1], gpu=gpu, gpus=8, probe_report=probe))
+    # Solver output (reduced context, raised --mem-fraction-static, --chunked-prefill-size), idle GPUs and
+    # max-context on request must parse too.
+    out.append(make_plan(qwen35[0], qwen35[1], gpu="h200", gpus=3))
+    out.append(make_plan(qwen35[0], qwen35[1], gpu="rtx-pro-6000", gpus=8, max_context=True, concurrency=16))
+    out.append(make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="rtx-pro-6000", gpus=8, goal="throughput"))
     assert len(out) >= 30
     return out
 
@@ -59,6 +65,11 @@ def test_sglang_parser_accepts_every_generated_command(plans, sglang_parsed) -> 
         assert values["tp_size"] == int(flags["--tp-size"])
         if "--moe-runner-backend" in flags:
             assert values["moe_runner_backend"] == flags["--moe-runner-backend"]
+        if "--speculative-moe-runner-backend" in flags:
+            assert values["speculative_moe_runner_backend"] == flags["--speculative-moe-runner-backend"]
+        if "--chunked-prefill-size" in flags:
+            assert values["chunked_prefill_size"] == int(flags["--chunked-prefill-size"])
+        assert values["context_length"] == plan.context
 
 
 def test_sglang_parser_rejects_what_it_does_not_know(sglang_parsed) -> None:
@@ -85,6 +96,32 @@ def test_rule_values_are_sglang_choices(sglang_parsed) -> None:
         for key, flag in (("reasoning", "--reasoning-parser"), ("tool", "--tool-call-parser")):
             if entry[key]:
                 assert entry[key] in choices[flag], f"{flag} {entry[key]}"
+
+
+def test_solver_and_draft_rule_values_are_sglang_choices(plans, sglang_parsed) -> None:
+    choices = sglang_parsed["choices"]
+    draft = engine_rules("sglang")["draft"]
+    runners = {v for per_arch in draft["runs"].values() for vs in per_arch.values() for v in vs}
+    runners |= set(draft["fallback"].values())
+    assert runners and runners <= set(choices["--speculative-moe-runner-backend"])
+    for cand in engine_rules("sglang")["max_context"]["candidates"]:
+        if "kv_cache_dtype" in cand["change"]:
+            assert cand["change"]["kv_cache_dtype"] in choices["--kv-cache-dtype"]
+    fp8 = engine_rules("sglang")["kv_fp8_backends"]
+    assert set(fp8["mla"]) | set(fp8["other"]) <= set(choices["--attention-backend"])
+    # The plans above include a solver-reduced context and a draft runner flag.
+    assert any(p.solution and p.solution.chosen.id != "defaults" for p in plans)
+    assert any("--speculative-moe-runner-backend" in {f.flag for f in p.commands["sglang"].flags} for p in plans)
+
+
+def test_data_parallel_replica_note_parses() -> None:
+    import re
+
+    plan = make_plan(qwen3_next_80b(), mtp_ready("NEXTN"), gpu="b300", gpus=3, engine="sglang")
+    note = next(n.message for n in plan.notes if "data-parallel replicas" in n.message)
+    dp, tp = re.search(r"--dp-size (\d+) --tp-size (\d+)", note).groups()
+    result = parse_with_sglang([["--model-path", "m", "--dp-size", dp, "--tp-size", tp]])["results"][0]
+    assert result["ok"] and result["values"]["dp_size"] == int(dp) and result["values"]["tp_size"] == int(tp)
 
 
 def test_speculative_algorithm_is_registered(plans) -> None:

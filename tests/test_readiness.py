@@ -97,7 +97,14 @@ def test_present_and_complete_qwen3_5_nvfp4(report):
     sg, vl = mtp.verdicts["sglang"], mtp.verdicts["vllm"]
     assert sg.draft_architecture == "Qwen3_5ForCausalLMMTP" and sg.method == "NEXTN"
     assert sg.draft_quantization is None  # _mtp_quant_config: modelopt_fp4 -> None
-    assert vl.draft_architecture == "Qwen3_5MoeMTP" and vl.draft_quantization == "modelopt:NVFP4"
+    # vLLM builds the draft with the target's modelopt:NVFP4 config, but per module: every MTP Linear
+    # is covered by mtp.layers.0* or is the forced-BF16 mtp.fc (>= 0.33), so nothing is built NVFP4
+    assert vl.draft_architecture == "Qwen3_5MoeMTP" and vl.draft_quantization is None
+    assert vl.module_quantization and all(built is None for _, built in vl.module_quantization)
+    older = assess_mtp(report("qwen3_5_moe_nvfp4").checkpoint, load_rules().get("qwen3_5_moe"), load_rules(),
+                       engine_versions={"vllm": "0.32.1"}).verdicts["vllm"]
+    assert older.draft_quantization == "modelopt:NVFP4"  # before 0.33 mtp.fc is built NVFP4
+    assert {m for m, built in older.module_quantization if built} == {"mtp.fc"}
     assert sg.layers_used == vl.layers_used == 1
     old = [f for f in mtp.findings if f.code == "mtp-fc-not-excluded-old-vllm"]
     assert len(old) == 1 and old[0].severity == "info" and "mtp.fc" in old[0].message and "<0.33" in old[0].message

@@ -25,7 +25,12 @@ FAMILIES = {
     "deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "qwen3_next", "qwen3_5",
     "qwen3_5_moe", "mimo", "mimo_v2", "ernie4_5_moe", "longcat_flash", "step3p5", "nemotron_h", "bailing_moe",
     "minimax_m2", "gpt_oss", "llama", "qwen3", "qwen3_moe", "kimi_k2_5",
+    # 2026 families, part A
+    "deepseek_v4", "deepseek_v41", "glm5_next", "glm_ocr", "kimi_k3", "qwen4_exp", "intern_s2", "interns2_mobius",
 }
+# issue 10 §3, part B (tests/test_families_2026_b.py)
+FAMILIES |= {"hy_v3", "hy_v4", "minimax_m3", "exaone_moe", "exaone4_5", "pangu_ultra_moe", "dots3_note", "inkling",
+             "gemma4", "gemma4_assistant", "mimo_v2_omni", "nemotron_h_omni", "bailing_moe_v3", "longcat_flash_ngram"}
 MINIMAL = {
     "schema_version": 1, "id": "toy", "name": "Toy", "extends": "mtp_common",
     "match": {"architectures": ["ToyForCausalLM"], "model_types": ["toy"]},
@@ -122,7 +127,8 @@ def test_inheritance_merges_and_does_not_inherit_match():
     assert {"mtp-declared-but-absent", "mtp-bf16-not-excluded"} <= codes  # from deepseek_v3 / mtp_common
     vllm_absent = next(d for d in dsa.engines["vllm"].defects if d.code == "mtp-declared-but-absent")
     assert "ValueError" in vllm_absent.message  # deepseek_v3 replaced the common entry by code
-    assert dsa.engines["sglang"].draft_architecture == "GlmMoeDsaForCausalLMNextN"
+    # SG:configs/model_config.py _config_draft_model rewrites GlmMoeDsaForCausalLM to the DeepSeek NextN class
+    assert dsa.engines["sglang"].draft_architecture == "DeepseekV3ForCausalLMNextN"
     mimo_v2 = ruleset.get("mimo_v2")
     assert "mtp-extra-layers-unused" not in {d.code for d in mimo_v2.engines["sglang"].defects}
     assert "mtp-extra-layers-unused" in {d.code for d in mimo_v2.engines["vllm"].defects}

@@ -47,14 +47,27 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ckptinspect")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Deadline for all Hub requests of the command (default 300; env CKPTINSPECT_DEADLINE_S).")
+@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Deadline for one Hub request's whole answer (default 60; env CKPTINSPECT_REQUEST_TIMEOUT_S).")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout: float | None) -> None:
     """ckptinspect: what is in an LLM checkpoint, is its MTP draft layer usable, how to launch it.
 
     Exit codes: 0 the checkpoint was read; 1 a --fail-on gate tripped; 2 bad input, usage,
     source or network error (one line on stderr; --debug shows the traceback).
     """
     ctx.obj = {"debug": debug or bool(os.environ.get("CKPTINSPECT_DEBUG"))}
+    # The Hub source reads its limits from the environment (sources/net_limits.py), as the index
+    # child it forks does; the flags only set them.
+    for env, value in (("CKPTINSPECT_DEADLINE_S", deadline), ("CKPTINSPECT_REQUEST_TIMEOUT_S", request_timeout)):
+        if value is not None:
+            os.environ[env] = repr(value)
+
+
+# click >= 8.2 raises this for a bare group invocation (8.1 prints the help and exits 0 itself).
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def main(argv: list[str] | None = None) -> Any:
@@ -67,8 +80,15 @@ def main(argv: list[str] | None = None) -> Any:
         return cli.main(args=args, prog_name="ckptinspect", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
+    except _NO_ARGS_IS_HELP as exc:  # bare `ckptinspect`: the help is the answer
         exc.show()
+        sys.exit(2)
+    except click.UsageError as exc:  # one line, like every other error
+        where = exc.ctx.command_path if exc.ctx is not None else "ckptinspect"
+        click.echo(f"error: {where}: {' '.join(exc.format_message().split())} (see --help)", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)

@@ -15,6 +15,10 @@ from ckptinspect.errors import PlanError
 @click.option("--gpu", required=True, help="GPU name or alias, e.g. rtx-pro-6000, b200, h200 (unknown names list the catalog).")
 @click.option("--gpus", type=click.IntRange(1, 1024), required=True, help="Number of GPUs (TP size).")
 @click.option("--context", type=click.IntRange(1), default=None, help="Context length in tokens (default: the model's max).")
+@click.option("--max-context", "max_context", is_flag=True,
+              help="Solve for the longest context --concurrency requests get (also used when the default does not fit).")
+@click.option("--concurrency", type=click.IntRange(1), default=1, show_default=True,
+              help="Concurrent requests the max-context solver sizes the KV pool for.")
 @click.option("--goal", type=click.Choice(["latency", "throughput"]), default="latency", show_default=True)
 @click.option("--engine", type=click.Choice(["sglang", "vllm", "both"]), default="both", show_default=True)
 @click.option("--probe-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -25,17 +29,23 @@ from ckptinspect.errors import PlanError
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hub token.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def plan(model: str, gpu: str, gpus: int, context: int | None, goal: str, engine: str, probe_report: Path | None,
-         fmt: str, rules_dirs: tuple[Path, ...], revision: str | None, token: str | None, quiet: bool) -> None:
+def plan(model: str, gpu: str, gpus: int, context: int | None, max_context: bool, concurrency: int, goal: str,
+         engine: str, probe_report: Path | None, fmt: str, rules_dirs: tuple[Path, ...], revision: str | None,
+         token: str | None, quiet: bool) -> None:
     """Plan MODEL on GPUS x GPU: TP/EP that loads, memory, KV capacity, launch commands with reasons."""
     from ckptinspect.pipeline import build_report
-    from ckptinspect.plan import find_gpu, make_plan, render_plan_markdown, render_plan_text
+    from ckptinspect.plan import PlanFailure, find_gpu, plan_or_failure, render_plan_markdown, render_plan_text
 
     find_gpu(gpu)  # fail on a bad GPU name before reading any checkpoint
     probe = _read_probe(probe_report) if probe_report else None
     report = build_report(model, rules_dirs=rules_dirs, revision=revision, token=token, progress=not quiet)
-    result = make_plan(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal, engine=engine,
-                       probe_report=probe)
+    result = plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
+                             engine=engine, probe_report=probe, max_context=max_context, concurrency=concurrency)
+    if isinstance(result, PlanFailure):
+        # Nothing runs: the JSON document still says why (status failed) for machines; exit 2 as before.
+        if fmt == "json":
+            click.echo(json.dumps(result.to_json(), indent=2))
+        raise PlanError(result.message, hint=result.hint)
     if fmt == "json":
         click.echo(json.dumps(result.to_json(), indent=2))
     elif fmt == "markdown":

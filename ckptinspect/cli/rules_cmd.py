@@ -57,11 +57,13 @@ def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
     def archs(names: list[str]) -> str:
         return "-" if not names else names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else "")
 
-    table = [[r["id"], archs(r["architectures"]), r["prefixes"][0] if r["prefixes"] else "-",
-              r["depth_keys"][0] if r["depth_keys"] else "-", r["sglang"] or "-", r["vllm"] or "-",
-              r["source"]] for r in rows]
-    click.echo(tabulate(table, headers=["family", "architectures", "MTP prefix", "depth key", "SGLang draft",
-                                        "vLLM draft", "source"]))
+    # Every model_type is listed (not abbreviated like architectures): it is what users grep
+    # config.json for, and a family matched only by text_config.model_type must be findable here.
+    table = [[r["id"], archs(r["architectures"]), ", ".join(r["model_types"]) or "-",
+              r["prefixes"][0] if r["prefixes"] else "-", r["depth_keys"][0] if r["depth_keys"] else "-",
+              r["sglang"] or "-", r["vllm"] or "-", r["source"]] for r in rows]
+    click.echo(tabulate(table, headers=["family", "architectures", "model types", "MTP prefix", "depth key",
+                                        "SGLang draft", "vLLM draft", "source"]))
 
 
 @rules.command("show")

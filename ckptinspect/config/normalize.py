@@ -39,6 +39,13 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "sliding_window": ("sliding_window",),
 }
 REQUIRED = ("num_hidden_layers", "hidden_size")
+# Upper bounds on the counts that later stages enumerate (one entry per layer, per expert id): a
+# hostile 10**12 would otherwise hang the report. Real checkpoints have <= ~200 layers and <= 512
+# routed experts per layer; the caps leave 50-100x headroom.
+COUNT_CAPS = {"num_hidden_layers": 10_000, "routed_experts": 65_536}
+# Every integer fact must fit in a signed 64-bit integer, as in the engines' own config classes; a
+# 400-digit value would otherwise overflow float arithmetic in the plan (OverflowError).
+MAX_CONFIG_INT = 2 ** 63 - 1
 
 
 def normalize_config(raw: Any, *, source: str = SOURCE) -> ModelConfig:
@@ -59,6 +66,10 @@ def normalize_config(raw: Any, *, source: str = SOURCE) -> ModelConfig:
     values: dict[str, int | None] = {}
     for fact, aliases in ALIASES.items():
         values[fact] = _int_alias(text, aliases, text_path, source)
+    for fact, cap in COUNT_CAPS.items():
+        if values[fact] is not None and values[fact] > cap:
+            raise ConfigError(f"'{ALIASES[fact][0]}' (or an alias) is {values[fact]:,}, over the {cap:,} any real "
+                              "model has", path=source)
     for fact in REQUIRED:
         if values[fact] is None:
             where = f"{text_path}." if text_path else ""
@@ -128,6 +139,9 @@ def _int_alias(text: Mapping[str, Any], aliases: tuple[str, ...], text_path: str
             raise ConfigError(f"'{where}' must be an integer, got {value!r}", path=source)
         if value < 0:
             raise ConfigError(f"'{key}' must not be negative, got {value}", path=source)
+        if value > MAX_CONFIG_INT:
+            raise ConfigError(f"'{key}' is {len(str(value))} digits long, over the signed 64-bit range",
+                              path=source)
         return value
     return None
 

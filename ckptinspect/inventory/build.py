@@ -9,7 +9,7 @@ from ckptinspect.inventory.classify import (
     COMPANION_ROLES, attention_kind, component_of, expert_slot, split_role,
 )
 from ckptinspect.inventory.mtp_prefix import MtpPrefix, assign_mtp
-from ckptinspect.inventory.scan import ShardScan
+from ckptinspect.inventory.scan import GroupTally, ShardScan
 from ckptinspect.quant.detect import Part, detect_scheme, logical_params
 from ckptinspect.records import Finding, Inventory, ModelConfig, ShardInfo, TensorGroup, Totals
 
@@ -19,25 +19,15 @@ _Key = tuple[str, "int | None"]
 def build_inventory(scans: Iterable[ShardScan], config: ModelConfig,
                     prefixes: tuple[MtpPrefix, ...]) -> tuple[Inventory, list[Finding]]:
     """Merge per-shard scans into TensorGroups with component, MTP layer and scheme."""
-    merged: dict[_Key, list] = {}
+    merged: dict[_Key, GroupTally] = {}
     shards_of: dict[_Key, set[str]] = defaultdict(set)
     shard_infos = []
     for scan in scans:
         shard_infos.append(ShardInfo(scan.shard, scan.header_length, scan.file_size, scan.tensors, scan.data_bytes))
-        for key, acc in scan.groups.items():
+        for key, tally in scan.groups.items():
             shards_of[key].add(scan.shard)
             have = merged.get(key)
-            if have is None:
-                merged[key] = [acc[0], acc[1], acc[2], acc[3], acc[4], list(acc[5]), acc[6], acc[7]]
-                continue
-            have[0] += acc[0]
-            have[1] += acc[1]
-            have[2] += acc[2]
-            have[5].extend(acc[5])
-            if acc[3] != have[3] or acc[6]:
-                have[6] = (have[6] or {have[3]}) | (acc[6] or {acc[3]})
-            if acc[4] != have[4] or acc[7]:
-                have[7] = True
+            merged[key] = tally if have is None else have.merged(tally)
 
     layers = config.num_hidden_layers
     # Module-level view: (module pattern, index) -> {suffix: Part} decides the scheme.
@@ -46,7 +36,7 @@ def build_inventory(scans: Iterable[ShardScan], config: ModelConfig,
     for key, acc in merged.items():
         module, suffix, role = split_role(key[0])
         split[key] = (module, suffix, role)
-        modules[(module, key[1])][suffix] = Part(role, suffix, acc[3], tuple(acc[4]), acc[0])
+        modules[(module, key[1])][suffix] = Part(role, suffix, acc.dtype, tuple(acc.shape), acc.tensors)
     schemes = {mk: detect_scheme(parts) for mk, parts in modules.items()}
 
     findings: list[Finding] = []
@@ -58,17 +48,17 @@ def build_inventory(scans: Iterable[ShardScan], config: ModelConfig,
         mtp = assign_mtp(pattern, index, prefixes, layers)
         layer = index if (mtp is None and index is not None and _is_layer_pattern(pattern)) else None
         component = component_of(module)
-        kind, experts = _kind_and_experts(component, pattern, role, acc[5], acc[4], config, layer)
-        dtypes = tuple(sorted(acc[6])) if acc[6] else (acc[3],)
+        kind, experts = _kind_and_experts(component, pattern, role, acc.subs, acc.shape, config, layer)
+        dtypes = tuple(sorted(acc.dtypes)) if acc.dtypes else (acc.dtype,)
         params = 0 if role in COMPANION_ROLES or role == "other_companion" else logical_params(
-            scheme, role, acc[3], acc[2])
+            scheme, role, acc.dtype, acc.elements)
         groups.append(TensorGroup(
             pattern=pattern, index=index, component=component, role=role, module=module, layer=layer,
-            mtp_layer=mtp, dtypes=dtypes, shape=tuple(acc[4]), tensors=acc[0], bytes=acc[1],
-            elements=acc[2], params=params, scheme=scheme, subs=tuple(acc[5]),
-            shards=frozenset(shards_of[key]), shapes_vary=acc[7], kind=kind, experts=experts,
+            mtp_layer=mtp, dtypes=dtypes, shape=tuple(acc.shape), tensors=acc.tensors, bytes=acc.bytes,
+            elements=acc.elements, params=params, scheme=scheme, subs=tuple(acc.subs),
+            shards=frozenset(shards_of[key]), shapes_vary=acc.shapes_vary, kind=kind, experts=experts,
         ))
-        if acc[6]:
+        if acc.dtypes:
             findings.append(Finding("mixed-dtypes-in-group", "warning",
                                     f"{_show(pattern, index)} mixes dtypes {', '.join(dtypes)}",
                                     subject=_show(pattern, index)))
@@ -112,7 +102,7 @@ def _companion_mismatches(modules: dict) -> list[Finding]:
         weight = parts.get(".weight") or parts.get(".weight_packed") or parts.get(".qweight")
         if weight is None:
             continue
-        for suffix in (".weight_scale", ".weight_scale_inv", ".weight_scale_2", ".weight_global_scale"):
+        for suffix in (".weight_scale", ".weight_scale_inv", ".weight_scale_2", ".weight_global_scale", ".scale"):
             companion = parts.get(suffix)
             if companion is not None and companion.tensors != weight.tensors:
                 where = _show(module, index)

@@ -32,6 +32,10 @@ _ROLE_SUFFIXES: tuple[tuple[str, str], ...] = (
     (".scales", "scale"),
     (".g_idx", "g_idx"),
     (".SCB", "scale"),
+    # DeepSeek-V4 names every scale companion bare ``.scale`` (FP8 block scales and MXFP4 E8M0 scales
+    # alike: "layers.0.attn.wq_a.scale", "layers.0.ffn.experts.0.w1.scale"); vLLM renames them to
+    # weight_scale_inv / weight_scale at load (VL:model_executor/models/deepseek_v4_mtp.py _EXPERT_SCALE_RE).
+    (".scale", "scale"),
     (".weight.absmax", "scale"),
     (".weight.quant_map", "scale"),
     (".weight.nested_absmax", "scale"),
@@ -55,15 +59,23 @@ COMPANION_ROLES = frozenset({"scale", "scale_2", "global_scale", "input_scale", 
 _COMPONENT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("vision", re.compile(r"(^|\.)(visual|vision_tower|vision_model|vision_encoder|mm_projector|"
                           r"multi_modal_projector|audio_tower|vision)(\.|$)")),
-    ("embedding", re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embeddings|embedding)$")),
-    ("lm_head", re.compile(r"(^|\.)(lm_head|shared_head\.head|shared_head\.output)$|^output$")),
+    # DeepSeek-V4 has no "model." prefix: the embedding is the bare "embed", the head the bare "head".
+    ("embedding", re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embeddings|embedding)$|^embed$")),
+    ("lm_head", re.compile(r"(^|\.)(lm_head|shared_head\.head|shared_head\.output)$|^(output|head)$")),
     # Last segment names a norm: layernorm, q_norm, enorm / hnorm, pre_fc_norm_hidden, LongCat's enorm.m.
     ("norm", re.compile(r"(^|\.)[a-z0-9_]*norm[a-z0-9_]*$|(^|\.)(ln_f|ln_\d)$|norm\.m$")),
-    ("mtp_fusion", re.compile(r"(^|\.)(eh_proj|input_proj|mtp_linear_proj(\.\{\})?)$|^(model\.)?mtp\.fc$")),
+    # Fusion projections of the MTP input: fused eh_proj (DeepSeek-V3), split e_proj / h_proj (DeepSeek-V4,
+    # VL:model_executor/models/deepseek_v4_mtp.py), Qwen's mtp.fc and Qwen4-Exp's split
+    # mtp.fc_embedding / mtp.fc_hidden (VL:model_executor/models/qwen4_exp/mtp.py).
+    ("mtp_fusion", re.compile(r"(^|\.)(eh_proj|e_proj|h_proj|input_proj|mtp_linear_proj(\.\{\})?)$|"
+                              r"^(model\.)?mtp\.(fc|fc_embedding|fc_hidden)$")),
     ("shared_expert", re.compile(r"\.(shared_experts?|shared_mlp|shared_expert_gate)(\.|$)")),
     ("routed_expert", re.compile(r"\.(experts|local_experts)(\.|$)")),
-    ("router", re.compile(r"\.(mlp|block_sparse_moe|moe|feed_forward)\.(gate|router)$|\.router$|"
-                          r"\.gate\.e_score_correction_bias$")),
+    # DeepSeek-V4 routes in "ffn.gate" (bias in "ffn.gate.bias", hash-routed layers "ffn.gate.tid2eid").
+    # A parameter of the MoE block itself is its routing bias (MiniMax-style
+    # block_sparse_moe.e_score_correction_bias; DeepSeek keeps it under mlp.gate).
+    ("router", re.compile(r"\.(mlp|block_sparse_moe|moe|feed_forward|ffn)\.(gate|router)$|\.router$|"
+                          r"\.gate\.(e_score_correction_bias|tid2eid)$|\.(block_sparse_moe|moe)$")),
     ("attention", re.compile(r"\.(self_attn|attention|attn|linear_attn|mixer|cross_attn)(\.|$)")),
     ("mlp", re.compile(r"\.(mlp|feed_forward|ffn|transformer_layer\.mlp)(\.|$)")),
 )

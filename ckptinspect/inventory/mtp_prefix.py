@@ -22,7 +22,9 @@ _PLACEHOLDER = re.compile(r"\{(L\+k|L|k|\*)\}")
 
 # Used when no family rule matched (unknown architecture): every prefix an engine is known to
 # load MTP weights from (mtp_families.md §2-§3; vLLM `get_spec_layer_idx_from_weight_name`
-# prefixes for the DeepSeek path, Qwen `mtp.`, MiMo, MiMo-V2 / LongCat `model.mtp.`, ERNIE).
+# prefixes for the DeepSeek path, Qwen `mtp.`, MiMo / HY V4 `model.mtp_layers.`, MiMo-V2 / LongCat /
+# Inkling `model.mtp.`, MiniMax-M3 VL `language_model.model.mtp.`, Nemotron-H VLM `language_model.mtp.`,
+# ERNIE). Indexed templates come before the bare prefix they extend, so the MTP index is captured.
 GENERIC_MTP_PREFIXES: tuple[str, ...] = (
     "model.layers.{L+k}.",
     "model.language_model.layers.{L+k}.",
@@ -32,6 +34,10 @@ GENERIC_MTP_PREFIXES: tuple[str, ...] = (
     "model.mtp_layers.{k}.",
     "model.mtp.layers.{k}.",
     "model.mtp.",
+    "language_model.model.mtp.layers.{k}.",
+    "language_model.model.mtp.",
+    "language_model.mtp.layers.{k}.",
+    "language_model.mtp.",
     "model.mtp_block.{k}.",
     "model.mtp_emb_norm.{k}.",
     "model.mtp_hidden_norm.{k}.",

@@ -14,16 +14,13 @@ import os
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
 from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
-from ckptinspect.records import IndexSummary, RawCheckpoint
-from ckptinspect.sources.index_summary import summarize_index, summarize_index_file
-from ckptinspect.sources.interface import INDEX, LocalHeaders, gc_paused
+from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
+from ckptinspect.sources.index_summary import summarize_index
+from ckptinspect.sources.interface import INDEX, gc_paused
 
 # Worker processes pay off only with enough header JSON to parse: below this the pool start-up
 # (tens of ms) costs more than it saves.
 PARALLEL_MIN_HEADER_BYTES = 4_000_000
-# MoE shards of a few GB carry 50-700 kB of header each (0.02-0.03% of the data), so file size is a
-# usable proxy for header volume before anything is read.
-HEADER_TO_DATA_RATIO = 1 / 4000
 # Batches per worker: small enough for the main process to steal a fair share, large enough to keep
 # inter-process traffic negligible.
 BATCHES_PER_WORKER = 12
@@ -56,21 +53,18 @@ def _summary_in_process(raw: RawCheckpoint) -> IndexSummary | None:
 def _scan_parallel(raw: RawCheckpoint, workers: int) -> tuple[list[ShardScan], IndexSummary | None]:
     global _SOURCE
     headers = raw.headers
-    local = isinstance(headers, LocalHeaders)
+    plan = scan_plan(raw)
     _SOURCE = raw
     gc.freeze()  # children must not traverse (and so copy) the parent's objects
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("fork"),
                                  initializer=gc.disable) as pool:
             summary_future: Future | None = None
-            if local and INDEX in raw.json_files:
-                summary_future = pool.submit(summarize_index_file, headers.directory / INDEX)
-                first = dict(headers.candidates)  # files present; the index is parsed meanwhile
-            else:
-                if INDEX in raw.json_files and raw.index_summary is None:  # parsed (snapshot): summarize there
-                    summary_future = pool.submit(_summary_in_worker)
-                first = {s: raw.file_sizes.get(s) for s in headers}
-            batches = _balanced_batches(first, (workers + 1) * BATCHES_PER_WORKER)
+            if raw.index_summary is None and plan.index_summarizer is not None:
+                summary_future = pool.submit(plan.index_summarizer)  # the early shards are scanned meanwhile
+            elif raw.index_summary is None and INDEX in raw.json_files:  # parsed (snapshot): summarize there
+                summary_future = pool.submit(_summary_in_worker)
+            batches = _balanced_batches(dict(plan.early), (workers + 1) * BATCHES_PER_WORKER)
             futures = [pool.submit(_scan_batch, batch) for batch in batches]
             with gc_paused():
                 scans: dict[str, ShardScan] = {}
@@ -78,18 +72,25 @@ def _scan_parallel(raw: RawCheckpoint, workers: int) -> tuple[list[ShardScan], I
                     if future.cancel():  # not started yet: the main process does it
                         scans.update((s.shard, s) for s in _scan_batch(batch))
                 summary = summary_future.result() if summary_future is not None else _summary_in_process(raw)
-                if local and summary is not None:
-                    headers.set_shards(summary.shards)
                 for future in futures:
                     if not future.cancelled():
                         scans.update((s.shard, s) for s in future.result())
-                shards = list(headers)
+                # The summary's shard list is the index's (validated there): the parent never parses it.
+                shards = list(summary.shards) if summary is not None else list(headers)
                 for shard in shards:
-                    if shard not in scans:  # indexed but not a top-level candidate (e.g. missing)
+                    if shard not in scans:  # indexed but not scanned early (e.g. missing: raises here)
                         scans[shard] = scan_header_unpaused(shard, headers[shard], raw.file_sizes.get(shard))
             return [scans[s] for s in shards], summary
     finally:
         _SOURCE = None
+
+
+def scan_plan(raw: RawCheckpoint) -> ScanPlan:
+    """The source's plan, or (headers already in memory) every shard at once with its exact volume."""
+    if raw.scan_plan is not None:
+        return raw.scan_plan
+    return ScanPlan(early={s: raw.file_sizes.get(s) for s in raw.headers},
+                    header_bytes=sum(len(v) for v in raw.headers.values()))
 
 
 def _summary_in_worker() -> IndexSummary | None:
@@ -124,13 +125,8 @@ def process_count(raw: RawCheckpoint) -> int:
     if configured:
         return max(1, int(configured))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    headers = raw.headers
-    if isinstance(headers, LocalHeaders):
-        volume = int(sum(headers.candidates.values()) * HEADER_TO_DATA_RATIO)
-        count = len(headers.candidates)
-    else:
-        volume = sum(len(v) for v in headers.values())
-        count = len(headers)
+    plan = scan_plan(raw)
+    volume, count = plan.header_bytes, len(plan.early)
     if volume < PARALLEL_MIN_HEADER_BYTES or count < 2 or cpus < 2:
         return 1
     return min(cpus, count, 8)

@@ -1,9 +1,14 @@
 """Per-shard scan: parse + validate one header and fold its tensors into pattern groups.
 
-This is the only per-tensor loop of the report path. Names are grouped by their *shape*: the name
-with every digit masked (``bytes.translate``, C speed) is the cache key for the pattern and the
-character slices of its numeric segments, so the regex runs once per distinct shape, not per
-tensor. inventory/parallel.py runs it over all shards (in worker processes for large checkpoints).
+This is the only per-tensor loop of the report path. A group is (pattern, first index): the pattern is
+the name with every dot-delimited all-ASCII-digit segment replaced by ``{}``, the first index the value
+of the first such segment, and the remaining segments are kept per member (``subs``). To avoid a regex
+per tensor, names are first bucketed by their *shape*: the name with every ASCII digit masked
+(``bytes.translate``, C speed). Members of one bucket differ only in digits, so their numeric segments
+sit at the same places; digits embedded in a word (``w1`` / ``w2`` / ``w3``, ``fc1``, ``proj_1``) also
+mask alike, so a bucket is split again by those embedded digits before its pattern is taken from one
+member. tests/test_grouping_differential.py holds this to a per-name reference implementation.
+inventory/parallel.py runs it over all shards (in worker processes for large checkpoints).
 """
 
 from __future__ import annotations
@@ -16,9 +21,56 @@ from typing import Mapping
 
 from ckptinspect.header.parser import parse_header
 
-_NUMERIC_SEGMENT = re.compile(r"\.(\d+)(?=\.|$)")
-_MASK_DIGITS = bytes.maketrans(b"0123456789", b"##########")
+# A numeric segment is a whole dot-delimited segment written as a canonical decimal: ASCII digits only
+# (``\d`` would take other scripts' digits, which the mask leaves alone), no leading zero (so
+# ``pattern.format(index, *subs)`` gives back the exact name) and at most 18 digits (an index, never a
+# number int() refuses: Python caps int() at 4,300 digits). Anything else is text of the pattern.
+_MAX_INDEX_DIGITS = 18
+_NUMERIC_SEGMENT = re.compile(r"\.(0|[1-9][0-9]{0,17})(?=\.|$)")
+_ALL_DIGIT_SEGMENT = re.compile(r"\.([0-9]+)(?=\.|$)")  # numeric-segment candidates, leading zeros or not
+_DIGIT = re.compile(r"[0-9]")
+_LEADING_ZERO = re.compile(r"\.0[0-9]")
+# 0xFF never occurs in UTF-8 (nor in the surrogate-pass encoding), so a masked name cannot collide with
+# another name's literal characters: members of one bucket differ in ASCII digits and nothing else.
+_MASK_DIGITS = bytes.maketrans(b"0123456789", b"\xff" * 10)
 
+
+@dataclass(slots=True)
+class GroupTally:
+    """Running totals of one (pattern, first index) group of tensors.
+
+    The scan fills one per group and shard; the inventory builder merges copies across shards
+    (``merged``), never the scan's own, so a ShardScan stays as the scan left it."""
+
+    tensors: int
+    bytes: int
+    elements: int
+    dtype: str  # dtype of the first member
+    shape: list[int]  # shape of the first member
+    # Remaining numeric segments per member: [] when there are none, ints when there is one (the usual
+    # expert id), tuples when there are several.
+    subs: list
+    dtypes: set[str] | None  # every dtype when the members differ, else None
+    shapes_vary: bool
+
+    def merged(self, other: "GroupTally") -> "GroupTally":
+        """A new tally holding both (self first)."""
+        out = GroupTally(self.tensors, self.bytes, self.elements, self.dtype, self.shape, list(self.subs),
+                         self.dtypes, self.shapes_vary)
+        out.absorb(other.tensors, other.bytes, other.elements, other.dtype, other.shape, other.subs,
+                   other.dtypes, other.shapes_vary)
+        return out
+
+    def absorb(self, tensors: int, nbytes: int, elements: int, dtype: str, shape: list[int], subs: list,
+               dtypes: set[str] | None, shapes_vary: bool) -> None:
+        self.tensors += tensors
+        self.bytes += nbytes
+        self.elements += elements
+        self.subs.extend(subs)
+        if dtypes or dtype != self.dtype:
+            self.dtypes = (self.dtypes or {self.dtype}) | (dtypes or {dtype})
+        if shapes_vary or shape != self.shape:
+            self.shapes_vary = True
 
 
 @dataclass(frozen=True)
@@ -28,10 +80,7 @@ class ShardScan:
     file_size: int | None
     tensors: int
     data_bytes: int
-    # (pattern, first index) -> [count, bytes, elements, dtype, shape, subs, dtypes (set) | None, shapes_vary];
-    # subs: the remaining numeric segments per member: [] when there are none, ints when there is one
-    # (the usual expert id), tuples when there are several.
-    groups: Mapping[tuple[str, int | None], list]
+    groups: Mapping[tuple[str, int | None], GroupTally]  # (pattern, first index) -> tally
     name_hash: int  # order-independent sum of hash(name): cross-checks the index without shipping names
 
 
@@ -52,9 +101,10 @@ def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> Shar
     header = parse_header(data, source=shard, file_size=file_size)
     names = header.names
     groups: dict[tuple[str, int | None], list] = {}
-    for members in _members_by_shape(names):
-        pattern, spans = _shape_of(names[members[0]])
-        member_names = list(map(names.__getitem__, members))
+    joined = "\n".join(names)
+    # Segments with a leading zero are rare; one C-speed search spares the per-bucket check without them.
+    zeros = _LEADING_ZERO.search(joined) is not None
+    for members, member_names, pattern, spans in _split_by_pattern(names, _members_by_shape(names, joined), zeros):
         if not spans:
             for i in members:
                 _add(groups, (pattern, None), [i], header, None)
@@ -81,11 +131,12 @@ def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> Shar
     return scan
 
 
-def _members_by_shape(names: list[str]) -> list[list[int]]:
-    """Indices of the names grouped by digit-masked shape (masking in C: join, translate, split)."""
-    masked = "\n".join(names).encode().translate(_MASK_DIGITS).split(b"\n")
+def _members_by_shape(names: list[str], joined: str) -> list[list[int]]:
+    """Indices of the names grouped by digit-masked shape (masking in C: ``joined`` is the names joined
+    by newlines, translated and split)."""
+    masked = joined.encode("utf-8", "surrogatepass").translate(_MASK_DIGITS).split(b"\n")
     if len(masked) != len(names):  # a name containing a newline: mask one by one
-        masked = [n.encode().translate(_MASK_DIGITS) for n in names]
+        masked = [n.encode("utf-8", "surrogatepass").translate(_MASK_DIGITS) for n in names]
     buckets: dict[bytes, list[int]] = {}
     for i, key in enumerate(masked):
         bucket = buckets.get(key)
@@ -96,6 +147,47 @@ def _members_by_shape(names: list[str]) -> list[list[int]]:
     return list(buckets.values())
 
 
+def _split_by_pattern(names: list[str], buckets: list[list[int]], zeros: bool):
+    """Yield (member indices, member names, pattern, numeric-segment spans) per distinct pattern.
+
+    Members of a shape bucket differ only in ASCII digits, at the same places. They share one pattern
+    unless (a) some digits lie outside the all-digit segments (``experts.3.w1`` / ``experts.3.w2``), or
+    (b) an all-digit segment has a leading zero in some members (``007`` is text, ``100`` a number). Both
+    are checked with C-speed maps over the bucket (``zeros`` False: no name has a leading-zero segment);
+    only then is the bucket split, and each part takes its pattern and spans from its own first member."""
+    for members in buckets:
+        first = names[members[0]]
+        pattern, spans = _shape_of(first)
+        member_names = list(map(names.__getitem__, members))
+        if len(members) == 1:
+            yield members, member_names, pattern, spans
+            continue
+        candidates = [m.span(1) for m in _ALL_DIGIT_SEGMENT.finditer(first)]
+        in_segments = {i for begin, end in candidates for i in range(begin, end)}
+        embedded = [m.start() for m in _DIGIT.finditer(first) if m.start() not in in_segments]
+        zero_leads = [(begin, end) for begin, end in candidates if zeros and 1 < end - begin <= _MAX_INDEX_DIGITS
+                      and "0" in set(map(itemgetter(begin), member_names))]
+        if not embedded and not zero_leads:
+            yield members, member_names, pattern, spans
+            continue
+        if zero_leads:
+            # a segment with a leading zero is text: all its digits belong to the pattern
+            keys = [(tuple(n[p] for p in embedded), tuple(n[b:e] if n[b] == "0" else "" for b, e in zero_leads))
+                    for n in member_names]
+        else:
+            keys = list(map(itemgetter(*embedded), member_names))
+        runs: dict[object, list[int]] = {}
+        for i, key in zip(members, keys):
+            run = runs.get(key)
+            if run is None:
+                runs[key] = [i]
+            else:
+                run.append(i)
+        for run in runs.values():
+            run_pattern, run_spans = _shape_of(names[run[0]])
+            yield run, list(map(names.__getitem__, run)), run_pattern, run_spans
+
+
 def _add(groups: dict, key: tuple[str, int | None], members: list[int], header, subs: list | None) -> None:
     """Fold tensors ``members`` (indices into the header columns) into group ``key``."""
     dtypes = list(map(header.dtypes.__getitem__, members))
@@ -104,17 +196,9 @@ def _add(groups: dict, key: tuple[str, int | None], members: list[int], header, 
     elements = sum(map(header.numels.__getitem__, members))
     mixed = set(dtypes) if dtypes.count(dtypes[0]) != len(dtypes) else None
     varies = shapes.count(shapes[0]) != len(shapes)
-    acc = groups.get(key)
-    if acc is None:
-        groups[key] = [len(members), nbytes, elements, dtypes[0], shapes[0], [] if subs is None else subs,
-                       mixed, varies]
-        return
-    acc[0] += len(members)
-    acc[1] += nbytes
-    acc[2] += elements
-    if subs is not None:
-        acc[5].extend(subs)
-    if mixed or dtypes[0] != acc[3]:
-        acc[6] = (acc[6] or {acc[3]}) | set(dtypes)
-    if varies or shapes[0] != acc[4]:
-        acc[7] = True
+    tally = groups.get(key)
+    if tally is None:
+        groups[key] = GroupTally(len(members), nbytes, elements, dtypes[0], shapes[0],
+                                 [] if subs is None else subs, mixed, varies)
+    else:
+        tally.absorb(len(members), nbytes, elements, dtypes[0], shapes[0], subs or [], mixed, varies)

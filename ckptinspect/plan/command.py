@@ -89,6 +89,8 @@ class LaunchInputs:
     spec: dict = field(default_factory=dict)  # engine-specific speculative values
     spec_reason: str = ""
     trust_remote_code: bool = False
+    draft_flags: tuple[FlagLine, ...] = ()  # draft-side flags (e.g. --speculative-moe-runner-backend)
+    caveats: tuple[str, ...] = ()  # plan-level caveats for this command (e.g. from the max-context solver)
 
 
 def choice_lines(choices: tuple[Choice, ...]) -> list[FlagLine]:

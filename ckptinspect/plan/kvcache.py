@@ -2,8 +2,12 @@
 
 - mem_fraction_static follows `_handle_gpu_memory_settings` (SG:arg_groups/memory_hook.py) with the
   constants copied into rules/engines/sglang.yaml `memory`, then the field caps listed there.
-- KV per token: MLA caches one latent (kv_lora_rank + qk_rope_head_dim) per layer on every rank;
+- KV per request (KvCost, constants and sources in rules/engines/common.yaml `kv_models`):
+  MLA caches one latent (kv_lora_rank + qk_rope_head_dim) per layer on every rank; DSA models
+  (DeepSeek-V3.2, GLM-5: `index_topk` in config) add the indexer's FP8 key + scale per layer;
+  DeepSeek-V4 (`compress_ratios`) caches each layer compressed 1/ratio plus a sliding window;
   GQA / MHA cache K and V for the KV heads a rank owns (at least one: replicated when kv < tp);
+  sliding-window layers (gpt-oss, Gemma-style `layer_types`) hold at most `sliding_window` tokens;
   hybrid linear attention caches only its full-attention layers and adds a fixed per-request
   conv + SSM state for every linear layer.
 """
@@ -33,11 +37,13 @@ def _prefill_graph_sizes(limit: int, ranges: list[list[int]]) -> int:
     return sum(1 for start, stop, step in ranges for s in range(start, stop + 1, step) if s <= limit)
 
 
-def sglang_mem_fraction(gpu: GpuSpec, tp: int, facts: Facts) -> MemFraction:
+def sglang_mem_fraction(gpu: GpuSpec, tp: int, facts: Facts, *, chunked_prefill: int | None = None,
+                        capped: bool = True) -> MemFraction:
+    """SGLang's auto --mem-fraction-static for this GPU / TP (at ``chunked_prefill`` when given), then the caps."""
     rules = engine_rules("sglang")["memory"]
     mem_mib = gpu.memory_gib * 1024
     tier = next(t for t in rules["tiers"] if gpu.memory_gib < t["below_gib"])
-    chunked = tier["chunked_prefill"]
+    chunked = chunked_prefill or tier["chunked_prefill"]
     max_bs = tier["max_bs_large_tp"] if tp >= rules["large_tp_from"] else tier["max_bs_small_tp"]
     reserved = rules["base_mib"]
     reserved += max(chunked, rules["activation_min_tokens"]) * rules["activation_mib_per_token"]
@@ -50,7 +56,7 @@ def sglang_mem_fraction(gpu: GpuSpec, tp: int, facts: Facts) -> MemFraction:
     if gpu.memory_gib > rules["floor_above_gib"]:
         reserved = max(reserved, rules["floor_mib"])
     formula = round((mem_mib - reserved) / mem_mib, rules["round_digits"])
-    cap = first_match(rules["caps"], facts)
+    cap = first_match(rules["caps"], facts) if capped else None
     value, reason = formula, None
     if cap is not None and cap["max_fraction"] < formula:
         value, reason = cap["max_fraction"], f"{cap['reason']} ({cap['source']})"
@@ -61,24 +67,119 @@ def full_attention_layers(ck: Checkpoint) -> int:
     types = ck.config.layer_types
     if not types:
         return ck.config.num_hidden_layers
-    return sum(1 for t in types if t != "linear_attention")
+    return sum(1 for t in types if t not in ("linear_attention", "sliding_attention"))
 
 
 def linear_attention_layers(ck: Checkpoint) -> int:
     return sum(1 for t in ck.config.layer_types if t == "linear_attention")
 
 
-def kv_bytes_per_token(ck: Checkpoint, tp: int, kv_dtype: str, extra_layers: int = 0) -> float:
-    """Bytes one cached token costs on one rank (extra_layers: draft MTP layers with their own KV)."""
-    cfg = ck.config
-    elem = engine_rules("common")["planning"]["kv_dtype_bytes"][kv_dtype]
+def sliding_attention_layers(ck: Checkpoint) -> int:
+    return sum(1 for t in ck.config.layer_types if t == "sliding_attention")
+
+
+@dataclass(frozen=True)
+class KvCost:
+    """What one request costs in the KV pool of one rank, as a function of its context length L:
+    ``L * per_token + max(min(L, window), swa_ratio * L) * window_bytes_per_token + state``.
+
+    Window layers need min(L, window) tokens; SGLang's hybrid SWA pool is sized at swa_ratio x the
+    full-attention tokens, so beyond window / swa_ratio that pool, not the window, is what grows.
+    """
+
+    model: str  # mla | dsa | dsv4_compressed | gqa | sliding_window | hybrid_linear
+    per_token: float
+    window: int  # tokens a bounded (sliding / SWA) layer keeps; 0 when none
+    window_bytes_per_token: float
+    state: int  # fixed per-request bytes (GDN conv + SSM state)
+    source: str
+    swa_ratio: float = 0.0  # SWA pool tokens per full-attention token (SGLang --swa-full-tokens-ratio)
+
+    def window_tokens(self, context: int) -> float:
+        return max(min(context, self.window), self.swa_ratio * context)
+
+    def request_bytes(self, context: int) -> float:
+        return context * self.per_token + self.window_tokens(context) * self.window_bytes_per_token + self.state
+
+    def fixed_bytes(self, context: int) -> float:
+        """The part of request_bytes outside the full-attention token pool."""
+        return self.window_tokens(context) * self.window_bytes_per_token + self.state
+
+
+def _elem(kv_dtype: str) -> float:
+    return engine_rules("common")["planning"]["kv_dtype_bytes"][kv_dtype]
+
+
+def _kv_models() -> dict[str, Any]:
+    return engine_rules("common")["kv_models"]
+
+
+def _mla_cost(ck: Checkpoint, kv_dtype: str, extra_layers: int) -> KvCost:
+    cfg, t, models = ck.config, ck.config.text, _kv_models()
+    rank, rope = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    if t.get("compress_ratios"):
+        return _dsv4_cost(ck, extra_layers)
     layers = full_attention_layers(ck) + extra_layers
+    if not t.get("index_topk"):
+        return KvCost("mla", (rank + rope) * layers * _elem(kv_dtype), 0, 0.0, 0, models["mla"]["source"])
+    dsa = models["dsa"]
+    head = int(t.get("index_head_dim") or dsa["default_index_head_dim"])
+    indexer = head + head // dsa["quant_block"] * dsa["scale_bytes"]
+    if _elem(kv_dtype) == 1:
+        # FP8 DSA rows: FP8 latent + one FP32 scale per 128 values + the rope part kept in BF16.
+        row = rank + rank // dsa["quant_block"] * dsa["scale_bytes"] + rope * 2
+    else:
+        row = (rank + rope) * _elem(kv_dtype)
+    return KvCost("dsa", (row + indexer) * layers, 0, 0.0, 0, dsa["source"])
+
+
+def _dsv4_cost(ck: Checkpoint, extra_layers: int) -> KvCost:
+    t, m = ck.config.text, _kv_models()["dsv4_compressed"]
+    # Draft (MTP) layers keep only the sliding window here (ratio 0), like the pure-SWA layers.
+    ratios = [int(r) for r in t["compress_ratios"]] + [0] * extra_layers
+    nope = int(t.get("qk_nope_head_dim") or m["default_nope"])
+    rope = int(t.get("qk_rope_head_dim") or 64)
+    slot = nope + 2 * rope + m["slot_scale_bytes"]  # FlashMLA-layout latent slot
+    head = int(t.get("index_head_dim") or 128)
+    indexer = head + head // 128 * 4  # FP8 index key + scale (c4 layers)
+    low_indexer = head // 2 + head // 32  # FP4 index key + scales (ratio 1 / 2 layers)
+
+    def per_full_token(r: int) -> float:
+        if r in (1, 2):
+            return (slot + low_indexer) / r
+        if r == 4:
+            return slot / 4 + indexer / 4
+        return slot / r if r > 2 else 0.0
+
+    per_token = sum(per_full_token(r) for r in ratios)
+    window = int(t.get("window_size") or t.get("sliding_window") or m["default_window"])
+    return KvCost("dsv4_compressed", per_token, window, slot * len(ratios), 0, m["source"])
+
+
+def kv_cost(ck: Checkpoint, tp: int, kv_dtype: str, extra_layers: int = 0) -> KvCost:
+    """Per-request KV cost on one rank (extra_layers: draft MTP layers with their own full KV)."""
+    cfg, models = ck.config, _kv_models()
     if cfg.attention_kind == "mla":
-        return (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * layers * elem
+        return _mla_cost(ck, kv_dtype, extra_layers)
     kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads or 1
     head_dim = cfg.head_dim or cfg.hidden_size // (cfg.num_attention_heads or 1)
     heads_per_rank = max(-(-kv_heads // tp), 1)
-    return 2 * heads_per_rank * head_dim * layers * elem
+    per_layer = 2 * heads_per_rank * head_dim * _elem(kv_dtype)
+    full = (full_attention_layers(ck) + extra_layers) * per_layer
+    sliding = sliding_attention_layers(ck)
+    if sliding and cfg.sliding_window:
+        swa = models["sliding_window"]
+        return KvCost("sliding_window", full, int(cfg.sliding_window), sliding * per_layer, 0, swa["source"],
+                      swa_ratio=swa["swa_full_tokens_ratio"])
+    state = state_bytes_per_request(ck, tp)
+    if state:
+        return KvCost("hybrid_linear", full, 0, 0.0, state, models["hybrid_linear"]["source"])
+    return KvCost("gqa", full, 0, 0.0, 0, models["gqa"]["source"])
+
+
+def kv_bytes_per_token(ck: Checkpoint, tp: int, kv_dtype: str, extra_layers: int = 0) -> float:
+    """Bytes one cached token costs on one rank in the layers whose cache grows with the context."""
+    return kv_cost(ck, tp, kv_dtype, extra_layers).per_token
 
 
 def state_bytes_per_request(ck: Checkpoint, tp: int) -> int:
@@ -102,12 +203,13 @@ class KvCapacity:
     kv_dtype: str
     budget_bytes: int  # static pool minus weights, per rank
     bytes_per_token: float
-    state_bytes_per_request: int
+    state_bytes_per_request: int  # fixed per-request bytes (state + bounded window) at this context
     context: int
     max_running_requests: int  # full-context requests that fit (capped by the goal target)
-    tokens: int  # total KV tokens after reserving per-request state
+    tokens: int  # total KV tokens after reserving per-request fixed bytes
     fits_one_request: bool
     miss_bytes: int  # > 0: bytes short of one full-context request
+    model: str = "gqa"
 
     def to_json(self, gib: int) -> dict[str, Any]:
         return {
@@ -116,22 +218,23 @@ class KvCapacity:
             "state_mib_per_request": round(self.state_bytes_per_request / 2**20, 2),
             "context": self.context, "tokens": self.tokens,
             "full_context_requests": self.tokens // self.context if self.context else 0,
-            "max_running_requests": self.max_running_requests,
+            "max_running_requests": self.max_running_requests, "kv_model": self.model,
         }
 
 
-def kv_capacity(budget_bytes: int, per_token: float, state: int, context: int, target_requests: int,
-                kv_dtype: str) -> KvCapacity:
-    """Pool tokens after reserving per-request state for the running requests.
+def kv_capacity(budget_bytes: int, cost: KvCost, context: int, target_requests: int, kv_dtype: str) -> KvCapacity:
+    """Pool tokens after reserving per-request fixed bytes for the running requests.
 
-    The goal's request target is kept unless the state it reserves would leave the token pool
+    The goal's request target is kept unless the fixed bytes it reserves would leave the token pool
     smaller than one full-context request; then it drops to what still leaves that much.
     """
-    one = context * per_token + state
+    per_token, fixed = cost.per_token, int(cost.fixed_bytes(context))
+    one = cost.request_bytes(context)
     if budget_bytes < one:
-        return KvCapacity(kv_dtype, budget_bytes, per_token, state, context, 0, 0, False, int(one - budget_bytes))
+        return KvCapacity(kv_dtype, budget_bytes, per_token, fixed, context, 0, 0, False, int(one - budget_bytes),
+                          cost.model)
     running = target_requests
-    if state:
-        running = max(min(target_requests, int((budget_bytes - context * per_token) // state)), 1)
-    tokens = int((budget_bytes - running * state) // per_token)
-    return KvCapacity(kv_dtype, budget_bytes, per_token, state, context, running, tokens, True, 0)
+    if fixed:
+        running = max(min(target_requests, int((budget_bytes - context * per_token) // fixed)), 1)
+    tokens = int((budget_bytes - running * fixed) // per_token) if per_token else context * running
+    return KvCapacity(kv_dtype, budget_bytes, per_token, fixed, context, running, tokens, True, 0, cost.model)

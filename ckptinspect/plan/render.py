@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ckptinspect.plan.plan import Plan
+from ckptinspect.plan.result import Plan, PlanFailure
+from ckptinspect.plan.solver import ContextSolution
 
 
 def _summary(plan: Plan) -> list[str]:
@@ -26,7 +27,38 @@ def _summary(plan: Plan) -> list[str]:
         f"smallest GPU count: {plan.min_gpus}x {plan.gpu.name}"
         + (f" ({plan.min_gpus_reason})" if plan.min_gpus_reason else ""),
     ]
+    if plan.idle_reason:
+        lines.insert(3, f"GPUs used: {plan.gpus_used} of {plan.gpus} -- {plan.idle_reason}")
+    if plan.requested_context and plan.context != plan.requested_context:
+        lines.insert(3, f"context: {plan.context} tokens (requested {plan.requested_context}; max-context solver)")
     return lines
+
+
+def _solution(sol: ContextSolution | None, gib: int) -> list[str]:
+    if sol is None:
+        return []
+    out = [f"Longest context for {sol.concurrency} concurrent request(s) (requested {sol.requested}):"]
+    for s in sol.steps:
+        mark = "*" if sol.chosen is s else " "
+        state = f"skipped: {s.skipped}" if s.skipped else (
+            f"{s.max_context} tokens" if s.max_context else f"under {sol.min_context} tokens")
+        out.append(f" {mark} {s.id}: kv {s.kv_dtype}, --mem-fraction-static {s.mem.value:g}, chunked prefill "
+                   f"{s.mem.chunked_prefill_size}, MTP {'on' if s.spec else 'off'}: weights "
+                   f"{s.weights.total_bytes_per_rank / gib:.2f} GiB, KV budget {s.budget_bytes / gib:.2f} GiB -> {state}"
+                   + (f"; risk: {s.risk}" if s.risk and not s.skipped else ""))
+    if sol.chosen is None:
+        out.append(f"   nothing runs: {sol.shortfall_bytes / gib:.2f} GiB per GPU short")
+    return out
+
+
+def _failure_lines(f: PlanFailure) -> list[str]:
+    g = f.gib
+    lines = [f"no plan: {f.message}", f"hint: {f.hint}", "TP / EP options:"]
+    for o in f.options:
+        state = "ok" if o.loads and o.fits else o.why_not(g)
+        lines.append(f"  TP {o.memory.tp:>2} EP {o.memory.ep:>2}: weights {o.memory.main_bytes_per_rank / g:7.2f} GiB"
+                     f" + MTP {o.memory.mtp_bytes_per_rank / g:5.2f} GiB per GPU -- {state}")
+    return lines + _solution(f.solution, g)
 
 
 def _options(plan: Plan) -> list[str]:
@@ -39,9 +71,13 @@ def _options(plan: Plan) -> list[str]:
     return out
 
 
-def render_plan_text(plan: Plan) -> str:
+def render_plan_text(plan: Plan | PlanFailure) -> str:
+    if isinstance(plan, PlanFailure):
+        return "\n".join(["Deployment plan", "==============="] + _failure_lines(plan)) + "\n"
     lines = ["Deployment plan", "==============="] + _summary(plan) + ["", "TP / EP options:"]
     lines += ["  " + x for x in _options(plan)]
+    if plan.solution:
+        lines += [""] + _solution(plan.solution, plan.gib)
     for name, cmd in plan.commands.items():
         lines += ["", f"{name} {cmd.version}:", cmd.shell(), "", "Why each flag:"]
         lines += [f"  {f.flag}: {f.reason} [{f.source}]" for f in cmd.flags]
@@ -55,8 +91,18 @@ def render_plan_text(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_plan_markdown(plan: Plan) -> str:
+def render_plan_markdown(plan: Plan | PlanFailure) -> str:
+    if isinstance(plan, PlanFailure):
+        lines = ["## Deployment plan", "", f"- **no plan**: {plan.message}", f"- hint: {plan.hint}"]
+        lines += ["", "| TP | EP | weights GiB/GPU | MTP GiB/GPU | status |", "|---|---|---|---|---|"]
+        lines += [f"| {o.memory.tp} | {o.memory.ep} | {o.memory.main_bytes_per_rank / plan.gib:.2f} | "
+                  f"{o.memory.mtp_bytes_per_rank / plan.gib:.2f} | {o.why_not(plan.gib).replace('|', '/')} |"
+                  for o in plan.options]
+        lines += [""] + [f"- {x.strip()}" for x in _solution(plan.solution, plan.gib)] if plan.solution else []
+        return "\n".join(lines) + "\n"
     lines = ["## Deployment plan", ""] + [f"- {x}" for x in _summary(plan)]
+    if plan.solution:
+        lines += [""] + [f"- {x.strip()}" for x in _solution(plan.solution, plan.gib)]
     lines += ["", "| TP | EP | weights GiB/GPU | MTP GiB/GPU | status |", "|---|---|---|---|---|"]
     g = plan.gib
     for o in plan.options:

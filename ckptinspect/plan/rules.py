@@ -7,16 +7,15 @@ Rules are data: this module only reads them, checks them against their JSON Sche
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
 import jsonschema
-import yaml
 
 from ckptinspect.errors import RuleError
+from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 
@@ -30,11 +29,7 @@ def rules_root() -> Path:
 
 
 def _load_validated(path: Path, schema_name: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        detail = " ".join(str(exc).split())  # YAML errors span lines; the CLI prints one
-        raise RuleError(f"cannot read rule file: {detail}", path=str(path)) from exc
+    data = load_rule_yaml(read_rule_bytes(path), path)  # the one safe loader (ckptinspect/safe_yaml.py)
     schema = json.loads((rules_root() / "schema" / schema_name).read_text(encoding="utf-8"))
     try:
         jsonschema.validate(data, schema)
@@ -70,14 +65,12 @@ class Facts:
     spec: bool
     goal: str
     model_type: str
-    name: str
 
     def matches(self, when: Mapping[str, Any]) -> bool:
+        # Conditions are over config / inventory / GPU facts only, never over the name the user typed:
+        # a local copy and the Hub repo of one checkpoint must get the same plan.
         for key, want in when.items():
-            if key == "name_regex":
-                if not re.search(want, self.name):
-                    return False
-            elif key in ("moe", "spec"):
+            if key in ("moe", "spec"):
                 if getattr(self, key) != want:
                     return False
             elif getattr(self, key) not in want:

@@ -31,7 +31,7 @@ def sglang_command(inp: LaunchInputs) -> Command:
         if inp.parsers.get("tool"):
             flags.append(FlagLine("--tool-call-parser", inp.parsers["tool"], "parses this family's tool-call format",
                                   inp.parsers["source"]))
-    caveats: list[str] = []
+    caveats: list[str] = list(inp.caveats)
     if inp.spec_enabled:
         spec = rules["speculative"]
         src = inp.spec.get("source", spec["source"])
@@ -42,6 +42,7 @@ def sglang_command(inp: LaunchInputs) -> Command:
                               "one branch per step: chain drafting, works with every attention backend", src))
         flags.append(FlagLine("--speculative-num-draft-tokens", str(inp.spec["num_draft_tokens"]),
                               "tokens verified per step (steps + 1 for topk 1)", src))
+        flags.extend(inp.draft_flags)
         if inp.goal == "throughput":
             caveats.append(f"{spec['throughput_caveat']} ({spec['caveat_source']})")
     if inp.trust_remote_code:

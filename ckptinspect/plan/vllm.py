@@ -32,7 +32,7 @@ def vllm_command(inp: LaunchInputs, facts: Facts) -> Command:
                                   "VL:entrypoints/common/cli_args.py"))
             flags.append(FlagLine("--tool-call-parser", inp.parsers["tool"], "parses this family's tool-call format",
                                   inp.parsers["source"]))
-    caveats: list[str] = []
+    caveats: list[str] = list(inp.caveats)
     if inp.spec_enabled:
         spec = rules["speculative"]
         config = {"method": inp.spec["method"], "num_speculative_tokens": inp.spec["num_speculative_tokens"]}

@@ -12,6 +12,7 @@ import bisect
 from collections import defaultdict
 
 from ckptinspect.quant.declared import ExcludeMatcher
+from ckptinspect.quant.members import weighted_members
 from ckptinspect.records import DeclaredQuant, Finding, Inventory
 
 UNQUANTIZED = frozenset({"bf16", "fp16", "fp32"})
@@ -41,17 +42,21 @@ def crosscheck(inventory: Inventory, declared: DeclaredQuant, matcher: ExcludeMa
     representatives: list[str] = []
     components: dict[str, str] = {}
     for g in inventory.groups:
-        name = _concrete_module(g)
-        representatives.append(name)
         if g.role != "weight" or g.component in NOT_LINEAR or len(g.shape) < 2:
+            representatives.append(_concrete_module(g))
             continue
-        excluded = matcher.is_excluded(name)
+        # Every member that an exclude entry could tell apart is asked (an entry may name one
+        # expert); otherwise one member per digit-count signature answers for the group.
+        members = weighted_members(g, declared.excludes)
+        representatives.extend(name for name, _ in members)
         key = g.module.replace("{}", "N")
         components[key] = g.component
-        if g.scheme in UNQUANTIZED and excluded is False:
-            not_excluded[key].append(name)
-        elif g.scheme not in UNQUANTIZED and g.scheme != "other" and excluded:
-            wrongly_excluded[key].append(name)
+        for name, stands_for in members:
+            excluded = matcher.is_excluded(name)
+            if g.scheme in UNQUANTIZED and excluded is False:
+                not_excluded[key].extend([name] * stands_for)
+            elif g.scheme not in UNQUANTIZED and g.scheme != "other" and excluded:
+                wrongly_excluded[key].extend([name] * stands_for)
 
     findings = list(matcher.findings)
     if not declared.excludes:

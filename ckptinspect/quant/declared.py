@@ -19,17 +19,11 @@ List semantics (checkpoint_formats §6):
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from typing import Any, Mapping
 
 from ckptinspect.errors import ConfigError
 from ckptinspect.records import DeclaredQuant, ExcludeList, Finding
-
-# A regex from a config file is untrusted: nested quantifiers such as (a+)+ can backtrack
-# exponentially in Python's engine, so such patterns are skipped with a finding.
-_NESTED_QUANTIFIER = re.compile(r"\([^()]*[+*][^()]*\)[+*{]")
-_MAX_PATTERN = 1000
+from ckptinspect.safe_regex import UnsupportedPattern, compile_re2, translate, translate_glob
 
 
 def read_declared(config: Mapping[str, Any], hf_quant: Any) -> tuple[DeclaredQuant, list[Finding]]:
@@ -168,43 +162,50 @@ def _compare_lists(excludes: list[ExcludeList]) -> list[Finding]:
 
 
 class ExcludeMatcher:
-    """Compiled exclude lists of a DeclaredQuant; ``is_excluded(module_name)`` is the question."""
+    """Compiled exclude lists of a DeclaredQuant; ``is_excluded(module_name)`` is the question.
+
+    The entries come from the checkpoint, so every pattern (compressed-tensors ``re:``, GPTQ dynamic,
+    ModelOpt / HF globs) runs on RE2 in linear time, with Python ``re.match`` / ``fnmatch`` answers
+    (ckptinspect/safe_regex.py); an entry RE2 cannot evaluate is skipped with an
+    ``exclude-entry-skipped`` finding instead of being guessed at.
+    """
 
     def __init__(self, declared: DeclaredQuant) -> None:
         self.declared = declared
         self.findings: list[Finding] = []
-        self._regexes: list[tuple[ExcludeList, re.Pattern[str] | None, tuple[str, ...]]] = []
+        self._regexes: list[tuple[ExcludeList, Any, Any]] = []
         for lst in declared.excludes:
             self._regexes.append(self._compile(lst))
 
-    def _compile(self, lst: ExcludeList) -> tuple[ExcludeList, re.Pattern[str] | None, tuple[str, ...]]:
+    def _compile(self, lst: ExcludeList) -> tuple[ExcludeList, Any, Any]:
         parts, exact = [], []
         for entry in lst.entries:
-            if len(entry) > _MAX_PATTERN:
-                self._unsafe(lst, entry, "longer than 1000 characters")
+            try:
+                if lst.semantics in ("ct_regex", "gptq_dynamic") and (entry.startswith("re:")
+                                                                      or lst.semantics == "gptq_dynamic"):
+                    body = entry[3:] if entry.startswith("re:") else entry
+                    part = f"(?:{translate(body)})"  # re.match semantics: anchored at the start only
+                elif lst.semantics in ("modelopt_glob", "glob"):
+                    # A listed parent covers its children in both vLLM and HF loaders.
+                    part = f"(?:{translate_glob(entry)})(?s:\\..*)?\\z"
+                elif lst.semantics == "include_map":  # the name or a parent listed, or a glob key
+                    exact.append(entry)
+                    part = f"(?:{translate_glob(entry)})\\z"
+                else:
+                    exact.append(entry)
+                    continue
+                compile_re2(part)  # each entry alone, so one bad entry does not hide the others
+            except UnsupportedPattern as exc:
+                self._unsafe(lst, entry, str(exc))
                 continue
-            if lst.semantics in ("ct_regex", "gptq_dynamic") and (entry.startswith("re:")
-                                                                  or lst.semantics == "gptq_dynamic"):
-                body = entry[3:] if entry.startswith("re:") else entry
-                if _NESTED_QUANTIFIER.search(body):
-                    self._unsafe(lst, entry, "nested quantifiers (possible catastrophic backtracking)")
-                    continue
-                try:
-                    re.compile(body)
-                except re.error as exc:
-                    self._unsafe(lst, entry, f"invalid regex: {exc}")
-                    continue
-                parts.append(f"(?:{body})")  # re.match semantics: anchored at the start only
-            elif lst.semantics in ("modelopt_glob", "glob"):
-                translated = fnmatch.translate(entry)
-                if translated.endswith("\\Z"):
-                    translated = translated[:-2]  # anchor below, after the optional child suffix
-                # A listed parent covers its children in both vLLM and HF loaders.
-                parts.append(f"(?:{translated})(?:\\..*)?$")
-            else:
-                exact.append(entry)
-        regex = re.compile("|".join(parts), re.DOTALL) if parts else None
-        return lst, regex, tuple(exact)
+            parts.append(part)
+        regex = None
+        if parts:
+            try:
+                regex = compile_re2("|".join(parts))
+            except UnsupportedPattern as exc:  # the entries fit RE2's memory cap alone, not together
+                self._unsafe(lst, f"{len(parts)} entries", str(exc))
+        return lst, regex, frozenset(exact) if lst.semantics == "include_map" else tuple(exact)
 
     def _unsafe(self, lst: ExcludeList, entry: str, why: str) -> None:
         self.findings.append(Finding("exclude-entry-skipped", "warning",
@@ -217,7 +218,7 @@ class ExcludeMatcher:
             return None
         for lst, regex, exact in self._regexes:
             if lst.semantics == "include_map":
-                if not _include_hit(module, exact):
+                if not (_listed(module, exact) or (regex is not None and regex.match(module))):
                     return True
                 continue
             if module in exact or any(module.startswith(e + ".") for e in exact if lst.semantics == "glob"):
@@ -227,8 +228,16 @@ class ExcludeMatcher:
         return False
 
 
-def _include_hit(module: str, listed: tuple[str, ...]) -> bool:
-    return any(module == m or module.startswith(m + ".") or fnmatch.fnmatchcase(module, m) for m in listed)
+def _listed(module: str, names: frozenset[str]) -> bool:
+    """``module`` or one of its parents is in ``names`` (one set lookup per dotted prefix)."""
+    if module in names:
+        return True
+    dot = module.find(".")
+    while dot >= 0:
+        if module[:dot] in names:
+            return True
+        dot = module.find(".", dot + 1)
+    return False
 
 
 _MATCHERS: dict[tuple, ExcludeMatcher] = {}

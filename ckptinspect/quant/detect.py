@@ -8,6 +8,12 @@ Signatures (checkpoint_formats §5; sources named there):
 - DeepSeek FP8 block: F8 ``weight`` + ``weight_scale_inv``; F8 + ``weight_scale`` is per tensor ([] / [1]),
   per channel ([out] / [out, 1]) or block (2-D tiles).
 - gpt-oss MXFP4: ``*_blocks`` U8 + ``*_scales`` U8 (E8M0).
+- DeepSeek-V4 (bare ``.scale`` companions, F8_E8M0): FP8 ``weight`` F8_E4M3 [out, in] + ``.scale``
+  [ceil(out/128), ceil(in/128)] is block FP8; packed FP4 experts store ``weight`` I8 [out, in/2] (two E2M1
+  nibbles per byte) + ``.scale`` [out, in/32] (VL:model_executor/models/deepseek_v4.py DeepseekV4FP8Config,
+  expert_dtype "fp4"; fxp19950422/rtp-llm:rtp_llm/model_loader/test/dsv4_checkpoint_inventory.py).
+  An I8 weight is packed FP4 only when its scale is E8M0 and covers 32 logical values per scale
+  (``scale.shape[-1] * 16 == weight.shape[-1]``); otherwise I8 + scale stays int8.
 - GPTQ: ``qweight`` I32 + ``g_idx`` (or qweight packing the input dim); AWQ: ``qweight`` I32 packing the
   output dim (``qweight.shape[1] * 8 == scales.shape[1]``), no ``g_idx``.
 - int8: I8 ``weight`` + a scale (``weight_scale`` or bitsandbytes ``SCB``).
@@ -45,7 +51,7 @@ def detect_scheme(parts: Mapping[str, Part]) -> str:
         any_part = next(iter(parts.values()))
         return _FLOAT.get(any_part.dtype, "other")
     dtype = weight.dtype
-    scale = parts.get(".weight_scale")
+    scale = parts.get(".weight_scale") or parts.get(".scale")
     if weight.suffix == "_blocks":
         return "mxfp4" if "_scales" in parts else "other"
     if weight.suffix == ".weight_packed":
@@ -66,6 +72,8 @@ def detect_scheme(parts: Mapping[str, Part]) -> str:
         if scale is not None and scale.dtype in ("U8", "F8_E8M0"):
             return "mxfp4"
         return "other"
+    if dtype == "I8" and scale is not None and _packs_fp4_per_32(weight.shape, scale):
+        return "mxfp4"
     if dtype in FP8:
         if ".weight_scale_inv" in parts:
             return "fp8_block"
@@ -77,6 +85,12 @@ def detect_scheme(parts: Mapping[str, Part]) -> str:
     if dtype in _FLOAT:
         return _FLOAT[dtype]
     return "other"
+
+
+def _packs_fp4_per_32(weight: tuple[int, ...], scale: Part) -> bool:
+    """An E8M0 scale with one exponent per 32 logical values of a weight holding two values per byte."""
+    return (scale.dtype == "F8_E8M0" and len(weight) == len(scale.shape) >= 2
+            and weight[:-1] == scale.shape[:-1] and scale.shape[-1] * 16 == weight[-1])
 
 
 def _fp8_granularity(weight: tuple[int, ...], scale: tuple[int, ...]) -> str:

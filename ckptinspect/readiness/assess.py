@@ -13,6 +13,7 @@ import string
 from typing import Any, Mapping
 
 from ckptinspect.readiness.conditions import EngineContext, Facts, evaluate
+from ckptinspect.readiness.draft_build import build_plan, summary as draft_summary
 from ckptinspect.readiness.layout import scan_layers
 from ckptinspect.readiness.model import ENGINES, EngineRule, FamilyRule, RuleSet
 from ckptinspect.readiness.quant_method import engine_method
@@ -105,6 +106,9 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
     reasons: list[str] = []
     findings: list[Finding] = []
     label = engine.engine if engine.engine != "vllm" else "vLLM"
+    # Modules a firing defect found built with the declared scheme under stricter naming than the
+    # plan's default (runtime names: bf16_mtp_not_excluded {names: runtime}).
+    built_quantized: set[str] = set()
     for defect in engine.defects:
         current = not defect.versions or in_range(version, defect.versions)
         # A defect of other engine versions is evaluated as that version would see the checkpoint
@@ -123,18 +127,34 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
         if VERDICT_RANK[defect.verdict] > VERDICT_RANK[verdict]:
             verdict = defect.verdict
         reasons.append(defect.code)
+        built_quantized.update(probe.details.get("built_quantized_modules", ()))
         findings.append(Finding(defect.code, defect.severity, message, engine=engine.engine,
                                 subject=base_values.get("prefix_hint"), reference=defect.reference, hint=remedy))
-    declared = facts.checkpoint.declared.label
-    no_draft = ctx.draft_quant == "unquantized" or declared is None or engine.draft_architecture is None
-    draft_quant = None if no_draft else declared
+    draft_quant, modules = _draft_quantization(ctx)
+    if built_quantized and facts.checkpoint.declared.label is not None:
+        modules = tuple((m, facts.checkpoint.declared.label if m in built_quantized else b) for m, b in modules)
+        draft_quant = facts.checkpoint.declared.label
     if facts.present == 0:
         used = 0
     else:
         used = facts.present if engine.layer_use == "per_step" else 1
     return EngineVerdict(engine=engine.engine, verdict=verdict, engine_version=version,
                          draft_architecture=engine.draft_architecture, method=engine.method,
-                         draft_quantization=draft_quant, layers_used=used, reasons=tuple(reasons)), findings
+                         draft_quantization=draft_quant, layers_used=used, reasons=tuple(reasons),
+                         module_quantization=modules), findings
+
+
+def _draft_quantization(ctx: EngineContext) -> tuple[str | None, tuple[tuple[str, str | None], ...]]:
+    """The declared scheme when the engine builds at least one MTP module with it, else None, and
+    the per-module answer (draft_build.build_plan). Without MTP tensors there are no modules to ask
+    about: the draft-level rule alone says how the engine would build the layer it expects."""
+    declared = ctx.facts.checkpoint.declared.label
+    if declared is None or ctx.engine.draft_architecture is None:
+        return None, ()
+    if not ctx.facts.present:
+        return (None if ctx.draft_quant == "unquantized" else declared), ()
+    plan = build_plan(ctx)
+    return (declared if any(m.built_quantized for m in plan) else None), draft_summary(plan)
 
 
 def _values(facts: Facts) -> dict[str, Any]:

@@ -12,23 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from ckptinspect.readiness.draft_build import UNQUANTIZED, build_plan, is_linear_weight
 from ckptinspect.readiness.layout import LayerScan
 from ckptinspect.readiness.model import EngineRule, FamilyRule
+from ckptinspect.readiness.quant_conditions import QUANT_CONDITIONS
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
-from ckptinspect.readiness.versions import in_range
-from ckptinspect.records import Checkpoint, TensorGroup
+from ckptinspect.records import Checkpoint
 
-UNQUANTIZED = frozenset({"bf16", "fp16", "fp32"})
-# Components an engine never builds as a quantized Linear from the global scheme: routers are
-# ReplicatedLinear(quant_config=None) in both engines, norms are not Linear, embeddings / shared
-# heads are shared from the target (mtp_families.md §5.3).
-_NOT_LINEAR = frozenset({"norm", "embedding", "lm_head", "router", "vision"})
 _PARTIAL_COMPONENTS = ("attention", "routed_expert", "mlp")
-
-
-def is_linear_weight(g: TensorGroup) -> bool:
-    """A stored Linear weight (2-D or grouped 3-D), not a companion, bias or norm."""
-    return (g.role in ("weight", "other") and len(g.shape) >= 2 and g.component not in _NOT_LINEAR)
 
 
 @dataclass
@@ -43,6 +34,17 @@ class Facts:
     declared_layers: int | None
     engine_method: str | None  # quantization method name as the engines call it
     matcher: Any  # ckptinspect.quant.declared.ExcludeMatcher
+
+    excluded_cache: dict[str, bool] = field(default_factory=dict)
+    plan_cache: dict[tuple, list] = field(default_factory=dict)  # draft_build.build_plan, per build inputs
+    rename_cache: dict[tuple, tuple] = field(default_factory=dict)  # draft_build._renames
+
+    def is_excluded(self, module: str) -> bool:
+        """The declared lists leave ``module`` unquantized (or declare no quantization at all)."""
+        hit = self.excluded_cache.get(module)
+        if hit is None:
+            hit = self.excluded_cache[module] = self.matcher.is_excluded(module) is not False
+        return hit
 
     @property
     def present(self) -> int:
@@ -59,7 +61,6 @@ class EngineContext:
     version: str
     draft_quant: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
-    _uncovered: dict[str, list[str]] = field(default_factory=dict)
 
 
 def evaluate(when: Mapping[str, Any] | None, ctx: EngineContext) -> bool:
@@ -161,79 +162,81 @@ def _excludes_cover(ctx: EngineContext, arg: Any) -> bool:
     return all(ctx.facts.matcher.is_excluded(scan.base + rel.replace("{k}", "0")) is True for rel in arg)
 
 
-def _forced(ctx: EngineContext) -> list[str]:
-    out: list[str] = []
-    for entry in ctx.engine.forced_unquantized:
-        if (entry.versions is None or in_range(ctx.version, entry.versions)) and evaluate(entry.when, ctx):
-            out.extend(entry.modules)
-    return out
-
-
-def _runtime_names(ctx: EngineContext, name: str, k: int) -> list[str]:
-    layers = ctx.facts.checkpoint.config.num_hidden_layers
-    out = []
-    for rn in ctx.engine.runtime_names:
-        source = concrete_prefix(rn.source, layers, k)
-        if name.startswith(source):
-            out.append(concrete_prefix(rn.target, layers, k) + name[len(source):])
-    return out
-
-
 def uncovered_bf16(ctx: EngineContext, names: str = "either") -> list[str]:
-    """Unquantized MTP Linear modules the declared lists would let the engine quantize."""
-    if names in ctx._uncovered:
-        return ctx._uncovered[names]
-    facts = ctx.facts
-    out: list[str] = []
-    if facts.checkpoint.declared.label is not None:
-        forced = _forced(ctx)
-        for scan in facts.layers.values():
-            for g in scan.groups:
-                if not is_linear_weight(g) or g.scheme not in UNQUANTIZED:
-                    continue
-                modules = _sample_modules(g)
-                rel = scan.relative(modules[0])
-                if rel is not None and any(rel == m or rel.startswith(m + ".") for m in forced):
-                    continue
-                bad = [n for n in modules if not _covered(ctx, n, scan.k, names)]
-                if bad:
-                    out.append(g.module.replace("{}", str(g.index), 1) if g.index is not None else g.module)
-    ctx._uncovered[names] = sorted(set(out))
-    return ctx._uncovered[names]
-
-
-def _sample_modules(g: TensorGroup) -> list[str]:
-    """First, middle and last member's module name: exporters summarise excludes per layer prefix,
-    so one group (e.g. all experts of a layer) is covered or not as a whole; three probes keep this
-    O(groups) even for 256-expert MTP layers."""
-    subs = sorted(g.sub_indices) or [()]
-    picks = sorted({subs[0], subs[len(subs) // 2], subs[-1]})
-    slots = g.module.count("{}")
-    out = []
-    for sub in picks:
-        values = ([g.index] if g.index is not None else []) + list(sub)
-        out.append(g.module.format(*values[:slots]) if slots else g.module)
-    return out
-
-
-def _covered(ctx: EngineContext, name: str, k: int, names: str) -> bool:
-    matcher = ctx.facts.matcher
-    ckpt = matcher.is_excluded(name) is not False
-    runtime = [matcher.is_excluded(r) is not False for r in _runtime_names(ctx, name, k)]
-    rt = all(runtime) if runtime else ckpt
-    if names == "checkpoint":
-        return ckpt
-    if names == "runtime":
-        return rt
-    return ckpt or rt
+    """Unquantized MTP Linear modules the engine would build with the declared scheme."""
+    plan = build_plan(ctx, names)
+    return sorted({m.module for m in plan if m.stored in UNQUANTIZED and m.built_quantized})
 
 
 def _bf16_not_excluded(ctx: EngineContext, arg: Any) -> bool:
-    names = arg.get("names", "either") if isinstance(arg, Mapping) else "either"
-    bad = uncovered_bf16(ctx, names)
+    bad = uncovered_bf16(ctx, _names_arg(arg))
     if bad:
-        ctx.details["uncovered"] = ", ".join(bad[:6]) + (f" (+{len(bad) - 6} more)" if len(bad) > 6 else "")
+        ctx.details["uncovered"] = _listed(bad)
+        ctx.details["built_quantized_modules"] = tuple(bad)
     return bool(bad)
+
+
+def _names_arg(arg: Any) -> str:
+    return arg.get("names", "either") if isinstance(arg, Mapping) else "either"
+
+
+def _listed(items: list[str], limit: int = 6) -> str:
+    return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def _quantized_built_unquantized(ctx: EngineContext, arg: Any) -> bool:
+    """Quantized MTP tensors whose module the engine builds unquantized (per module, for the reasons
+    in ``because``; ``modules`` narrows to relative module prefixes)."""
+    spec = arg if isinstance(arg, Mapping) else {}
+    because = set(spec.get("because", ("undeclared", "draft", "forced", "head", "excluded")))
+    wanted = tuple(spec.get("modules", ()))
+    hits = []
+    for m in build_plan(ctx, _names_arg(arg)):
+        if not m.stored_quantized or not any(b is None and r in because for b, r in zip(m.built, m.reasons)):
+            continue
+        if wanted and not (m.relative is not None and _under(m.relative, wanted, m.k)):
+            continue
+        hits.append(m)
+    if hits:
+        ctx.details["built_unquantized"] = _listed([m.module for m in hits])
+        ctx.details["stored_schemes"] = ", ".join(sorted({m.stored for m in hits}))
+    return _flag(bool(hits), arg)
+
+
+def _under(rel: str, wanted: tuple[str, ...], k: int) -> bool:
+    for w in wanted:
+        w = w.replace("{k}", str(k))
+        if rel == w or rel.startswith(w + "."):
+            return True
+    return False
+
+
+def _built_scheme_is(ctx: EngineContext, arg: Any) -> bool:
+    """Stored schemes of MTP modules the engine builds with the declared scheme."""
+    schemes = {m.stored for m in build_plan(ctx) if m.built_quantized}
+    hits = sorted(schemes & set(arg))
+    if hits:
+        ctx.details["mtp_quant_schemes"] = ", ".join(hits)
+    return bool(hits)
+
+
+def mtp_subject(facts: Facts, subject: str | None) -> bool:
+    """Whether a finding's subject (a tensor, module or ``N``-masked pattern) lies in an MTP layer."""
+    if not subject:
+        return False
+    return any(scan.base and subject.startswith(scan.base) for scan in facts.layers.values())
+
+
+def _error_findings(ctx: EngineContext, arg: Any) -> bool:
+    """Engine-independent error findings of the checkpoint (quantization cross-check, inventory)
+    about MTP tensors; a list argument narrows to those codes."""
+    codes = set(arg) if isinstance(arg, list) else None
+    hits = [f for f in ctx.facts.checkpoint.findings
+            if f.severity == "error" and f.engine is None and (codes is None or f.code in codes)
+            and mtp_subject(ctx.facts, f.subject)]
+    if hits:
+        ctx.details["checkpoint_errors"] = _listed([f"{f.code} ({f.subject})" for f in hits], 4)
+    return bool(hits) if arg is not False else not hits
 
 
 def _not(ctx: EngineContext, arg: Any) -> bool:
@@ -262,7 +265,11 @@ CONDITIONS: dict[str, Callable[[EngineContext, Any], bool]] = {
     "quantized_layers_have_prefix": _quantized_layers_have_prefix,
     "excludes_cover": _excludes_cover,
     "bf16_mtp_not_excluded": _bf16_not_excluded,
+    "mtp_quantized_built_unquantized": _quantized_built_unquantized,
+    "mtp_built_scheme_is": _built_scheme_is,
+    "mtp_error_findings": _error_findings,
     "draft_quant_is": lambda ctx, arg: ctx.draft_quant in set(arg),
     "not": _not,
     "any": _any,
 }
+CONDITIONS.update(QUANT_CONDITIONS)

@@ -1,21 +1,23 @@
 """What the MTP layer costs: parameters, bytes, and its share of each GPU's weight memory.
 
-Sharding model (the engines' defaults for MoE checkpoints): routed experts are split by EP, every
-other Linear / embedding by TP, norms, routers and other 1-D tensors are replicated. MTP-local
-``embed_tokens`` / ``shared_head.head`` copies are counted as stored but not as loaded, because both
-engines share the target's embedding and head with the draft (mtp_families.md §5.3).
+The per-GPU numbers come from the one memory model (ckptinspect/plan/memory.py, placements in
+rules/engines/common.yaml `memory_model`), the same one `plan` uses, so `report --tp/--ep` and
+`plan` agree for the same split. MTP-local ``embed_tokens`` / ``shared_head.head`` copies are
+counted as stored but not as loaded: both engines hand the draft the target's embedding and head.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
+
+from typing import TYPE_CHECKING
 
 from ckptinspect.errors import PlanError
-from ckptinspect.records import Checkpoint, MtpAssessment, TensorGroup
+from ckptinspect.records import Checkpoint, MtpAssessment
 
-_REPLICATED = frozenset({"norm", "router"})
-_SHARED_WITH_TARGET = frozenset({"embedding", "lm_head"})
+if TYPE_CHECKING:
+    from ckptinspect.plan.memory import Split
 
 
 @dataclass(frozen=True)
@@ -37,30 +39,33 @@ class MtpCost:
                 "share_per_gpu": round(self.share_per_gpu, 6)}
 
 
-def _per_gpu(groups: Iterable[TensorGroup], tp: int, ep: int) -> int:
-    total = 0
-    for g in groups:
-        if g.component in _REPLICATED or len(g.shape) < 2:
-            total += g.bytes
-        elif g.component == "routed_expert":
-            total += -(-g.bytes // ep)
-        else:
-            total += -(-g.bytes // tp)
-    return total
+def split_for(tp: int, ep: int) -> "Split":
+    """SGLang's split when EP divides TP; EP a multiple of TP is vLLM's data-parallel experts (EP = TP x DP)."""
+    # Imported here: `ckptinspect.readiness` is loaded on every report and must not pull in the plan
+    # rule loader (YAML + JSON Schema) unless a cost is asked for.
+    from ckptinspect.plan.memory import Split, split_problem
+
+    if tp >= 1 and ep >= 1 and not split_problem(tp, ep):
+        return Split.sglang(tp, ep)
+    if tp >= 1 and ep > tp and ep % tp == 0:
+        return Split.data_parallel_experts(tp, ep)
+    raise PlanError(split_problem(tp, ep) or f"tp and ep must be >= 1 (got tp={tp}, ep={ep})")
 
 
 def mtp_cost(checkpoint: Checkpoint, mtp: MtpAssessment, tp: int = 1, ep: int = 1) -> MtpCost:
     """Cost of the MTP layer(s) of ``checkpoint`` at tensor-parallel ``tp`` and expert-parallel ``ep``."""
-    if tp < 1 or ep < 1:
-        raise PlanError(f"tp and ep must be >= 1 (got tp={tp}, ep={ep})")
-    inventory = checkpoint.inventory
-    mtp_groups = inventory.mtp_groups()
-    loaded = [g for g in mtp_groups if g.component not in _SHARED_WITH_TARGET]
-    mtp_gpu = _per_gpu(loaded, tp, ep)
-    total_gpu = _per_gpu(inventory.main_groups(), tp, ep) + mtp_gpu
+    from ckptinspect.plan.memory import group_bytes_per_rank, weight_memory
+
+    split = split_for(tp, ep)
+    mtp_groups = checkpoint.inventory.mtp_groups()
+    placed = [(g, group_bytes_per_rank(checkpoint, g, split)) for g in mtp_groups]
+    loaded = [(g, share) for g, (_, kind, share) in placed if kind != "not_loaded"]
+    memory = weight_memory(checkpoint, split, with_mtp=True)
+    total_gpu = memory.total_bytes_per_rank
+    mtp_gpu = memory.mtp_bytes_per_rank
     return MtpCost(
-        tp=tp, ep=ep, params=mtp.params, bytes=mtp.bytes, loaded_bytes=sum(g.bytes for g in loaded),
-        expert_bytes=sum(g.bytes for g in loaded if g.component == "routed_expert"),
+        tp=tp, ep=ep, params=mtp.params, bytes=mtp.bytes, loaded_bytes=sum(g.bytes for g, _ in loaded),
+        expert_bytes=sum(g.bytes for g, _ in loaded if g.component == "routed_expert"),
         bytes_per_gpu=mtp_gpu, total_bytes_per_gpu=total_gpu,
         share_per_gpu=(mtp_gpu / total_gpu) if total_gpu else 0.0,
     )

@@ -1,8 +1,9 @@
 """Load, validate and resolve family rule files.
 
 Built-in rules live in ``rules/families`` (``ckptinspect/_rules/families`` in a wheel); every
-``--rules-dir`` adds files that override built-ins with the same ``id``. Each file is parsed with
-PyYAML's C loader and validated against ``rules/schema/family.schema.json``; any error raises
+``--rules-dir`` adds files that override built-ins with the same ``id``. Each file (a regular file of at
+most 1 MiB) is parsed by the one safe YAML loader (ckptinspect/safe_yaml.py: no anchors or aliases,
+bounded depth) and validated against ``rules/schema/family.schema.json``; any error raises
 :class:`RuleError` naming the file, the path inside the document and the schema message.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -20,6 +22,7 @@ from ckptinspect.readiness.model import (
     DEFAULT_SEVERITY, ENGINES, Check, Defect, DraftQuantRule, EngineRule, ExpertLayout,
     FamilyRule, ForcedUnquantized, MtpLayout, Requirement, RuleSet, RuntimeName,
 )
+from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 
@@ -49,8 +52,21 @@ def _validator() -> Any:
         import jsonschema
 
         schema = json.loads(schema_path().read_text(encoding="utf-8"))
-        _validator_cache.append(jsonschema.Draft202012Validator(schema))
+        # The schema's `pattern`s meet strings from rule files: matched on RE2 like every other
+        # untrusted match (ckptinspect/safe_regex.py), not on Python's backtracking engine.
+        validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _re2_pattern})
+        _validator_cache.append(validator(schema))
     return _validator_cache[0]
+
+
+def _re2_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterable[Any]:
+    """jsonschema's ``pattern`` keyword (``re.search`` semantics, its own message), evaluated by RE2."""
+    import jsonschema
+
+    from ckptinspect.safe_regex import search
+
+    if validator.is_type(instance, "string") and not search(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
 class ValidationCache:
@@ -61,22 +77,30 @@ class ValidationCache:
     ``$CKPTINSPECT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/ckptinspect`` or ``~/.cache/ckptinspect``).
     An edited file has another hash and is validated again; an invalid file is never stored. An
     unreadable or unwritable cache only costs the validation time.
+
+    Bounded: a document over MAX_DOC_BYTES (as JSON) is not stored, the file is kept under
+    MAX_CACHE_BYTES by dropping the entries used longest ago, entries unused for MAX_AGE_S are dropped,
+    and a cache file over the cap is ignored when read (so no run ever loads more than the cap).
     """
 
-    VERSION = 1
+    VERSION = 2
+    MAX_CACHE_BYTES = 4 * 1024 * 1024  # the built-in rules take ~150 KB
+    MAX_DOC_BYTES = 512 * 1024
+    MAX_AGE_S = 30 * 24 * 3600.0
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.schema_digest = hashlib.sha256(schema_path().read_bytes()).hexdigest()
-        self.entries: dict[str, Any] = {}
-        self.used: set[str] = set()
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.now = time.time()
         self.dirty = False
         if path is not None:
             try:
-                stored = json.loads(path.read_text(encoding="utf-8"))
-                if stored.get("version") == self.VERSION and isinstance(stored.get("docs"), dict):
-                    self.entries = stored["docs"]
-            except (OSError, ValueError, AttributeError):
+                if path.stat().st_size <= self.MAX_CACHE_BYTES:
+                    stored = json.loads(path.read_text(encoding="utf-8"))
+                    if stored.get("version") == self.VERSION and isinstance(stored.get("docs"), dict):
+                        self.entries = {k: v for k, v in stored["docs"].items() if _cache_entry_ok(v)}
+            except (OSError, ValueError, AttributeError, RecursionError):
                 self.entries = {}
 
     def _key(self, data: bytes) -> str:
@@ -84,22 +108,35 @@ class ValidationCache:
 
     def get(self, data: bytes) -> dict[str, Any] | None:
         key = self._key(data)
-        doc = self.entries.get(key)
-        if isinstance(doc, dict):
-            self.used.add(key)
-            return doc
-        return None
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        if self.now - entry["used"] > 3600:  # refresh the use time, at most hourly (a write per run otherwise)
+            entry["used"] = self.now
+            self.dirty = True
+        return entry["doc"]
 
     def put(self, data: bytes, doc: dict[str, Any]) -> None:
-        key = self._key(data)
-        self.entries[key] = doc
-        self.used.add(key)
+        """Store a document that passed validation (callers only store those), unless it is large."""
+        try:
+            size = len(json.dumps(doc))
+        except (TypeError, ValueError):  # a value JSON cannot hold (a YAML date): not cacheable
+            return
+        if size > self.MAX_DOC_BYTES:
+            return
+        self.entries[self._key(data)] = {"doc": doc, "used": self.now, "size": size}
         self.dirty = True
 
     def save(self) -> None:
         if self.path is None or not self.dirty:
             return
-        keep = {k: v for k, v in self.entries.items() if k in self.used}  # prune stale versions
+        keep: dict[str, Any] = {}
+        total = 0
+        for key, entry in sorted(self.entries.items(), key=lambda kv: -kv[1]["used"]):  # most recent first
+            if self.now - entry["used"] > self.MAX_AGE_S or total + entry["size"] + 100 > self.MAX_CACHE_BYTES:
+                continue
+            keep[key] = entry
+            total += entry["size"] + 100
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
@@ -107,6 +144,11 @@ class ValidationCache:
             os.replace(tmp, self.path)
         except (OSError, TypeError, ValueError):  # read-only home, or a value JSON cannot hold
             pass
+
+
+def _cache_entry_ok(entry: Any) -> bool:
+    return (isinstance(entry, dict) and isinstance(entry.get("doc"), dict)
+            and isinstance(entry.get("used"), (int, float)) and isinstance(entry.get("size"), int))
 
 
 def default_cache() -> ValidationCache:
@@ -153,10 +195,7 @@ def _readable(err: Any) -> str:
 
 def read_rule_file(path: Path, cache: "ValidationCache | None" = None) -> dict[str, Any]:
     """Parse and schema-validate one rule file (or take the result for identical bytes from ``cache``)."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise RuleError(f"cannot read rule file: {exc.strerror}", path=str(path)) from exc
+    data = read_rule_bytes(path)
     if cache is not None:
         hit = cache.get(data)
         if hit is not None:
@@ -168,19 +207,7 @@ def read_rule_file(path: Path, cache: "ValidationCache | None" = None) -> dict[s
 
 
 def _parse_and_validate(data: bytes, path: Path) -> dict[str, Any]:
-    import yaml  # ~70 ms to import: only when a rule file is not in the validation cache
-
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RuleError(f"not UTF-8 text ({exc.reason})", path=str(path)) from exc
-    try:
-        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - safe loaders
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise RuleError(f"{where}invalid YAML: {problem}", path=str(path)) from exc
+    doc = load_rule_yaml(data, path)
     if not isinstance(doc, dict):
         raise RuleError("$: a rule file must be a mapping", path=str(path))
     validate_document(doc, str(path))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ckptinspect.errors import NotFoundError
 from ckptinspect.records import RawCheckpoint
+from ckptinspect.sources.offline import hub_offline
 
 # Hub repo ids: "name" or "org/name", letters, digits, "-", "_", "."; optional "@revision".
 _REPO_ID = re.compile(r"^(?:[\w.\-]+/)?[\w.\-]+(?:@[\w.\-/]+)?$")
@@ -24,10 +25,6 @@ def split_repo_ref(ref: str) -> tuple[str, str | None]:
     """``org/name@rev`` -> (``org/name``, ``rev``)."""
     repo, _, revision = ref.partition("@")
     return repo, (revision or None)
-
-
-def is_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
@@ -61,7 +58,7 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
     cached = open_hf_cache(repo_id, revision=revision)
     if cached is not None:
         return cached
-    if is_offline():
+    if hub_offline():
         raise NotFoundError("HF_HUB_OFFLINE=1 and the checkpoint is not (fully) in the local Hugging Face cache",
                             path=ref)
     from ckptinspect.sources.hub import open_hub

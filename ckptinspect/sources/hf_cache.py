@@ -15,18 +15,21 @@ huggingface_hub was imported. A repo counts as cached when its snapshot holds co
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
 from pathlib import Path
 
-from ckptinspect.errors import ConfigError, NotFoundError
+from ckptinspect.errors import NotFoundError
 from ckptinspect.records import RawCheckpoint
+from ckptinspect.sources.offline import hub_offline
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+# Blob names huggingface_hub uses: a git blob sha1 or an LFS sha256. The etag comes from the server (repo
+# info, X-Linked-Etag): anything else could name a path outside the cache, so it is not stored.
+_ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 def hub_cache_dir() -> Path:
@@ -49,14 +52,14 @@ def repo_storage(repo_id: str) -> Path:
 def resolve_commit(repo_id: str, revision: str | None) -> str | None:
     """The commit a revision points to in the cache (a 40-hex revision is itself), None if unknown."""
     rev = revision or "main"
-    if _COMMIT.match(rev):
+    if _COMMIT.fullmatch(rev):
         return rev
     ref = repo_storage(repo_id) / "refs" / rev
     try:
         commit = ref.read_text().strip()
     except OSError:
         return None
-    return commit if _COMMIT.match(commit) else None
+    return commit if _COMMIT.fullmatch(commit) else None
 
 
 def cached_file(repo_id: str, commit: str, filename: str) -> Path | None:
@@ -72,7 +75,7 @@ def cache_store(repo_id: str, commit: str, revision: str | None, filename: str, 
     Best effort: a read-only or missing cache never fails the command. Without an etag (blob id) the file
     is not cached, since the blob name must be the one huggingface_hub would use.
     """
-    if not etag or not _COMMIT.match(commit):
+    if not etag or not _ETAG.fullmatch(etag) or not _COMMIT.fullmatch(commit) or not _safe_ref(revision):
         return
     storage = repo_storage(repo_id)
     try:
@@ -97,17 +100,23 @@ def cache_store(repo_id: str, commit: str, revision: str | None, filename: str, 
         return
 
 
+def _safe_ref(revision: str | None) -> bool:
+    """A branch / tag name usable as a path under refs/ (``refs/pr/1`` is; ``..``, absolute paths are not)."""
+    if not revision:
+        return True
+    parts = revision.split("/")
+    return not revision.startswith(("/", "\\")) and all(p not in ("", ".", "..") and "\\" not in p for p in parts)
+
+
 def _shards_wanted(snapshot: Path) -> tuple[list[str] | None, str | None]:
     """Shard names the snapshot must hold; (None, reason) when that cannot be known from the cache."""
     index_path = snapshot / INDEX_FILE
     if index_path.is_file():
-        try:
-            weight_map = json.loads(index_path.read_bytes()).get("weight_map")
-        except (ValueError, AttributeError) as exc:
-            raise ConfigError(f"not valid JSON: {exc}", path=str(index_path)) from None
-        if not isinstance(weight_map, dict):
-            raise ConfigError("index has no weight_map", path=str(index_path))
-        return sorted(set(weight_map.values())), None
+        # The same decoder and checks as every other index (depth, huge integers, non-name values).
+        from ckptinspect.sources.interface import parse_json_bytes, read_file_bytes, shard_names_from_index
+
+        index = parse_json_bytes(read_file_bytes(index_path), source=str(index_path))
+        return sorted(shard_names_from_index(index, source=str(index_path))), None
     if (snapshot / SINGLE_FILE).exists() or os.path.lexists(snapshot / SINGLE_FILE):
         return [SINGLE_FILE], None
     return None, f"{INDEX_FILE} (or {SINGLE_FILE})"
@@ -143,8 +152,6 @@ def open_hf_cache(repo_id: str, *, revision: str | None = None, required: bool |
             so the error says which file the cache lacks.
     """
     if required is None:
-        from ckptinspect.sources.hub import hub_offline
-
         required = hub_offline()
     gap = describe_cache_gap(repo_id, revision)
     if gap:

@@ -27,19 +27,22 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
-from ckptinspect.errors import AccessError, ConfigError, HeaderError, NetworkError, NotFoundError
+from ckptinspect.errors import ConfigError, HeaderError, NotFoundError
 from ckptinspect.header.parser import read_length_prefix
 from ckptinspect.records import IndexSummary, RawCheckpoint
 from ckptinspect.sources import http_ranges
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient
 from ckptinspect.sources.index_prefetch import IndexPrefetch
+from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap, resolve_commit
 from ckptinspect.sources.index_summary import summarize_index
-from ckptinspect.sources.interface import LazyJson, parse_json_bytes
+from ckptinspect.sources.offline import hub_offline
+from ckptinspect.sources.interface import LazyJson, json_file_cap, parse_json_bytes, read_file_bytes
+from ckptinspect.sources.net_limits import Budget, NetLimits
+from ckptinspect.sources.repo_info import model_info
 
 # Small JSON files read next to the headers (the RawCheckpoint.json_files contract).
 JSON_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "generation_config.json")
 INDEX_FILE = "model.safetensors.index.json"
-MAX_JSON_BYTES = 512 * 1024 * 1024  # a 163-shard FP8 MoE index is ~45 MB; refuse absurd sizes
 
 # huggingface_hub SAFETENSORS_MAX_HEADER_LENGTH and huggingface.js MAX_HEADER_LENGTH: checked on the
 # 8-byte prefix, before any header byte beyond the first range is requested.
@@ -60,8 +63,8 @@ FIXED_SLACK = 256  # __metadata__ ({"format":"pt"}) and the writer's padding to 
 # (BENCHMARKS.md section 2); each thread keeps its own keep-alive connection.
 DEFAULT_MAX_WORKERS = int(os.environ.get("CKPTINSPECT_MAX_WORKERS", "32"))
 PREFETCH_ENV = "CKPTINSPECT_INDEX_PREFETCH"  # "0": read the index after the repo info, in this process
-# How long to wait for the index child before reading the index here. Only a safety net: the child's
-# own socket timeouts end a stalled read sooner, and a slow but moving download is worth waiting for.
+# How long to wait for the index child before reading the index here. Only a safety net: the child
+# runs under the same deadline (what is left of it bounds the wait) and per-request limits.
 PREFETCH_WAIT_S = 600.0
 
 
@@ -72,20 +75,9 @@ def hub_endpoint(endpoint: str | None = None) -> str:
     return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
-def hub_offline() -> bool:
-    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read at call time."""
-    from huggingface_hub import constants
-
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
-    if value is None:
-        return bool(constants.HF_HUB_OFFLINE)
-    return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
 def download_timeout() -> float:
-    from huggingface_hub import constants
-
-    return float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or constants.HF_HUB_DOWNLOAD_TIMEOUT or 10)
+    """Seconds per socket read: HF_HUB_DOWNLOAD_TIMEOUT, default 10 (huggingface_hub's own default)."""
+    return NetLimits.from_env().read_s
 
 
 def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
@@ -100,27 +92,30 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         endpoint: Hub URL; default HF_ENDPOINT or https://huggingface.co.
         progress: tqdm bar on stderr for the header reads.
         max_workers: concurrent header requests (default 32, env CKPTINSPECT_MAX_WORKERS).
-        timeout: seconds per request (default HF_HUB_DOWNLOAD_TIMEOUT, 10).
+        timeout: seconds per socket read (default HF_HUB_DOWNLOAD_TIMEOUT, 10); the connect timeout,
+            the per-request and whole-read deadlines and the byte budget come from the environment
+            (sources/net_limits.py, docs/security.md).
         on_header: called from a worker thread with (shard, header bytes) as soon as each header is in,
             so a caller can parse while later headers are still on the wire.
 
     Raises:
         NotFoundError: repo, revision or file missing, or HF_HUB_OFFLINE=1 (names what the cache lacks).
         AccessError: gated / private repo without a token that grants access.
-        NetworkError: timeouts, 5xx, resets, broken ranges after bounded retries.
+        NetworkError: timeouts, 5xx, resets, broken ranges after bounded retries; the deadline or
+            the byte budget of the whole read.
         HeaderError: a header length prefix over 25,000,000 bytes or beyond the file size.
     """
     if hub_offline():
-        from ckptinspect.sources.hf_cache import describe_cache_gap
 
         raise NotFoundError(f"HF_HUB_OFFLINE=1 and the HF cache cannot answer: {describe_cache_gap(repo_id, revision)}",
                             path=repo_id, hint="run once online, or use a .json.gz snapshot")
     started = time.perf_counter()
     endpoint = hub_endpoint(endpoint)
-    timeout = download_timeout() if timeout is None else timeout
-    prefetch = _start_index_prefetch(endpoint, repo_id, revision, token, timeout)
+    limits = NetLimits.from_env(read_s=timeout)
+    budget = Budget(limits)
+    prefetch = _start_index_prefetch(endpoint, repo_id, revision, token, budget)
     try:
-        raw = _read_repo(repo_id, revision, token, endpoint, timeout, progress, max_workers, on_header, prefetch,
+        raw = _read_repo(repo_id, revision, token, endpoint, budget, progress, max_workers, on_header, prefetch,
                          started)
     except BaseException:
         if prefetch is not None:
@@ -132,33 +127,41 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
 
 
 def _start_index_prefetch(endpoint: str, repo_id: str, revision: str | None, token: str | None,
-                          timeout: float) -> IndexPrefetch | None:
+                          budget: Budget) -> IndexPrefetch | None:
     """Read the index in a child while this process starts up (sources/index_prefetch.py), unless the HF
     cache already holds it for the commit the revision last pointed to."""
-    from ckptinspect.sources.hf_cache import cached_file, resolve_commit
 
     if os.environ.get(PREFETCH_ENV, "1").strip() == "0":
         return None
     commit = resolve_commit(repo_id, revision)
     if commit is not None and cached_file(repo_id, commit, INDEX_FILE) is not None:
         return None
-    return IndexPrefetch.start(endpoint, repo_id, revision, token, timeout)
+    return IndexPrefetch.start(endpoint, repo_id, revision, token, budget.limits.read_s, budget=budget)
 
 
-def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: str, timeout: float,
+def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: str, budget: Budget,
                progress: bool, max_workers: int | None, on_header: Callable[[str, bytes], None] | None,
                prefetch: IndexPrefetch | None, started: float) -> RawCheckpoint:
-    from huggingface_hub import HfApi
     from huggingface_hub.utils import build_hf_headers
 
     stats = FetchStats()
-    api = HfApi(endpoint=endpoint, token=token)
-    info = _model_info(api, repo_id, revision, timeout, stats)
+    headers = build_hf_headers(token=token)
+    client = RangeClient(repo_id, headers, timeout=budget.limits.read_s, stats=stats, budget=budget)
+    try:
+        return _read_with(client, repo_id, revision, endpoint, progress, max_workers, on_header, prefetch,
+                          started)
+    finally:
+        client.close()
+
+
+def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint: str, progress: bool,
+               max_workers: int | None, on_header: Callable[[str, bytes], None] | None,
+               prefetch: IndexPrefetch | None, started: float) -> RawCheckpoint:
+    stats, budget = client.stats, client.budget
+    info = model_info(client, endpoint, repo_id, revision)
     phases = {"info_s": time.perf_counter() - started}
     commit = info.sha or revision or "main"
     siblings = {s.rfilename: s for s in (info.siblings or [])}
-    headers = build_hf_headers(token=token)
-    client = RangeClient(repo_id, headers, timeout=timeout, stats=stats)
 
     def url(filename: str) -> str:  # huggingface_hub's HUGGINGFACE_CO_URL_TEMPLATE, pinned to the commit
         return f"{endpoint}/{repo_id}/resolve/{quote(commit, safe='')}/{quote(filename)}"
@@ -175,12 +178,18 @@ def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: 
         prefetched = None
         if prefetch is not None and INDEX_FILE in siblings:
             # The child's index counts only if it is this commit's (the small files download meanwhile).
-            prefetched = prefetch.result(info.sha, wait_s=PREFETCH_WAIT_S)
+            prefetched = prefetch.result(info.sha, wait_s=max(0.0, min(PREFETCH_WAIT_S, budget.left_s())))
+            # The child's requests count whether or not its answer is used (--verbose, byte budget).
+            child = prefetch.stats
+            stats.add(requests=child.get("requests", 0), nbytes=child.get("bytes_fetched", 0),
+                      retries=child.get("retries", 0))
+            budget.take(child.get("bytes_fetched", 0), f"{repo_id}/{INDEX_FILE}")
+            declared = siblings[INDEX_FILE].size
+            if prefetched is not None and declared is not None and prefetched.size != declared:
+                prefetched = None  # not the file the repo info describes
             if prefetched is None:
+                budget.check_time(f"{repo_id}/{INDEX_FILE}")
                 futures[fetch(INDEX_FILE)] = INDEX_FILE
-            else:
-                stats.add(requests=prefetched.stats["requests"], nbytes=prefetched.stats["bytes_fetched"],
-                          retries=prefetched.stats["retries"])
         for fut in as_completed(futures):
             value, from_cache = fut.result()
             json_files[futures[fut]] = value
@@ -200,7 +209,6 @@ def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: 
             header_bytes = reader.read_all(pool, shards, url, sizes, progress=progress)
         finally:
             pool.shutdown(wait=True)  # the threads first: then no connection is in use
-            client.close()
     wall = time.perf_counter() - started
     phases["headers_s"] = wall - phases["info_s"] - phases["json_s"]
     return RawCheckpoint(
@@ -219,69 +227,19 @@ def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: 
     )
 
 
-# -- model info -------------------------------------------------------------------------------------
-def _model_info(api: Any, repo_id: str, revision: str | None, timeout: float, stats: FetchStats) -> Any:
-    """``model_info(files_metadata=True)`` with error mapping and a bounded retry on 429 / 5xx."""
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
-    from huggingface_hub.utils import HFValidationError
-
-    rev = revision or "main"
-    attempts = http_ranges.DEFAULT_ATTEMPTS
-    for attempt in range(1, attempts + 1):
-        stats.add(requests=1)
-        try:
-            return api.model_info(repo_id, revision=revision, files_metadata=True, timeout=timeout)
-        except GatedRepoError:
-            raise AccessError("gated repo: accept its terms on the Hub, then pass --token or set HF_TOKEN",
-                              path=repo_id) from None
-        except RevisionNotFoundError:
-            raise NotFoundError(f"revision {rev!r} not found", path=repo_id) from None
-        except RepositoryNotFoundError:
-            raise NotFoundError("repository not found (or private: pass --token)", path=repo_id) from None
-        except HFValidationError as exc:
-            raise NotFoundError(f"not a valid repo id: {exc}", path=repo_id) from None
-        except OfflineModeIsEnabled:
-            raise NotFoundError("HF_HUB_OFFLINE=1 and the repo is not fully in the HF cache", path=repo_id) from None
-        except HfHubHTTPError as exc:
-            status = exc.response.status_code if exc.response is not None else None
-            if status in (401, 403):
-                raise AccessError(f"HTTP {status} reading repo info (pass --token or set HF_TOKEN)",
-                                  path=repo_id) from None
-            if status not in (408, 429, 500, 502, 503, 504) or attempt == attempts:
-                raise NetworkError(f"HTTP {status} reading repo info", path=repo_id) from None
-        except _transport_errors() as exc:
-            if attempt == attempts:
-                raise NetworkError(f"cannot reach the Hub for repo info: {type(exc).__name__}",
-                                   path=repo_id) from None
-        stats.add(retries=1)
-        time.sleep(http_ranges.DEFAULT_BACKOFF_S * 2 ** (attempt - 1))
-    raise AssertionError("unreachable")
-
-
-def _transport_errors() -> type[Exception]:
-    """The transport error base of huggingface_hub's own client (httpx2 from 2.x, httpx before)."""
-    try:
-        import httpx2 as httpx
-    except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
-        import httpx  # type: ignore[no-redef]
-    return httpx.TransportError
-
-
 # -- small JSON files through the HF cache ----------------------------------------------------------
 def _json_file(client: RangeClient, repo_id: str, revision: str | None, commit: str, name: str,
                sibling: Any, url: str) -> tuple[Any, int]:
-    from ckptinspect.sources.hf_cache import cache_store, cached_file
 
     local = cached_file(repo_id, commit, name)
+    cap = json_file_cap(name)  # the local files' caps (16 MiB, 512 MiB for the index): sources/interface.py
     if local is not None:
-        data, from_cache = local.read_bytes(), 1
+        data, from_cache = read_file_bytes(local), 1
     else:
         size = sibling.size
-        if size is not None and size > MAX_JSON_BYTES:
-            raise ConfigError(f"{size} bytes, over the {MAX_JSON_BYTES} byte limit for JSON files",
-                              path=f"{repo_id}/{name}")
-        end = (size if size else MAX_JSON_BYTES) - 1
+        if size is not None and size > cap:
+            raise ConfigError(f"is {size:,} bytes, over the {cap:,}-byte cap for this file", path=f"{repo_id}/{name}")
+        end = (size if size else cap) - 1
         data = client.get(url, name, 0, end) if end >= 0 else b""
         if size is not None and len(data) < size:
             data += client.rest(url, name, len(data), size)
@@ -392,4 +350,4 @@ class _HeaderReader:
         return header
 
 
-__all__ = ["open_hub", "hub_endpoint", "hub_offline"]
+__all__ = ["open_hub", "hub_endpoint"]

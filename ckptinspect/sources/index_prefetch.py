@@ -31,9 +31,15 @@ from urllib.parse import quote
 from ckptinspect.errors import SourceError
 from ckptinspect.records import IndexSummary
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient, content_range_total
+from ckptinspect.sources.interface import MAX_INDEX_FILE_BYTES
+from ckptinspect.sources.net_limits import Budget, NetLimits
 
 INDEX_FILE = "model.safetensors.index.json"
-MAX_INDEX_BYTES = 512 * 1024 * 1024
+MAX_INDEX_BYTES = MAX_INDEX_FILE_BYTES  # the local index's cap too
+# The child asks for this much first (the largest index seen, a 163-shard FP8 MoE one, is ~45 MB): a
+# server that ignores Range and streams a larger body costs at most this much, counted, before the
+# child gives up and the parent reads the index with the size the repo info declares.
+FIRST_RANGE_BYTES = 64 * 1024 * 1024
 _FAILED = "failed"
 _DISABLE_HINT = "CKPTINSPECT_INDEX_PREFETCH=0"
 
@@ -55,10 +61,20 @@ class IndexPrefetch:
         self._spool: int | None = spool
         self._answer: Any = None
 
+    @property
+    def stats(self) -> dict[str, int]:
+        """The child's requests and body bytes (also when its answer is not used); empty before ``result``."""
+        return dict(self._answer[-1]) if self._answer is not None and isinstance(self._answer[-1], dict) else {}
+
     @classmethod
     def start(cls, endpoint: str, repo_id: str, revision: str | None, token: str | None,
-              timeout: float) -> "IndexPrefetch | None":
-        """Fork the child, or None where that is not safe or possible (then the parent reads serially)."""
+              timeout: float, *, budget: Budget | None = None) -> "IndexPrefetch | None":
+        """Fork the child, or None where that is not safe or possible (then the parent reads serially).
+
+        The child runs under ``budget``'s deadline and what is left of its byte budget.
+        """
+        budget = budget if budget is not None else Budget(NetLimits.from_env(read_s=timeout))
+        limits = (budget.limits, budget.ends_at, max(0, budget.max_bytes - budget.received))
         if os.name != "posix" or threading.active_count() > 1:
             return None
         url = f"{endpoint}/{repo_id}/resolve/{quote(revision or 'main', safe='')}/{INDEX_FILE}"
@@ -70,7 +86,7 @@ class IndexPrefetch:
             ctx = get_context("fork")
             spool = _open_spool()
             receive, send = ctx.Pipe(duplex=False)
-            process = ctx.Process(target=_child, args=(send, spool, url, headers, timeout, repo_id, revision),
+            process = ctx.Process(target=_child, args=(send, spool, url, headers, timeout, repo_id, revision, limits),
                                   daemon=True)
             process.start()
         except (OSError, ValueError):
@@ -82,9 +98,9 @@ class IndexPrefetch:
         """The child's summary if it read ``commit``'s index; None means: read it yourself."""
         if self._answer is None:
             try:
-                self._answer = self._receive.recv() if self._receive.poll(wait_s) else (_FAILED, "no answer")
+                self._answer = self._receive.recv() if self._receive.poll(wait_s) else (_FAILED, "no answer", {})
             except (EOFError, OSError):
-                self._answer = (_FAILED, "child exited")
+                self._answer = (_FAILED, "child exited", {})
         answer = self._answer
         if answer[0] == _FAILED or commit is None or answer[1] != commit:
             return None
@@ -104,8 +120,9 @@ class IndexPrefetch:
         return PrefetchedIndex(summary=summary, size=size, load=load, stats=stats)
 
     def close(self, *, kill: bool = False) -> None:
-        """Wait for the child (it finishes its cache write), or stop it; the shared file lives on for ``load``."""
-        if not kill:
+        """Wait for the child (it finishes its cache write), or stop it; the shared file lives on for ``load``.
+        A child whose answer was never asked for is stopped: its work is not wanted."""
+        if not kill and self._answer is not None:
             self._process.join(timeout=30)
         if self._process.is_alive():
             self._process.kill()
@@ -117,21 +134,25 @@ class IndexPrefetch:
 
 
 def _child(send: Any, spool: int, url: str, headers: dict[str, str], timeout: float, repo_id: str,
-           revision: str | None) -> None:
+           revision: str | None, limits: tuple[NetLimits, float, int]) -> None:
     from ckptinspect.sources.hf_cache import cache_store
     from ckptinspect.sources.index_summary import summarize_index_bytes
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then kills us
     gc.disable()
+    stats = FetchStats()
     try:
-        stats = FetchStats()
+        net_limits, ends_at, max_bytes = limits
+        budget = Budget(net_limits, ends_at=ends_at, max_bytes=max_bytes)
         # One attempt: on any failure the parent reads the index with its own retries, so a flaky
         # server costs one request more, not a second round of backoff.
-        client = RangeClient(repo_id, headers, timeout=timeout, stats=stats, attempts=1)
+        client = RangeClient(repo_id, headers, timeout=timeout, stats=stats, attempts=1, budget=budget)
         meta: dict[str, str] = {}
         try:
-            data = client.get(url, INDEX_FILE, 0, MAX_INDEX_BYTES - 1, meta=meta)
+            data = client.get(url, INDEX_FILE, 0, FIRST_RANGE_BYTES - 1, meta=meta)
             total = content_range_total(meta.get("content-range"))
+            if total is None and len(data) >= FIRST_RANGE_BYTES:  # a 200 (Range ignored) that goes on
+                raise SourceError(f"a whole-file answer over {FIRST_RANGE_BYTES:,} bytes", path=INDEX_FILE)
             if total is not None and len(data) < min(total, MAX_INDEX_BYTES):
                 data += client.rest(url, INDEX_FILE, len(data), min(total, MAX_INDEX_BYTES))
         finally:
@@ -140,7 +161,7 @@ def _child(send: Any, spool: int, url: str, headers: dict[str, str], timeout: fl
         commit = meta.get("x-repo-commit")
         send.send(("ok", commit, summary, len(data), stats.as_dict()))
     except Exception as exc:  # noqa: BLE001 - any failure: the parent reads the index itself
-        send.send((_FAILED, f"{type(exc).__name__}: {exc}"))
+        send.send((_FAILED, f"{type(exc).__name__}: {exc}", stats.as_dict()))
         return
     finally:
         send.close()

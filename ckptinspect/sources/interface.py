@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import errno
 import gc
-import json
 import os
+import stat
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from ckptinspect.config.json_text import decode_json
 from ckptinspect.errors import ConfigError, HeaderError, NotFoundError, SourceError
 from ckptinspect.header.parser import PREFIX_BYTES, read_length_prefix
 
@@ -23,6 +24,18 @@ JSON_FILES = (CONFIG, HF_QUANT_CONFIG, GENERATION_CONFIG, INDEX)
 
 # Files that deserialize through pickle: never loaded, only reported.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+# Size caps, checked (st_size) before a JSON file is read, so a huge or sparse file is refused in
+# bounded time and memory. Real config / quantization / generation configs are 1-100 kB: 16 MiB is
+# >100x that. The largest real index known (nvidia/Qwen3.5-397B-A17B-NVFP4, 371k tensors) is 41 MB;
+# 512 MiB leaves room for ~4.5M tensors while bounding the parse (~10x the file in memory).
+MAX_JSON_FILE_BYTES = 16 * 1024 ** 2
+MAX_INDEX_FILE_BYTES = 512 * 1024 ** 2
+
+
+def json_file_cap(name: str) -> int:
+    """The size cap of the JSON metadata file ``name``."""
+    return MAX_INDEX_FILE_BYTES if name.endswith(".index.json") else MAX_JSON_FILE_BYTES
 
 
 @contextmanager
@@ -42,17 +55,9 @@ def gc_paused() -> Iterator[None]:
 
 
 def parse_json_bytes(data: bytes, *, source: str) -> Any:
-    """Decode a small JSON metadata file, raising a one-line ConfigError on failure."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError("is not valid UTF-8", path=source) from None
-    try:
-        with gc_paused():
-            return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})",
-                          path=source) from None
+    """Decode a JSON metadata file (config.json decoding: config/json_text.py), one-line ConfigError on failure."""
+    with gc_paused():
+        return decode_json(data, source=source)
 
 
 def shard_names_from_index(index: Any, *, source: str = INDEX) -> tuple[str, ...]:
@@ -70,42 +75,80 @@ def shard_names_from_index(index: Any, *, source: str = INDEX) -> tuple[str, ...
 
 def check_relative_name(name: Any, *, source: str) -> None:
     """Reject index entries that are not plain relative paths inside the checkpoint."""
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not name or "\0" in name:
         raise ConfigError(f"weight_map names a shard {name!r} that is not a file name", path=source)
     norm = os.path.normpath(name)
     if os.path.isabs(name) or norm == ".." or norm.startswith(".." + os.sep) or "\\" in name:
         raise ConfigError(f"weight_map entry '{name}' points outside the checkpoint directory", path=source)
 
 
+def open_regular(path: Path, *, source: str, what: str = "file") -> tuple[int, int]:
+    """Open ``path`` for reading only if it is a regular file; returns (descriptor, size).
+
+    Checked with stat() before opening (opening a FIFO for reading blocks until a writer appears, and
+    opening a device can have side effects), and again with fstat() on the opened descriptor (the path
+    may have been swapped in between; O_NONBLOCK keeps even that open from blocking).
+
+    Raises:
+        NotFoundError: missing.  SourceError: not a regular file, a symlink loop, or unreadable.
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise SourceError(f"{what} is not a regular file", path=source)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise NotFoundError(f"{what} is missing", path=source) from None
+    except OSError as exc:
+        raise _os_error(exc, source) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SourceError(f"{what} is not a regular file", path=source)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info.st_size
+
+
+def _os_error(exc: OSError, source: str) -> SourceError:
+    if exc.errno == errno.ELOOP:
+        return SourceError("is a symlink loop", path=source)
+    return SourceError(f"cannot read ({exc.strerror or exc})", path=source)
+
+
 def read_header_file(path: Path, *, source: str) -> tuple[bytes, int]:
     """Read just the header bytes of a local safetensors file; returns (header bytes, file size)."""
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
+        fd, size = open_regular(path, source=source, what="shard file")
+        with open(fd, "rb", closefd=True) as handle:
             prefix = handle.read(PREFIX_BYTES)
             length = read_length_prefix(prefix, source=source, file_size=size)
             data = handle.read(length)
-    except HeaderError:
+    except (HeaderError, SourceError):
         raise
-    except FileNotFoundError:
-        raise NotFoundError("shard file is missing", path=source) from None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise SourceError("is a symlink loop", path=source) from None
-        raise SourceError(f"cannot read ({exc.strerror or exc})", path=source) from None
+        raise _os_error(exc, source) from None
     if len(data) != length:
         raise HeaderError(f"header truncated: {len(data):,} of {length:,} bytes", path=source)
     return data, size
 
 
-def read_file_bytes(path: Path) -> bytes:
-    """A small local file's bytes, with one-line errors for unreadable files and symlink loops."""
+def read_file_bytes(path: Path, *, limit: int | None = None) -> bytes:
+    """A local JSON file's bytes: a regular file of at most ``limit`` bytes (default: its name's cap),
+    refused by size before anything is read; one-line errors for unreadable files and symlink loops."""
+    source = str(path)
+    cap = json_file_cap(path.name) if limit is None else limit
+    fd, size = open_regular(path, source=source)
     try:
-        return path.read_bytes()
+        with open(fd, "rb", closefd=True) as handle:
+            if size > cap:
+                raise ConfigError(f"is {size:,} bytes, over the {cap:,}-byte cap for this file", path=source)
+            data = handle.read(cap + 1)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise SourceError("is a symlink loop", path=str(path)) from None
-        raise SourceError(f"cannot read ({exc.strerror or exc})", path=str(path)) from None
+        raise _os_error(exc, source) from None
+    if len(data) > cap:  # grew after the stat
+        raise ConfigError(f"is over the {cap:,}-byte cap for this file", path=source)
+    return data
 
 
 class LazyJson(Mapping[str, Any]):
@@ -157,10 +200,6 @@ class LocalHeaders(Mapping[str, bytes]):
         if self._shards is None:
             self._shards = self._resolve()
         return self._shards
-
-    def set_shards(self, shards: tuple[str, ...]) -> None:
-        """Shard list already read from the index elsewhere (a worker process)."""
-        self._shards = tuple(shards)
 
     def __getitem__(self, shard: str) -> bytes:
         return read_header_file(self.directory / shard, source=shard)[0]

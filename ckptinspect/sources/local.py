@@ -10,11 +10,18 @@ import errno
 import os
 from pathlib import Path
 
+from functools import partial
+
 from ckptinspect.errors import NotFoundError, SourceError
-from ckptinspect.records import RawCheckpoint
+from ckptinspect.records import RawCheckpoint, ScanPlan
+from ckptinspect.sources.index_summary import summarize_index_file
 from ckptinspect.sources.interface import (
     INDEX, JSON_FILES, SINGLE_FILE, LocalHeaders, LocalSizes, lazy_json_files, shard_names_from_index,
 )
+
+# MoE shards of a few GB carry 50-700 kB of header each (0.02-0.03% of the data), so file size is a
+# usable proxy for header volume before anything is read.
+HEADER_TO_DATA_RATIO = 1 / 4000
 
 
 def open_local(directory: Path, *, ref: str | None = None, kind: str = "local",
@@ -42,9 +49,12 @@ def open_local(directory: Path, *, ref: str | None = None, kind: str = "local",
         return tuple(sorted(candidates))
 
     headers = LocalHeaders(directory, candidates, resolve)
+    # Scanning starts on the files present while a worker parses the index for the real shard list.
+    plan = ScanPlan(early=candidates, header_bytes=int(sum(candidates.values()) * HEADER_TO_DATA_RATIO),
+                    index_summarizer=partial(summarize_index_file, directory / INDEX) if INDEX in files else None)
     return RawCheckpoint(
         ref=ref, kind=kind, location=str(directory), files=tuple(sorted(files)), json_files=json_files,
-        headers=headers, file_sizes=LocalSizes(headers), revision=revision,
+        headers=headers, file_sizes=LocalSizes(headers), revision=revision, scan_plan=plan,
     )
 
 

@@ -25,12 +25,20 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from ckptinspect.config.json_text import decode_json
 from ckptinspect.errors import ConfigError, NotFoundError, SourceError
 from ckptinspect.records import RawCheckpoint
+from ckptinspect.sources.interface import gc_paused, open_regular
 
 FORMAT = "ckptinspect-snapshot"
 FORMAT_VERSION = 1
-MAX_SNAPSHOT_BYTES = 2 * 1024 ** 3  # uncompressed; refuses gzip bombs
+# Uncompressed size cap (refuses gzip bombs, bounds the JSON parse at ~10x this in memory): the
+# 371k-tensor Qwen3.5-397B NVFP4 snapshot is ~95 MB uncompressed, so 512 MiB is >5x the largest known.
+MAX_SNAPSHOT_BYTES = 512 * 1024 ** 2
+# Hugging Face cache layout: <cache>/models--org--name/{blobs,refs,snapshots/<rev>}; every folder of a
+# repo is the cache's, so a snapshot is written into none of them (blobs are content-addressed and
+# snapshot files are links into them).
+HF_CACHE_REPO_PREFIXES = ("models--", "datasets--", "spaces--")
 
 
 def write_snapshot(raw: RawCheckpoint, path: Path) -> None:
@@ -42,10 +50,10 @@ def write_snapshot(raw: RawCheckpoint, path: Path) -> None:
     path = Path(path)
     target = path.resolve()
     if raw.kind in ("local", "hf-cache"):
-        model_dir = Path(raw.location).resolve()
-        if target == model_dir or model_dir in target.parents:
-            raise SourceError("refusing to write a snapshot into the model directory", path=str(path),
-                              hint="choose an output path outside it")
+        for protected, what in _protected_dirs(Path(raw.location)):
+            if target == protected or protected in target.parents:
+                raise SourceError(f"refusing to write a snapshot into {what}", path=str(path),
+                                  hint="choose an output path outside it")
     headers: dict[str, str] = {}
     headers_b64: dict[str, str] = {}
     for shard, data in raw.headers.items():
@@ -83,6 +91,17 @@ def write_snapshot(raw: RawCheckpoint, path: Path) -> None:
         raise
 
 
+def _protected_dirs(location: Path) -> list[tuple[Path, str]]:
+    """The model directory and, when it lies in a Hugging Face cache, the whole repo folder."""
+    model_dir = location.resolve()
+    found = [(model_dir, "the model directory")]
+    for folder in (model_dir, *model_dir.parents):
+        if folder.name.startswith(HF_CACHE_REPO_PREFIXES) and (folder / "snapshots").is_dir():
+            found.append((folder, "a Hugging Face cache repo folder"))
+            break
+    return found
+
+
 def read_snapshot(path: Path) -> RawCheckpoint:
     """Restore a RawCheckpoint (kind ``snapshot``) from a file written by :func:`write_snapshot`.
 
@@ -90,19 +109,19 @@ def read_snapshot(path: Path) -> RawCheckpoint:
         NotFoundError: no such file.  ConfigError: not a gzip JSON snapshot, or an unknown format_version.
     """
     path = Path(path)
-    if not path.is_file():
-        raise NotFoundError("snapshot file not found", path=str(path))
     try:
-        with gzip.open(path, "rb") as fh:
+        fd, _ = open_regular(path, source=str(path), what="snapshot file")
+    except NotFoundError:
+        raise NotFoundError("snapshot file not found", path=str(path)) from None
+    try:
+        with open(fd, "rb", closefd=True) as raw_fh, gzip.GzipFile(fileobj=raw_fh, mode="rb") as fh:
             payload = fh.read(MAX_SNAPSHOT_BYTES + 1)
     except (OSError, EOFError, zlib.error) as exc:
         raise ConfigError(f"not a gzip file: {exc}", path=str(path)) from None
     if len(payload) > MAX_SNAPSHOT_BYTES:
         raise ConfigError(f"uncompressed snapshot over {MAX_SNAPSHOT_BYTES:,} bytes", path=str(path))
-    try:
-        doc = json.loads(payload)
-    except ValueError as exc:
-        raise ConfigError(f"not a JSON snapshot: {exc}", path=str(path)) from None
+    with gc_paused():
+        doc = decode_json(payload, source=str(path), what="not a JSON snapshot")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ConfigError(f"not a ckptinspect snapshot (format != {FORMAT!r})", path=str(path))
     version = doc.get("format_version")
@@ -110,6 +129,12 @@ def read_snapshot(path: Path) -> RawCheckpoint:
         raise ConfigError(f"snapshot format_version {version!r} is not supported (this ckptinspect reads "
                           f"{FORMAT_VERSION})", path=str(path), hint="upgrade ckptinspect")
     try:
+        for key, kind in (("headers", dict), ("json_files", dict), ("file_sizes", dict), ("files", list),
+                          ("source", dict)):
+            if not isinstance(doc[key], kind):
+                raise TypeError(f"'{key}' is not a JSON {'object' if kind is dict else 'array'}")
+        if not all(isinstance(f, str) for f in doc["files"]):
+            raise TypeError("'files' must list file names")
         loaded = {k: v.encode("utf-8") for k, v in doc["headers"].items()}
         loaded.update({k: base64.b64decode(v) for k, v in doc.get("headers_base64", {}).items()})
         order = doc.get("shards", sorted(loaded))
@@ -129,7 +154,7 @@ def read_snapshot(path: Path) -> RawCheckpoint:
             revision=source.get("revision"),
             stats={"requests": 0, "bytes_fetched": 0, "snapshot_of": source, "snapshot_stats": doc.get("stats", {})},
         )
-    except (KeyError, AttributeError, TypeError, ValueError) as exc:
+    except (KeyError, AttributeError, TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"snapshot is missing or has a malformed field: {exc}", path=str(path)) from None
 
 

@@ -1,0 +1,82 @@
+"""Fuzz benchmark: >= 100,000 structurally mutated inputs through the parser, the JSON readers and `report`.
+
+Cases (fixtures/fuzzcase.py) mutate the bundled real-layout checkpoint (Qwen3.5 NVFP4 tiny): shard
+headers (parse_header, fast path checked against the exact path), config.json / hf_quant_config.json /
+the index (the JSON decoder and the readers behind the report), and whole `ckptinspect report` runs in
+process through the CLI entry point on a working copy (exit 0 or 2 only, one error line, the model
+directory bit-identical after). Each case runs under a per-case time bound (SIGALRM); a case over it
+counts as a hang. Prints the counts, uncaught exceptions, hangs, other failures and the peak RSS.
+
+Usage: python benchmarks/fuzz.py [--cases 100000] [--report-share 0.05] [--json-share 0.25] [--seed 0]
+Exit status 1 when any case failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import random
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=100_000)
+    parser.add_argument("--report-share", type=float, default=0.05, help="share of whole `report` runs")
+    parser.add_argument("--json-share", type=float, default=0.25, help="share of JSON-file cases")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bound", type=float, default=5.0, help="per-case time bound, seconds")
+    parser.add_argument("--show", type=int, default=5, help="failures to print in full")
+    args = parser.parse_args()
+    os.environ["CKPTINSPECT_WORKERS"] = "1"  # one process: the per-case alarm must see all the work
+
+    from fixtures.fuzzcase import Corpus, ReportFuzzer, header_case, json_case
+
+    corpus = Corpus()
+    reports = ReportFuzzer(Path(tempfile.mkdtemp(prefix="ckptinspect-fuzz-")), corpus)
+    master = random.Random(args.seed)
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    failures = []
+    started = time.perf_counter()
+    slowest = 0.0
+    for i in range(args.cases):
+        rng = random.Random(master.getrandbits(64))
+        pick = rng.random()
+        t = time.perf_counter()
+        if pick < args.report_share:
+            outcome = reports.case(rng, bound_s=args.bound)
+        elif pick < args.report_share + args.json_share:
+            outcome = json_case(corpus, rng, bound_s=args.bound)
+        else:
+            outcome = header_case(corpus, rng, bound_s=args.bound)
+        slowest = max(slowest, time.perf_counter() - t)
+        counts[outcome.kind][outcome.status] += 1
+        if not outcome.ok:
+            failures.append((i, outcome))
+        if (i + 1) % 20_000 == 0:
+            print(f"  {i + 1:,} cases, {len(failures)} failures, {time.perf_counter() - started:.0f} s", flush=True)
+    wall = time.perf_counter() - started
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    total = collections.Counter()
+    for kind, c in sorted(counts.items()):
+        total.update(c)
+        print(f"{kind:<7} {sum(c.values()):>7,} cases  " + ", ".join(f"{k} {v:,}" for k, v in sorted(c.items())))
+    print(f"cases {sum(total.values()):,} in {wall:.0f} s (slowest case {slowest:.2f} s, bound {args.bound} s)")
+    print(f"uncaught exceptions {total['uncaught']}, hangs {total['hang']}, bad exit codes {total['bad-exit']}, "
+          f"not one line {total['not-one-line']}, model dir changed {total['changed-dir']}")
+    print(f"peak RSS {peak_mb:.0f} MB")
+    for i, outcome in failures[:args.show]:
+        print(f"--- case {i}: {outcome.kind} {outcome.target} {outcome.status}\n{outcome.detail}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

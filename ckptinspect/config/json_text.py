@@ -1,0 +1,121 @@
+"""The one decoder for JSON metadata files: config.json, hf_quant_config.json, generation_config.json,
+model.safetensors.index.json (local or from the Hub) and metadata snapshots.
+
+Python's ``json`` module turns several hostile inputs into exceptions that are not JSONDecodeError
+(a ValueError for integers over the interpreter's digit limit, a RecursionError for deep nesting) or
+into values later code cannot handle (lone UTF-16 surrogates, which fail on the first ``encode``).
+Every such case becomes one ``ConfigError`` line naming the file. Safetensors headers have their own,
+stricter decoder (ckptinspect/header/exact.py) that mirrors the reference reader.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ckptinspect.errors import CkptInspectError, ConfigError
+
+# Deepest nesting accepted: 127 levels, the most serde_json (the JSON parser of the Rust readers,
+# safetensors and tokenizers) accepts with its default recursion limit of 128. Real metadata files
+# nest fewer than 10 levels; Python's own decoder would raise RecursionError near 1,000.
+MAX_JSON_DEPTH = 127
+# Longest integer literal accepted. CPython refuses int() of more than 4,300 digits by default
+# (conversion is quadratic), but that limit can be lifted with PYTHONINTMAXSTRDIGITS=0; this keeps
+# the bound whatever the environment says. No metadata value needs more than 20 digits (u64).
+MAX_INT_DIGITS = 4300
+# A JSON escape that decodes to a UTF-16 surrogate (\uD800-\uDFFF). Only when the text contains one
+# can a decoded string hold a lone surrogate; an escaped backslash before "ud8.." is a false positive
+# that costs one exact walk, never a wrong answer.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _bounded_int(literal: str) -> int:
+    if len(literal) > MAX_INT_DIGITS + (literal[0] == "-"):
+        raise ValueError(f"an integer of {len(literal):,} digits (more than {MAX_INT_DIGITS:,})")
+    return int(literal)
+
+
+def decode_json(data: bytes | str, *, source: str, error: type[CkptInspectError] = ConfigError,
+                what: str | None = None) -> Any:
+    """Decode one JSON document; every malformed or hostile input raises ``error`` naming ``source``
+    (its message starts with ``what``, when given, e.g. "not a JSON snapshot").
+
+    Raises:
+        error (ConfigError by default): invalid UTF-8 or JSON, an integer over MAX_INT_DIGITS digits,
+        nesting deeper than MAX_JSON_DEPTH, or a string holding a lone UTF-16 surrogate.
+    """
+    if what is not None:
+        error = _prefixed(error, what)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise error(f"is not valid UTF-8 (byte {exc.start})", path=source) from None
+    else:
+        text = data
+    try:
+        obj = json.loads(text, parse_int=_bounded_int)
+    except json.JSONDecodeError as exc:
+        raise error(f"is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})", path=source) from None
+    except ValueError as exc:  # _bounded_int, or the interpreter's own digit limit
+        raise error(f"is not usable JSON ({exc})", path=source) from None
+    except RecursionError:
+        raise error(f"nests deeper than {MAX_JSON_DEPTH} levels", path=source) from None
+    escapes = "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None  # C-speed find first
+    check_structure(obj, source=source, error=error, strings=escapes)
+    return obj
+
+
+def check_structure(obj: Any, *, source: str, error: type[CkptInspectError] = ConfigError,
+                    strings: bool = True, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Raise ``error`` when ``obj`` nests deeper than ``max_depth`` or (``strings``) holds a lone surrogate.
+
+    Breadth-first over containers only: a level's values are typed in C (``set(map(type, ...))``), so a
+    41 MB index (one dict of 370k strings) costs a few milliseconds when ``strings`` is False.
+    """
+    level = [obj] if isinstance(obj, (dict, list)) else []
+    if strings and isinstance(obj, str):
+        _check_string(obj, source, error)
+    depth = 0
+    while level:
+        depth += 1
+        if depth > max_depth:
+            raise error(f"nests deeper than {max_depth} levels", path=source)
+        deeper = []
+        for node in level:
+            values = list(node.values()) if isinstance(node, dict) else node
+            if strings:
+                if isinstance(node, dict):
+                    for key in node:
+                        _check_string(key, source, error)
+                for value in values:
+                    if type(value) is str:
+                        _check_string(value, source, error)
+            kinds = set(map(type, values))
+            if any(issubclass(kind, (dict, list)) for kind in kinds):
+                deeper.extend(v for v in values if isinstance(v, (dict, list)))
+        level = deeper
+
+
+def _prefixed(error: type[CkptInspectError], what: str) -> Any:
+    def make(message: str, *, path: str | None = None) -> CkptInspectError:
+        return error(f"{what}: {message}", path=path)
+    return make
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """True when ``text`` cannot be encoded as UTF-8 (it holds an unpaired surrogate code point)."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_string(text: str, source: str, error: type[CkptInspectError]) -> None:
+    if has_lone_surrogate(text):
+        shown = text.encode("utf-8", "backslashreplace").decode("ascii", "replace")[:80]
+        raise error(f"holds a lone UTF-16 surrogate escape in the string '{shown}'", path=source)

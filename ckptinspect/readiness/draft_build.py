@@ -1,0 +1,186 @@
+"""What one engine builds for each MTP module: parameters of the declared scheme, or unquantized ones.
+
+Engines construct every Linear of the draft from the declared quantization, module by module, and
+only then copy the checkpoint tensors in:
+
+- a draft the rule builds unquantized as a whole (``draft_quant: unquantized``, e.g. SGLang's
+  Qwen3.5 / DeepSeek NextN under modelopt_fp4) gets unquantized parameters everywhere;
+- a module the engine's model code builds as a plain ``nn.Linear`` (``forced_unquantized``, e.g.
+  ``eh_proj``) or as a vocabulary head (``shared_head.head``: ``ParallelLMHead``, which the FP8 /
+  ModelOpt configs leave unquantized) is unquantized;
+- otherwise the engine asks the declared exclude / ignore lists about the module (under its runtime
+  name where the rule gives one: VL:model_executor/layers/quantization/modelopt.py
+  ``is_layer_excluded``, compressed-tensors ``should_ignore_layer``) and builds the declared scheme
+  unless a list covers it.
+
+A stored tensor that disagrees with the parameter built for it does not load (a size mismatch, or a
+KeyError for a scale the parameter lacks) or loads mis-read. The answer is computed once per checkpoint
+and set of build inputs (draft rule result, forced modules, runtime names) and read by the rule
+conditions (readiness/conditions.py, readiness/quant_conditions.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ckptinspect.inventory.mtp_prefix import concrete_prefix
+from ckptinspect.quant.members import members_to_ask, module_names
+from ckptinspect.readiness.versions import in_range
+from ckptinspect.records import TensorGroup
+
+if TYPE_CHECKING:
+    from ckptinspect.readiness.conditions import EngineContext
+
+UNQUANTIZED = frozenset({"bf16", "fp16", "fp32"})
+# Components an engine never builds as a quantized Linear from the global scheme: routers are
+# ReplicatedLinear(quant_config=None) in both engines, norms are not Linear, embeddings are shared
+# from the target (mtp_families.md §5.3).
+NOT_LINEAR = frozenset({"norm", "embedding", "lm_head", "router", "vision"})
+# Why a module is built the way it is (ModuleBuild.reasons).
+REASONS = ("undeclared", "draft", "forced", "head", "excluded", "quantized")
+
+
+def is_linear_weight(g: TensorGroup) -> bool:
+    """A stored Linear weight (2-D or grouped 3-D), not a companion, bias or norm."""
+    return g.role in ("weight", "other") and len(g.shape) >= 2 and g.component not in NOT_LINEAR
+
+
+def is_head_weight(g: TensorGroup) -> bool:
+    """A vocabulary head inside the MTP layer (DeepSeek / GLM ``shared_head.head``)."""
+    return g.role in ("weight", "other") and len(g.shape) >= 2 and g.component == "lm_head"
+
+
+@dataclass(frozen=True)
+class ModuleBuild:
+    """One MTP weight group and what the engine builds for each of its members."""
+
+    k: int  # MTP layer
+    module: str  # module pattern with the layer index filled: "mtp.layers.0.mlp.experts.{}.gate_proj"
+    relative: str | None  # the same relative to the layer base ("layers.0.mlp.experts.{}.gate_proj")
+    component: str
+    stored: str  # scheme of the stored tensors
+    built: tuple[str | None, ...]  # per member (one entry when the whole group is built alike): label or None
+    reasons: tuple[str, ...]  # the same, one of REASONS
+
+    @property
+    def stored_quantized(self) -> bool:
+        return self.stored not in UNQUANTIZED and self.stored != "other"
+
+    @property
+    def built_quantized(self) -> bool:
+        """Some member gets parameters of the declared scheme."""
+        return any(b is not None for b in self.built)
+
+    @property
+    def built_unquantized(self) -> bool:
+        return any(b is None for b in self.built)
+
+
+def member_modules(g: TensorGroup) -> list[str]:
+    """Every member's module name, in sub-index order (an exclude entry may name single experts,
+    ``...experts.1*``; answers are cached per checkpoint in Facts.excluded_cache)."""
+    return module_names(g, sorted(g.sub_indices))
+
+
+def shown_module(g: TensorGroup) -> str:
+    return g.module.replace("{}", str(g.index), 1) if g.index is not None else g.module
+
+
+def forced_modules(ctx: "EngineContext") -> list[str]:
+    """Relative modules the engine's model code builds unquantized at ``ctx.version``."""
+    from ckptinspect.readiness.conditions import evaluate
+
+    out: list[str] = []
+    for entry in ctx.engine.forced_unquantized:
+        if (entry.versions is None or in_range(ctx.version, entry.versions)) and evaluate(entry.when, ctx):
+            out.extend(entry.modules)
+    return out
+
+
+def runtime_names(ctx: "EngineContext", name: str, k: int) -> list[str]:
+    """``name`` under the engine's prefix renames (exclude lists are matched on these)."""
+    return [target + name[len(source):] for source, target in _renames(ctx, k) if name.startswith(source)]
+
+
+def _renames(ctx: "EngineContext", k: int) -> tuple[tuple[str, str], ...]:
+    """The engine's runtime renames as concrete (source, target) prefixes for MTP layer ``k``."""
+    key = (ctx.engine.runtime_names, k)
+    pairs = ctx.facts.rename_cache.get(key)
+    if pairs is None:
+        layers = ctx.facts.checkpoint.config.num_hidden_layers
+        pairs = ctx.facts.rename_cache[key] = tuple(
+            (concrete_prefix(rn.source, layers, k), concrete_prefix(rn.target, layers, k))
+            for rn in ctx.engine.runtime_names)
+    return pairs
+
+
+def excluded(ctx: "EngineContext", name: str, k: int, names: str = "either") -> bool:
+    """Whether the declared lists leave ``name`` unquantized for this engine.
+
+    ``names``: ``checkpoint`` asks about the stored name, ``runtime`` about the engine's renamed
+    module (every rename must be covered; the stored name when no rename applies), ``either``
+    accepts both spellings (engine versions differ in which one they match: sgl-project/sglang PR #34906).
+    """
+    ask = ctx.facts.is_excluded
+    ckpt = ask(name)
+    if names == "checkpoint" or (names == "either" and ckpt):
+        return ckpt
+    renamed = [ask(r) for r in runtime_names(ctx, name, k)] if ctx.engine.runtime_names else []
+    return all(renamed) if renamed else ckpt
+
+
+def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool = False) -> list[ModuleBuild]:
+    """Every MTP Linear / head weight group with what ``ctx``'s engine builds for it. Members are asked
+    through quant/members.py (one per digit-count signature when no exclude entry can tell
+    them apart); ``exhaustive`` asks every member (the reference the shortcut is tested against)."""
+    facts = ctx.facts
+    label = facts.checkpoint.declared.label
+    forced = forced_modules(ctx) if label is not None else []
+    # Contexts of one engine at other versions usually build the same plan: share it per checkpoint.
+    key = (names, ctx.draft_quant, tuple(forced), ctx.engine.runtime_names, exhaustive)
+    cached = facts.plan_cache.get(key)
+    if cached is not None:
+        return cached
+    out: list[ModuleBuild] = []
+    # One answer for a whole group unless exclude entries can tell its members apart (they differ in
+    # numeric segments only, and forced module names carry none).
+    uniform = label is None or ctx.draft_quant == "unquantized"
+    for scan in facts.layers.values():
+        for g in scan.groups:
+            head = is_head_weight(g)
+            if not (head or is_linear_weight(g)):
+                continue
+            shown = shown_module(g)
+            rel = scan.relative(shown)
+            if uniform:
+                reason = "undeclared" if label is None else "draft"
+                built, reasons = (None,), (reason,)
+            else:
+                group_reason = "forced" if rel is not None and _is_forced(rel, forced) else "head" if head else None
+                if group_reason is not None:
+                    built, reasons = (None,), (group_reason,)
+                else:
+                    members = member_modules(g) if exhaustive else members_to_ask(
+                        g, facts.checkpoint.declared.excludes, _renames(ctx, scan.k))
+                    flags = [excluded(ctx, name, scan.k, names) for name in members]
+                    reasons = tuple("excluded" if f else "quantized" for f in flags)
+                    built = tuple(None if f else label for f in flags)
+            out.append(ModuleBuild(k=scan.k, module=shown, relative=rel, component=g.component,
+                                   stored=g.scheme, built=built, reasons=reasons))
+    facts.plan_cache[key] = out
+    return out
+
+
+def _is_forced(rel: str, forced: list[str]) -> bool:
+    """``rel`` (a module pattern relative to the layer base) is, or lies under, a forced module."""
+    return any(rel == m or rel.startswith(m + ".") for m in forced)
+
+
+def summary(plan: list[ModuleBuild]) -> tuple[tuple[str, str | None], ...]:
+    """(module, built label or None) per group, for EngineVerdict.module_quantization."""
+    out = []
+    for m in plan:
+        built = next((b for b in m.built if b is not None), None)
+        out.append((m.module, built))
+    return tuple(sorted(out))

@@ -1,0 +1,169 @@
+"""Rule conditions about how the MTP layer is quantized relative to the declaration and the trunk.
+
+Registered into readiness/conditions.py ``CONDITIONS``; each takes (EngineContext, argument) and
+puts what it found into ``ctx.details`` for the message. All work on inventory groups (a few
+hundred), never per tensor.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ckptinspect.readiness.draft_build import UNQUANTIZED, build_plan, is_linear_weight, member_modules
+
+if TYPE_CHECKING:
+    from ckptinspect.readiness.conditions import EngineContext
+
+
+def _listed(items: list[str], limit: int = 6) -> str:
+    return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def _quantized(scheme: str) -> bool:
+    return scheme not in UNQUANTIZED and scheme != "other"
+
+
+def _components(arg: Any) -> set[str] | None:
+    if isinstance(arg, Mapping) and arg.get("components"):
+        return set(arg["components"])
+    return None
+
+
+def _scheme_differs_from_trunk(ctx: "EngineContext", arg: Any) -> bool:
+    """MTP modules the engine builds with the declared (global) scheme whose stored scheme is none
+    of the schemes the trunk stores for the same component: one global algorithm cannot describe
+    both (vllm-project/vllm#43455: NVFP4 trunk, MXFP4 MTP experts)."""
+    wanted = _components(arg)
+    trunk: dict[str, set[str]] = {}
+    for g in ctx.facts.checkpoint.inventory.groups:
+        if g.mtp_layer is None and is_linear_weight(g) and _quantized(g.scheme):
+            trunk.setdefault(g.component, set()).add(g.scheme)
+    hits = []
+    for m in build_plan(ctx):
+        if wanted is not None and m.component not in wanted:
+            continue
+        if m.built_quantized and _quantized(m.stored) and trunk.get(m.component) \
+                and m.stored not in trunk[m.component]:
+            hits.append(f"{m.module} ({m.stored}; trunk {'/'.join(sorted(trunk[m.component]))})")
+    if hits:
+        ctx.details["scheme_mismatch"] = _listed(hits, 4)
+    return bool(hits) if arg is not False else not hits
+
+
+def _layer_algos(ctx: "EngineContext", components: set[str] | None) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """ModelOpt MIXED_PRECISION ``quantized_layers`` algorithms: (MTP module -> algos, trunk component -> algos).
+    Every member is looked up (exact name or a listed parent by dict lookup; glob keys, rare, by fnmatch)."""
+    listed = ctx.facts.checkpoint.declared.quantized_layers
+    if not listed:
+        return {}, {}
+    globs = [k for k in listed if any(c in k for c in "*?[")]
+    mtp: dict[str, set[str]] = {}
+    trunk: dict[str, set[str]] = {}
+    for g in ctx.facts.checkpoint.inventory.groups:
+        if not is_linear_weight(g) or (components is not None and g.component not in components):
+            continue
+        algos = {a for name in member_modules(g) for a in _algos_of(name, listed, globs)}
+        if not algos:
+            continue
+        if g.mtp_layer is not None:
+            mtp.setdefault(g.module.replace("{}", str(g.index), 1) if g.index is not None else g.module,
+                           set()).update(algos)
+        else:
+            trunk.setdefault(g.component, set()).update(algos)
+    return mtp, trunk
+
+
+def _algos_of(module: str, listed: Mapping[str, str], globs: list[str]) -> set[str]:
+    """Algorithms of the quantized_layers entries naming ``module`` (itself, a parent, or a glob)."""
+    out = set()
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        hit = listed.get(".".join(parts[:end]))
+        if hit is not None:
+            out.add(hit)
+    out.update(listed[k] for k in globs if fnmatch.fnmatchcase(module, k))
+    return out
+
+
+def _layer_algo_is(ctx: "EngineContext", arg: Any) -> bool:
+    """An MTP module's quantized_layers algorithm is one of ``algos``."""
+    algos = set(arg.get("algos", ())) if isinstance(arg, Mapping) else set(arg)
+    mtp, _ = _layer_algos(ctx, _components(arg))
+    hits = sorted(f"{m}: {a}" for m, found in mtp.items() for a in found if a in algos)
+    if hits:
+        ctx.details["mtp_layer_algos"] = _listed(hits, 4)
+    return bool(hits)
+
+
+def _layer_algo_differs(ctx: "EngineContext", arg: Any) -> bool:
+    """quantized_layers gives MTP modules another algorithm than the trunk's modules of the same component."""
+    components = _components(arg)
+    mtp, trunk = _layer_algos(ctx, components)
+    groups = {g.module.replace("{}", str(g.index), 1) if g.index is not None else g.module: g.component
+              for g in ctx.facts.mtp_groups()}
+    hits = []
+    for module, algos in sorted(mtp.items()):
+        theirs = trunk.get(groups.get(module, ""), set())
+        if theirs and algos - theirs:
+            hits.append(f"{module}: {'/'.join(sorted(algos))} (trunk {'/'.join(sorted(theirs))})")
+    if hits:
+        ctx.details["mtp_layer_algos"] = _listed(hits, 4)
+    return bool(hits) if arg is not False else not hits
+
+
+def _layer_index_in(ctx: "EngineContext", arg: Any) -> bool:
+    """The numeric index in the base of MTP layer 0 (``model.layers.61.`` -> 61) is one of ``arg``."""
+    scan = ctx.facts.layers.get(0) or next(iter(ctx.facts.layers.values()), None)
+    if scan is None:
+        return False
+    numbers = re.findall(r"(?:^|\.)(\d+)(?=\.)", scan.base)
+    if numbers:
+        ctx.details["mtp_index"] = int(numbers[0])
+    return bool(numbers) and int(numbers[0]) in set(arg)
+
+
+def _companions_missing(ctx: "EngineContext", arg: Any) -> bool:
+    """MTP weight groups of ``schemes`` that the engine builds quantized but whose module lacks every
+    companion of one of the role alternatives (``roles``: list of roles, any one suffices)."""
+    schemes = set(arg.get("schemes", ()))
+    roles = set(arg.get("roles", ()))
+    built = {m.module for m in build_plan(ctx) if m.built_quantized}
+    companions: dict[tuple[str, int | None], set[str]] = {}
+    for g in ctx.facts.mtp_groups():
+        companions.setdefault((g.module, g.index), set()).add(g.role)
+    hits = []
+    for g in ctx.facts.mtp_groups():
+        if g.role not in ("weight", "other") or g.scheme not in schemes:
+            continue
+        shown = g.module.replace("{}", str(g.index), 1) if g.index is not None else g.module
+        if shown in built and not (companions.get((g.module, g.index), set()) & roles):
+            hits.append(shown)
+    if hits:
+        ctx.details["missing_companions"] = _listed(sorted(hits))
+        ctx.details["companion_roles"] = " / ".join(sorted(roles))
+    return bool(hits)
+
+
+def _declared_activation_quant(ctx: "EngineContext", arg: Any) -> bool:
+    """The declaration quantizes activations too (W4A4 / W8A8), as opposed to weight-only schemes:
+    compressed-tensors ``input_activations`` null in every config group, ModelOpt ``W4A16_*`` algorithms."""
+    declared = ctx.facts.checkpoint.declared
+    raw = declared.raw if isinstance(declared.raw, Mapping) else {}
+    groups = raw.get("config_groups") if isinstance(raw.get("config_groups"), Mapping) else None
+    if groups:
+        quantizes = any(isinstance(g, Mapping) and g.get("input_activations") for g in groups.values())
+    else:
+        quantizes = declared.label is not None and "W4A16" not in (declared.algo or "").upper()
+    return quantizes == bool(arg)
+
+
+QUANT_CONDITIONS: dict[str, Callable[["EngineContext", Any], bool]] = {
+    "mtp_scheme_differs_from_trunk": _scheme_differs_from_trunk,
+    "mtp_layer_algo_is": _layer_algo_is,
+    "mtp_layer_algo_differs_from_trunk": _layer_algo_differs,
+    "mtp_layer_index_in": _layer_index_in,
+    "mtp_companions_missing": _companions_missing,
+    "declared_activation_quant": _declared_activation_quant,
+}

@@ -1,0 +1,363 @@
+"""Hostile Hub servers on 127.0.0.1 (tests/hostile_hub_server.py): answers that drip one byte at a time,
+bodies without end, long Retry-After. Every read ends by its deadline, every byte received is counted
+and charged to the command's byte budget, and the failure is one line naming the repo."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import ROOT  # noqa: E402
+from hostile_hub_server import HostileHub, HostileProcess  # noqa: E402
+from hub_repos import isolate_hf, make_sharded_repo  # noqa: E402
+
+from ckptinspect.errors import ConfigError, NetworkError  # noqa: E402
+from ckptinspect.sources import http_ranges  # noqa: E402
+from ckptinspect.sources.hub import open_hub  # noqa: E402
+
+REPO = "org/hostile"
+INDEX = "model.safetensors.index.json"
+SHARD = "model-00002-of-00003.safetensors"
+
+
+@pytest.fixture(autouse=True)
+def _limits(tmp_path, monkeypatch):
+    isolate_hf(monkeypatch, tmp_path / "hf_home")
+    monkeypatch.setattr(http_ranges, "DEFAULT_ATTEMPTS", 2)
+    monkeypatch.setattr(http_ranges, "DEFAULT_BACKOFF_S", 0.01)
+    for var in ("CKPTINSPECT_DEADLINE_S", "CKPTINSPECT_REQUEST_TIMEOUT_S", "CKPTINSPECT_MAX_BYTES",
+                "CKPTINSPECT_RETRY_WAIT_S", "CKPTINSPECT_CONNECT_TIMEOUT_S"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "5")  # far longer than the drip interval: never fires
+
+
+@pytest.fixture(scope="module")
+def repo_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile") / "repo"
+    headers = make_sharded_repo(root, shards=3, experts=8)
+    return root, headers
+
+
+@pytest.fixture()
+def hub(repo_dir):
+    root, _ = repo_dir
+    with HostileHub() as server:
+        server.add_repo(REPO, root)
+        yield server
+
+
+def test_the_drip_defeats_a_per_read_timeout(hub):
+    """The control: every socket read gets its byte within a 1 s timeout, and the answer is still not
+    complete after 2 s more. A client with only socket timeouts would read on."""
+    hub.add("drip", "/api/models/", 0.01)
+    parts = urlsplit(hub.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=1.0)
+    try:
+        conn.request("GET", f"/api/models/{REPO}?blobs=True")
+        resp = conn.getresponse()  # the status line and headers drip too
+        start, got = time.monotonic(), 0
+        while time.monotonic() - start < 2.0:
+            assert resp.read(1)  # a byte within the timeout, every time
+            got += 1
+        assert got < int(resp.getheader("Content-Length"))
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("where", ["/api/models/", INDEX, f"/cdn/{REPO}"])
+def test_dripping_answer_ends_at_the_request_deadline(hub, monkeypatch, where):
+    """Repo info, the index, the shards: each request gives up after CKPTINSPECT_REQUEST_TIMEOUT_S."""
+    hub.add("drip", where, 0.02)
+    monkeypatch.setenv("CKPTINSPECT_REQUEST_TIMEOUT_S", "1")
+    started = time.monotonic()
+    with pytest.raises(NetworkError) as err:
+        open_hub(REPO, endpoint=hub.url, progress=False)
+    elapsed = time.monotonic() - started
+    message = str(err.value)
+    assert message.startswith(f"{REPO}")
+    assert "no complete answer within 1 s" in message and "2 attempts" in message
+    assert "\n" not in message
+    assert elapsed < 2 * 1.0 + 1.5  # two attempts of one second, not the minutes of the drip
+
+
+def test_whole_read_deadline_bounds_many_slow_requests(hub, monkeypatch):
+    """Each shard request alone would be allowed 30 s; the read as a whole stops at its 2 s deadline."""
+    hub.add("drip", f"/cdn/{REPO}", 0.05)
+    monkeypatch.setenv("CKPTINSPECT_REQUEST_TIMEOUT_S", "30")
+    monkeypatch.setenv("CKPTINSPECT_DEADLINE_S", "2")
+    started = time.monotonic()
+    with pytest.raises(NetworkError, match="did not finish within its 2 s deadline") as err:
+        open_hub(REPO, endpoint=hub.url, progress=False)
+    assert time.monotonic() - started < 2 + 1.0
+    assert "--deadline" in str(err.value)
+
+
+def test_long_retry_after_gives_up_at_once(hub):
+    hub.add("retry_after", f"/cdn/{REPO}", 60)
+    started = time.monotonic()
+    with pytest.raises(NetworkError) as err:
+        open_hub(REPO, endpoint=hub.url, progress=False)
+    assert time.monotonic() - started < 5  # not 30 s, not three times 30 s
+    assert "HTTP 429" in str(err.value) and "retrying after 60 s" in str(err.value)
+    assert "CKPTINSPECT_RETRY_WAIT_S" in str(err.value)
+
+
+def test_retry_waits_add_up_to_the_cap(hub, monkeypatch):
+    """Short waits are honoured, but their sum per request stays under CKPTINSPECT_RETRY_WAIT_S."""
+    monkeypatch.setattr(http_ranges, "DEFAULT_ATTEMPTS", 4)
+    monkeypatch.setenv("CKPTINSPECT_RETRY_WAIT_S", "1.5")
+    hub.add("retry_after", SHARD, 1, times=1)
+    raw = open_hub(REPO, endpoint=hub.url, progress=False)  # one 1 s wait fits
+    assert raw.stats["retries"] == 1
+    hub.add("retry_after", SHARD, 1)
+    started = time.monotonic()
+    with pytest.raises(NetworkError, match="would pass the 1.5 s a request may spend waiting"):
+        open_hub(REPO, endpoint=hub.url, progress=False)
+    assert time.monotonic() - started < 1.5 + 1.0  # one wait, then the second would pass the cap
+
+
+def test_verbose_counts_every_body_byte_the_server_sent(hub, repo_dir):
+    """Repo info, JSON files, redirects and header ranges: the client's count equals the server's."""
+    _, headers = repo_dir
+    hub.reset_stats()
+    raw = open_hub(REPO, endpoint=hub.url, progress=False)
+    served = hub.stats()
+    assert dict(raw.headers) == headers
+    assert raw.stats["bytes_fetched"] == served["bytes"] > 0
+    assert raw.stats["requests"] == served["requests"]
+
+
+def test_byte_budget_stops_an_endless_answer(hub, monkeypatch):
+    """Repo info that never ends: read up to the command's byte budget, not up to the 64 MiB cap."""
+    hub.add("endless", "/api/models/")
+    monkeypatch.setenv("CKPTINSPECT_MAX_BYTES", str(4 << 20))
+    started = time.monotonic()
+    with pytest.raises(NetworkError, match="4,194,304 byte budget") as err:
+        open_hub(REPO, endpoint=hub.url, progress=False)
+    assert str(err.value).startswith(f"{REPO}: cannot read the repo info: ")
+    assert "CKPTINSPECT_MAX_BYTES" in str(err.value)
+    assert time.monotonic() - started < 10
+    time.sleep(0.3)  # the server notices the closed connection
+    assert hub.sent[0] < (4 << 20) + 16 * (1 << 20)  # the budget plus socket buffers left the server
+
+
+# -- the index child, in a fresh single-threaded interpreter (as the CLI runs) ----------------------------
+def _env(url: str, home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "XDG_CACHE_HOME", "CKPTINSPECT_DEBUG")
+           and not k.startswith("CKPTINSPECT_")}
+    return {**env, "HF_ENDPOINT": url, "HF_HOME": str(home), "PYTHONPATH": str(ROOT), **extra}
+
+
+def test_index_child_reading_an_endless_index_is_bounded_and_counted(repo_dir, tmp_path):
+    """The index child asks for the index by revision before the repo info is in; a server that ignores
+    Range and streams without end costs at most the child's first range (64 MiB, counted in --verbose),
+    then the parent reads the index with the size the repo info declared."""
+    root, headers = repo_dir
+    code = f"""
+import json, resource
+from ckptinspect.sources.hub import open_hub
+raw = open_hub("{REPO}", progress=False)
+child_rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(json.dumps({{"stats": raw.stats, "n": len(raw.headers), "child_rss_kib": child_rss_kib}}))
+"""
+    with HostileProcess({REPO: root}, endless=((INDEX, 1),)) as server:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              env=_env(server.url, tmp_path / "h"))
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+    stats = out["stats"]
+    assert out["n"] == len(headers)
+    assert stats["index_prefetched"] is False  # the child gave up; the parent read the real index
+    first_range = 64 * 1024 * 1024
+    index_size = (root / INDEX).stat().st_size
+    assert first_range <= stats["bytes_fetched"] < first_range + index_size + 2 * 1024 * 1024
+    assert out["child_rss_kib"] < 400 * 1024  # the child holds its 64 MiB, not 512 MB
+
+
+def test_cli_deadline_flag_ends_a_dripping_index_read(repo_dir, tmp_path):
+    """`ckptinspect --deadline 2 report` against a server dripping the index (the child's read and the
+    parent's): exit 2, one stderr line, within the deadline plus start-up."""
+    root, _ = repo_dir
+    with HostileProcess({REPO: root}, drip=((INDEX, 0.05, 0),)) as server:
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "ckptinspect", "--deadline", "2", "report", REPO, "--quiet"],
+                              capture_output=True, text=True, timeout=120, env=_env(server.url, tmp_path / "h"),
+                              cwd=str(ROOT))
+        elapsed = time.monotonic() - started
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert REPO in lines[0] and "2 s deadline" in lines[0]
+    assert elapsed < 2 + 6  # the deadline plus interpreter start-up on a loaded machine
+
+
+def test_a_plain_http10_server_gives_the_same_headers_as_huggingface_hub(repo_dir):
+    """The second server implementation (tests/plain_hub_server.py: HTTP/1.0, a connection per request,
+    backlog 5): every header ckptinspect reads equals what huggingface_hub's own reader parses."""
+    from huggingface_hub import HfApi
+
+    from plain_hub_server import PlainHub
+
+    root, headers = repo_dir
+    with PlainHub(REPO, root, latency_s=0.005) as server:
+        raw = open_hub(REPO, endpoint=server.url, progress=False)
+        theirs = HfApi(endpoint=server.url).get_safetensors_metadata(REPO)
+    assert dict(raw.headers) == headers
+    small = [name for name in ("config.json", "hf_quant_config.json", INDEX, "generation_config.json")
+             if (root / name).exists()]
+    assert raw.stats["requests"] == 1 + len(small) + len(headers)  # repo info, JSON files, one range per shard
+    for shard, header in raw.headers.items():
+        ours = {k: v for k, v in json.loads(header).items() if k != "__metadata__"}
+        meta = theirs.files_metadata[shard].tensors
+        assert {k: (v["dtype"], v["shape"]) for k, v in ours.items()} == \
+               {k: (t.dtype, t.shape) for k, t in meta.items()}
+
+
+# -- what a hostile server says in its answers --------------------------------------------------------------
+class _InfoServer:
+    """Answers every repo-info request with the given JSON body, anything else with 404."""
+
+    def __init__(self, body: bytes) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                ok = self.path.startswith("/api/models/")
+                payload = body if ok else b"{}"
+                self.send_response(200 if ok else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_repo_info_nested_deeper_than_the_json_limit_is_one_line():
+    server = _InfoServer(b'{"siblings": ' + b"[" * 5000 + b"]" * 5000 + b"}")
+    try:
+        with pytest.raises(ConfigError, match="nests deeper than") as err:
+            open_hub(REPO, endpoint=server.url, progress=False)
+    finally:
+        server.close()
+    assert REPO in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("info,needle", [
+    ({"sha": "0" * 40, "siblings": [{"rfilename": "config.json", "size": "abc"}]}, "siblings[0].size"),
+    ({"sha": "0" * 40, "siblings": [{"rfilename": "config.json", "size": -5}]}, "siblings[0].size"),
+    ({"sha": "0" * 40, "siblings": [{"rfilename": 7}]}, "siblings[0]"),
+    ({"sha": "0" * 40, "siblings": [{"rfilename": "model.safetensors", "size": 10, "lfs": [1]}]}, "siblings[0].lfs"),
+    ({"sha": 12, "siblings": []}, "sha"),
+    ({"sha": "0" * 40, "siblings": {"a": 1}}, "'siblings' list"),
+    ([1, 2], "'siblings' list"),
+])
+def test_mistyped_repo_info_is_one_line(info, needle):
+    server = _InfoServer(json.dumps(info).encode())
+    try:
+        with pytest.raises(NetworkError) as err:
+            open_hub(REPO, endpoint=server.url, progress=False)
+    finally:
+        server.close()
+    assert str(err.value).startswith(f"{REPO}: ") and needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("etag,revision", [("../../../../escaped", "main"), ("0" * 40 + "/../../x", "main"),
+                                           ("a" * 40, "../../../escaped"), ("a" * 40, "/abs")])
+def test_cache_store_never_writes_outside_the_cache_on_a_servers_word(tmp_path, etag, revision):
+    """Blob names (etags) come from the server: only a sha1 / sha256 is used as a file name."""
+    from ckptinspect.sources.hf_cache import cache_store, repo_storage
+
+    cache_store(REPO, "b" * 40, revision, "config.json", b"{}", etag)
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file() or p.is_symlink())
+    assert written == []
+    cache_store(REPO, "b" * 40, "main", "config.json", b"{}", "c" * 64)  # a well-formed one is stored
+    assert (repo_storage(REPO) / "snapshots" / ("b" * 40) / "config.json").read_bytes() == b"{}"
+
+
+@pytest.mark.parametrize("location", ["file:///etc/passwd", "ftp://127.0.0.1/x", "javascript:alert(1)"])
+def test_redirect_to_a_non_http_url_is_one_line(location):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        with pytest.raises(NetworkError, match="not an http\\(s\\) URL") as err:
+            open_hub(REPO, endpoint=f"http://127.0.0.1:{httpd.server_address[1]}", progress=False)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert str(err.value).startswith(f"{REPO}: ") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("var,value", [("CKPTINSPECT_DEADLINE_S", "soon"), ("CKPTINSPECT_MAX_BYTES", "-1"),
+                                       ("HF_HUB_DOWNLOAD_TIMEOUT", "0"), ("CKPTINSPECT_REQUEST_TIMEOUT_S", "nan")])
+def test_a_bad_limit_setting_is_one_line_naming_the_variable(hub, monkeypatch, var, value):
+    from ckptinspect.sources.net_limits import NetLimits
+
+    monkeypatch.setenv(var, value)
+    with pytest.raises(NetworkError, match=var):
+        NetLimits.from_env()
+    with pytest.raises(NetworkError, match=var):
+        open_hub(REPO, endpoint=hub.url, progress=False)
+
+
+def test_a_server_closing_every_connection_gets_few_connects_at_once(tmp_path_factory, monkeypatch):
+    """HTTP/1.0 (a connection per request) and a listen backlog of 5: 32 parallel connects would overflow
+    the queue and wait out the kernel's 1 s SYN retransmit. Once the client has seen the server close a
+    connection, at most CLOSING_SERVER_IN_FLIGHT requests to it wait for an answer at once."""
+    from plain_hub_server import PlainHub
+
+    root = tmp_path_factory.mktemp("many") / "repo"
+    make_sharded_repo(root, shards=48, experts=2)
+    monkeypatch.setenv("CKPTINSPECT_MAX_WORKERS", "32")
+    monkeypatch.setattr("ckptinspect.sources.hub.DEFAULT_MAX_WORKERS", 32)
+    slow: list[float] = []
+    route = http_ranges.RangeClient._route
+
+    def timed(self, origin):
+        started = time.perf_counter()
+        try:
+            return route(self, origin)
+        finally:
+            slow.append(time.perf_counter() - started)
+
+    monkeypatch.setattr(http_ranges.RangeClient, "_route", timed)
+    with PlainHub(REPO, root, latency_s=0.02) as server:
+        raw = open_hub(REPO, endpoint=server.url, progress=False)
+    assert len(raw.headers) == 48
+    assert len(slow) >= 48  # a connection per request
+    assert max(slow) < 0.9, sorted(slow)[-5:]  # no SYN waited out a retransmit
