@@ -339,3 +339,24 @@ def test_cost_calibration_file_and_overhead(tmp_path):
     bad.write_text("{}")
     with pytest.raises(ProbeError, match="not a cost calibration"):
         cost.load_efficiency(str(bad))
+
+
+@pytest.mark.parametrize("kind", ["deepseek", "qwen35moe_nvfp4"])
+def test_cost_weights_agree_with_plan_memory_model(kind):
+    """The probe's roofline bytes (from the inventory) and the plan's per-GPU memory model at TP 1
+    differ by exactly the engine's vocab padding of the embedding and LM head (SGLang pads the vocab
+    to a multiple of 64), nothing else."""
+    from probe_helpers import fixture
+
+    from ckptinspect.plan.memory import weights_per_gpu
+    from ckptinspect.probe.checkpoint import open_checkpoint
+    from ckptinspect.probe.result import model_cost
+
+    pc = open_checkpoint(fixture(kind))
+    cfg = pc.checkpoint.config
+    m = model_cost(pc.inventory, cfg)
+    emb = sum(g.bytes for g in pc.inventory.groups if g.mtp_layer is None and g.component == "embedding")
+    ours = m.dense_bytes + m.expert_bytes + m.head_bytes + m.mtp_dense_bytes + m.mtp_expert_bytes + emb
+    padded = -(-cfg.vocab_size // 64) * 64
+    padding = 2 * (padded - cfg.vocab_size) * cfg.hidden_size * 2  # embedding + LM head, BF16
+    assert weights_per_gpu(pc.checkpoint, 1, 1, with_mtp=True) - ours == padding

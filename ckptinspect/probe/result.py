@@ -116,6 +116,9 @@ def build_result(*, ref: str, probe_ckpt, spec: HeadSpec, mode: str, steps: int,
     gpu_facts = cost.resolve_gpu(gpu, precision(inventory))
     weights = model_cost(inventory, config)
     table = cost.speedup_table(weights, gpu_facts, taus, eff=efficiency) if taus else []
+    from ckptinspect.plan.memory import weights_per_gpu  # the project's one per-GPU memory model
+
+    per_gpu = weights_per_gpu(probe_ckpt.checkpoint, 1, 1, with_mtp=True)
     data = {
         "schema_version": SCHEMA_VERSION,
         "model": ref,
@@ -133,7 +136,9 @@ def build_result(*, ref: str, probe_ckpt, spec: HeadSpec, mode: str, steps: int,
         "cost_model": {"gpu": gpu_facts.name, "gpu_source": gpu_facts.source, "precision": gpu_facts.precision,
                        "bandwidth_efficiency": efficiency.bandwidth, "flop_efficiency": efficiency.flops,
                        "overhead_s": efficiency.overhead_s, "efficiency_source": efficiency.source,
-                       "weights": weights.__dict__, "speedup": table},
+                       "weights": weights.__dict__, "weights_per_gpu_bytes": per_gpu,
+                       "weights_per_gpu_source": "ckptinspect.plan.memory, TP 1 / EP 1, MTP loaded",
+                       "speedup": table},
         "recommendation": recommend(table, steps),
         "elapsed_s": round(time.time() - started, 2),
         "timings_s": {k: round(v, 3) for k, v in (timings or {}).items()},
