@@ -4,14 +4,15 @@ Works on modules, not tensors: a quantized export renames or adds parameters (``
 ``weight_scale``, ...) but keeps module names, so modules are matched by (module pattern, leading
 index) and summarised per pattern (``model.layers.{}.mlp.experts.{}.down_proj``) with the layers
 they occur in. Reports scheme changes, modules that disappeared (above all the MTP layer) or
-appeared, declared exclude-list differences and the size change.
+appeared, declared exclude-list differences and the size change. Rendering: render/diff_out.py;
+loading both checkpoints: ckptinspect.api.diff.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 from ckptinspect.records import Checkpoint, Finding, MtpAssessment, TensorGroup
 
@@ -41,11 +42,6 @@ class PatternChange:
     bytes_b: int
     mtp: bool
 
-    def to_json(self) -> dict[str, Any]:
-        return {"component": self.component, "module": self.module, "layers": compact_ranges(self.layers),
-                "before": self.before, "after": self.after, "bytes_a": self.bytes_a, "bytes_b": self.bytes_b,
-                "mtp": self.mtp}
-
 
 @dataclass(frozen=True)
 class Side:
@@ -59,12 +55,6 @@ class Side:
     mtp_tensors: int
     mtp_bytes: int
     excludes: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"ref": self.ref, "family": self.family, "declared_quant": self.label, "tensors": self.tensors,
-                "params": self.params, "bytes": self.bytes,
-                "mtp": {"layers": self.mtp_layers, "tensors": self.mtp_tensors, "bytes": self.mtp_bytes},
-                "exclude_entries": len(self.excludes)}
 
 
 @dataclass(frozen=True)
@@ -81,18 +71,6 @@ class CheckpointDiff:
     @property
     def bytes_delta(self) -> int:
         return self.b.bytes - self.a.bytes
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "a": self.a.to_json(), "b": self.b.to_json(),
-            "size": {"bytes_a": self.a.bytes, "bytes_b": self.b.bytes, "bytes_delta": self.bytes_delta,
-                     "ratio": round(self.b.bytes / self.a.bytes, 6) if self.a.bytes else None},
-            "scheme_changes": [c.to_json() for c in self.scheme_changes],
-            "removed": [c.to_json() for c in self.removed],
-            "added": [c.to_json() for c in self.added],
-            "excludes": {"only_a": list(self.excludes_only_a), "only_b": list(self.excludes_only_b)},
-            "findings": [f.to_json() for f in self.findings],
-        }
 
 
 def compact_ranges(values: Iterable[int]) -> str:
@@ -197,46 +175,3 @@ def _findings(a: Side, b: Side, removed: list[Any]) -> list[Finding]:
     if a.family != b.family:
         out.append(Finding("family-differs", "warning", f"A matches family {a.family}, B {b.family}"))
     return out
-
-
-def render_text(d: CheckpointDiff, limit: int = 20) -> str:
-    """Human-readable diff."""
-    def size(n: int) -> str:
-        return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n:,} B"
-
-    lines = [f"A: {d.a.ref}  [{d.a.family or 'unknown family'}, {d.a.label or 'unquantized'}]",
-             f"B: {d.b.ref}  [{d.b.family or 'unknown family'}, {d.b.label or 'unquantized'}]",
-             f"size: {size(d.a.bytes)} -> {size(d.b.bytes)} ({d.bytes_delta / d.a.bytes:+.1%})" if d.a.bytes else
-             f"size: {size(d.a.bytes)} -> {size(d.b.bytes)}",
-             f"tensors: {d.a.tensors:,} -> {d.b.tensors:,}; MTP layers: {d.a.mtp_layers} -> {d.b.mtp_layers} "
-             f"({size(d.a.mtp_bytes)} -> {size(d.b.mtp_bytes)})"]
-    sections = (("scheme changes", d.scheme_changes), ("only in A (disappeared)", d.removed),
-                ("only in B (appeared)", d.added))
-    for title, items in sections:
-        lines.append(f"\n{title}: {len(items)} module pattern(s)")
-        for c in items[:limit]:
-            where = f" layers {compact_ranges(c.layers)}" if c.layers else ""
-            tag = " [MTP]" if c.mtp else ""
-            lines.append(f"  {c.component:<14} {c.module}{where}{tag}: {c.before or '-'} -> {c.after or '-'}"
-                         f" ({size(c.bytes_a)} -> {size(c.bytes_b)})")
-        if len(items) > limit:
-            lines.append(f"  ... {len(items) - limit} more (--format json lists all)")
-    lines.append(f"\nexclude-list entries: {len(d.excludes_only_a)} only in A, {len(d.excludes_only_b)} only in B")
-    for e in d.excludes_only_a[:limit]:
-        lines.append(f"  - {e}")
-    for e in d.excludes_only_b[:limit]:
-        lines.append(f"  + {e}")
-    if d.findings:
-        lines.append("\nfindings:")
-        for f in d.findings:
-            lines.append(f"  {f.severity}: {f.code}: {f.message}" + (f" (fix: {f.hint})" if f.hint else ""))
-    return "\n".join(lines)
-
-
-def load_and_diff(ref_a: str, ref_b: str, *, rules_dirs: Mapping[str, Any] | tuple = (),
-                  progress: bool = False) -> CheckpointDiff:
-    from ckptinspect.pipeline import build_report
-
-    ra = build_report(ref_a, rules_dirs=tuple(rules_dirs), progress=progress)
-    rb = build_report(ref_b, rules_dirs=tuple(rules_dirs), progress=progress)
-    return diff_checkpoints(ra.checkpoint, rb.checkpoint, ra.mtp, rb.mtp)

@@ -1,6 +1,6 @@
 """The report pipeline: source -> headers -> inventory -> quantization -> rules -> (plan).
 
-Never imports torch or transformers: ``tests/test_report_imports.py`` proves it.
+Never imports torch or transformers: ``tests/test_report.py`` (test_report_never_imports_torch_or_transformers) proves it.
 """
 
 from __future__ import annotations
@@ -147,8 +147,9 @@ def _expert_findings(inventory: Inventory, config: ModelConfig) -> list[Finding]
 def _file_findings(raw: RawCheckpoint, shards: set[str]) -> list[Finding]:
     findings = []
     pickles = [f for f in raw.files if f.lower().endswith(PICKLE_SUFFIXES)]
-    if not raw.headers:
+    if not shards:
         # Without safetensors weights there is nothing to serve, size or check: never a clean report.
+        # (The scanned shards, not len(raw.headers): that would parse a 41 MB index a second time.)
         only = (f"; only pickle-based weights ({', '.join(pickles[:3])}), which ckptinspect never loads"
                 if pickles else "")
         findings.append(Finding("no-weights", "error", f"the checkpoint has no safetensors weight files{only}",

@@ -50,14 +50,6 @@ class Finding:
     reference: str | None = None  # issue / source file behind the rule
     hint: str | None = None  # the remedy, when there is one
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"code": self.code, "severity": self.severity, "message": self.message}
-        for key in ("engine", "subject", "reference", "hint"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = value
-        return out
-
 
 @dataclass(frozen=True)
 class ShardInfo:

@@ -21,6 +21,13 @@ if str(ROOT) not in sys.path:
 
 from fixtures.generate import FIXTURES, build_fixture  # noqa: E402
 
+PYTEST_CONFIG: pytest.Config | None = None  # for tests/sglang_parser.py's one-line install notice
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global PYTEST_CONFIG
+    PYTEST_CONFIG = config
+
 
 @pytest.fixture(scope="session")
 def fixture_root(tmp_path_factory: pytest.TempPathFactory) -> Path:

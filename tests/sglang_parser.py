@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 SGLANG = "sglang==0.5.23"
-# Found by importing sglang.srt.server_args until it stopped failing (see README.md, plan section).
+# Found by importing sglang.srt.server_args until it stopped failing (see CONTRIBUTING.md, "Tests").
 # triton is the only large one (~290 MB wheel): sglang/srt/utils/common.py imports it at top level.
 IMPORT_DEPS = (
     "orjson", "psutil", "pybase64", "requests", "urllib3", "certifi", "triton", "pillow", "starlette",
@@ -61,11 +61,27 @@ def cache_dir() -> Path:
     return base / "sglang-0.5.23"
 
 
+INSTALL_NOTICE = ("ckptinspect tests: installing {what} into {target} once (about 1.3 GB on disk, a few "
+                  "minutes; CKPTINSPECT_TEST_CACHE moves it)")
+
+
+def announce(line: str) -> None:
+    """One line on the console, also under pytest's output capture and in an xdist worker."""
+    config = getattr(sys.modules.get("conftest"), "PYTEST_CONFIG", None)
+    capman = config.pluginmanager.getplugin("capturemanager") if config is not None else None
+    if capman is None:
+        print(line, file=sys.stderr, flush=True)
+        return
+    with capman.global_and_fixture_disabled():
+        print(line, file=sys.stderr, flush=True)
+
+
 def ensure_sglang() -> Path:
     target = cache_dir()
     marker = target / ".ckptinspect-complete"
     if marker.is_file():
         return target
+    announce(INSTALL_NOTICE.format(what=f"{SGLANG} (no dependencies) and triton", target=target))
     target.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
            "--target", str(target), "--upgrade", SGLANG, *IMPORT_DEPS]

@@ -6,7 +6,8 @@ import json
 import struct
 from pathlib import Path
 
-from ckptinspect.diff import compact_ranges, load_and_diff
+from ckptinspect.api import diff as load_and_diff
+from ckptinspect.diff import compact_ranges
 
 
 def header_bytes_total(d: Path) -> int:
@@ -68,7 +69,9 @@ def test_cli_text_and_json(make_fixture, cli):
     res = cli("diff", a, b, "--format", "json")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
-    assert set(doc) == {"a", "b", "size", "scheme_changes", "removed", "added", "excludes", "findings"}
+    assert set(doc) == {"schema_version", "a", "b", "size", "scheme_changes", "removed", "added", "excludes",
+                        "findings"}
+    assert doc["schema_version"] == 1
     assert doc["size"]["bytes_delta"] == doc["b"]["bytes"] - doc["a"]["bytes"]
     assert doc["a"]["mtp"]["layers"] == 1 and doc["b"]["mtp"]["layers"] == 0
     assert {"component", "module", "layers", "before", "after", "bytes_a", "bytes_b", "mtp"} == set(doc["removed"][0])

@@ -2,7 +2,7 @@
 
 tests/sglang_parser.py installs sglang==0.5.23 without dependencies plus the packages its
 server_args module imports (once, cached) and runs `ServerArgs.add_cli_args` in a subprocess.
-vLLM 0.33.0's parser is not imported (see README.md, plan section); its commands are checked against
+vLLM 0.33.0's parser is not imported (see CONTRIBUTING.md, "Tests"); its commands are checked against
 the flag vocabulary copied from the v0.33.0 sources into rules/engines/vllm.yaml.
 """
 

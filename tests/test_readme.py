@@ -34,6 +34,13 @@ def test_every_cli_command_is_documented():
 
 
 def test_json_contract_keys_are_documented():
+    contract = (ROOT / "docs" / "json_contract.md").read_text()
     for key in ('"schema_version"', '"totals"', '"experts"', '"quantization"', '"mtp"', '"findings"',
                 '"declared_key"', '"verdict"'):
-        assert key in README
+        assert key in contract
+
+
+def test_readme_is_a_front_page():
+    assert len(README.splitlines()) <= 250
+    for doc in re.findall(r"\]\((docs/[\w.]+|CONTRIBUTING\.md|BENCHMARKS\.md)\)", README):
+        assert (ROOT / doc).exists(), doc

@@ -132,12 +132,15 @@ def test_tags_that_would_build_objects_are_refused(tmp_path):
 
 def test_plan_rules_use_the_same_loader(tmp_path):
     """rules/gpus.yaml and rules/engines/*.yaml go through the one safe loader too."""
+    from ckptinspect import rules
     from ckptinspect.plan import rules as plan_rules
+
+    assert plan_rules.load_validated is rules.load_validated
 
     path = tmp_path / "gpus.yaml"
     path.write_text("gpus: &g [*g]\n")
     with pytest.raises(RuleError, match="aliases|anchors") as err:
-        plan_rules._load_validated(path, "gpus.schema.json")
+        plan_rules.load_validated(path, "gpus.schema.json")
     assert str(err.value).startswith(str(path))
 
 

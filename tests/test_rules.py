@@ -277,9 +277,9 @@ def test_cli_list_show_validate(tmp_path):
 
 
 def test_rule_file_documented_example_is_valid(tmp_path):
-    """The full example in README.md (rules section) must pass `rules validate` as written."""
-    doc = (REPO / "README.md").read_text()
-    start = doc.index("```yaml\n# example: rules/families/toy_mtp.yaml") + len("```yaml\n")
+    """The full example in docs/rules_format.md must pass `rules validate` as written."""
+    doc = (REPO / "docs" / "rules_format.md").read_text()
+    start = doc.index("```yaml\n# example: my-rules/families/toy_mtp.yaml") + len("```yaml\n")
     example = doc[start:doc.index("```", start)]
     path = tmp_path / "toy_mtp.yaml"
     path.write_text(textwrap.dedent(example))

@@ -175,16 +175,29 @@ def test_glob_exclude_lists_cover_children_like_the_reference(glob, name):
     assert ExcludeMatcher(declared).is_excluded(name) is expected
 
 
-def test_rule_name_regex_runs_on_re2():
-    """plan rules' name_regex (re.search semantics) goes through the same engine."""
-    from ckptinspect.plan.rules import Facts
+def test_plan_rules_have_no_name_regex_to_run():
+    """Plan rules no longer match the typed name (issue 13 item 2), so no rule regex runs on it at all:
+    the condition is refused by the engine schema and by the condition evaluator, never evaluated."""
+    import copy
+
+    import jsonschema
+
+    from ckptinspect.errors import RuleError
+    from ckptinspect.plan.rules import Facts, engine_rules, rules_root
 
     facts = Facts(arch="x", quant="fp8", attention="mla", moe=True, interconnect="nvlink", spec=False,
-                  goal="latency", model_type="x", name="a" * 5000)
+                  goal="latency", model_type="x")
     started = time.perf_counter()
-    assert facts.matches({"name_regex": "(a|a)*b"}) is False
+    with pytest.raises(RuleError, match="unknown plan rule condition 'name_regex'"):
+        facts.matches({"name_regex": "(a|a)*b"})
     assert time.perf_counter() - started < 1.0
-    assert facts.matches({"name_regex": "a{3}"}) is True
+    rules = copy.deepcopy(engine_rules("sglang"))
+    rules["parsers"][0]["when"]["name_regex"] = "(a|a)*b"
+    import json as _json
+
+    schema = _json.loads((rules_root() / "schema" / "engine.schema.json").read_text())
+    with pytest.raises(jsonschema.ValidationError, match="name_regex"):
+        jsonschema.validate(rules, schema)
 
 
 def test_rule_schema_patterns_on_re2_give_jsonschemas_errors():
@@ -195,7 +208,8 @@ def test_rule_schema_patterns_on_re2_give_jsonschemas_errors():
     import jsonschema
     import yaml
 
-    from ckptinspect.readiness.loader import _validator, builtin_dir, schema_path
+    from ckptinspect.readiness.loader import builtin_dir
+    from ckptinspect.rules.documents import schema_path, validator as _validator
 
     stock = jsonschema.Draft202012Validator(_json.loads(schema_path().read_text()))
     ours = _validator()

@@ -46,7 +46,7 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ckptinspect")
-@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors (also after the command).")
 @click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Deadline for all Hub requests of the command (default 300; env CKPTINSPECT_DEADLINE_S).")
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
@@ -57,6 +57,10 @@ def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout
 
     Exit codes: 0 the checkpoint was read; 1 a --fail-on gate tripped; 2 bad input, usage,
     source or network error (one line on stderr; --debug shows the traceback).
+
+    Text wraps to COLUMNS or the terminal (--wide: full width); verdicts are coloured on a terminal
+    unless NO_COLOR is set; progress bars show only on a terminal, never with
+    HF_HUB_DISABLE_PROGRESS_BARS=1 or --quiet.
     """
     ctx.obj = {"debug": debug or bool(os.environ.get("CKPTINSPECT_DEBUG"))}
     # The Hub source reads its limits from the environment (sources/net_limits.py), as the index
@@ -70,12 +74,21 @@ def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout
 _NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
+def hoist_debug(args: list[str]) -> tuple[list[str], bool]:
+    """``--debug`` anywhere before a ``--`` separator (also after the subcommand) -> the group's flag."""
+    cut = args.index("--") if "--" in args else len(args)
+    head = [a for a in args[:cut] if a != "--debug"]
+    debug = len(head) != cut
+    return (["--debug"] if debug else []) + head + args[cut:], debug
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Run the CLI, turning library errors into one line on stderr and exit code 2."""
+    from ckptinspect.cli.messages import explain
     from ckptinspect.errors import CkptInspectError
 
-    args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args or bool(os.environ.get("CKPTINSPECT_DEBUG"))
+    args, debug = hoist_debug(sys.argv[1:] if argv is None else list(argv))
+    debug = debug or bool(os.environ.get("CKPTINSPECT_DEBUG"))
     try:
         return cli.main(args=args, prog_name="ckptinspect", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -96,7 +109,7 @@ def main(argv: list[str] | None = None) -> Any:
     except CkptInspectError as exc:
         if debug:
             raise
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {explain(exc)}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -7,12 +7,19 @@ from pathlib import Path
 
 import click
 
+from ckptinspect.cli.options import Command, check_gpu, gpu_list_help, quiet_option, wide_option
 from ckptinspect.errors import PlanError
 
+EXAMPLES = (
+    "ckptinspect plan nvidia/Qwen3.5-397B-A17B-NVFP4 --gpu rtx-pro-6000 --gpus 8",
+    "ckptinspect plan deepseek-ai/DeepSeek-V3 --gpu h200 --gpus 8 --context 32768 --engine sglang",
+)
 
-@click.command()
+
+@click.command(cls=Command, examples=EXAMPLES, more_help=gpu_list_help)
 @click.argument("model")
-@click.option("--gpu", required=True, help="GPU name or alias, e.g. rtx-pro-6000, b200, h200 (unknown names list the catalog).")
+@click.option("--gpu", required=True, callback=check_gpu,
+              help="GPU name or alias, e.g. rtx-pro-6000, b200, h200 (all names below).")
 @click.option("--gpus", type=click.IntRange(1, 1024), required=True, help="Number of GPUs (TP size).")
 @click.option("--context", type=click.IntRange(1), default=None, help="Context length in tokens (default: the model's max).")
 @click.option("--max-context", "max_context", is_flag=True,
@@ -28,30 +35,27 @@ from ckptinspect.errors import PlanError
               path_type=Path), help="Extra MTP family rule files. Repeatable.")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hub token.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@wide_option
+@quiet_option
 def plan(model: str, gpu: str, gpus: int, context: int | None, max_context: bool, concurrency: int, goal: str,
          engine: str, probe_report: Path | None, fmt: str, rules_dirs: tuple[Path, ...], revision: str | None,
-         token: str | None, quiet: bool) -> None:
+         token: str | None, wide: bool, quiet: bool) -> None:
     """Plan MODEL on GPUS x GPU: TP/EP that loads, memory, KV capacity, launch commands with reasons."""
-    from ckptinspect.pipeline import build_report
-    from ckptinspect.plan import PlanFailure, find_gpu, plan_or_failure, render_plan_markdown, render_plan_text
+    from ckptinspect import api
+    from ckptinspect.cli.options import output_width, progress_enabled
+    from ckptinspect.plan import PlanFailure
+    from ckptinspect.render.plan_out import render_plan
 
-    find_gpu(gpu)  # fail on a bad GPU name before reading any checkpoint
     probe = _read_probe(probe_report) if probe_report else None
-    report = build_report(model, rules_dirs=rules_dirs, revision=revision, token=token, progress=not quiet)
-    result = plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
-                             engine=engine, probe_report=probe, max_context=max_context, concurrency=concurrency)
+    result = api.plan(model, gpu=gpu, gpus=gpus, context=context, goal=goal, engine=engine, probe_report=probe,
+                      max_context=max_context, concurrency=concurrency, rules_dirs=rules_dirs, revision=revision,
+                      token=token, progress=progress_enabled(quiet))
     if isinstance(result, PlanFailure):
         # Nothing runs: the JSON document still says why (status failed) for machines; exit 2 as before.
         if fmt == "json":
-            click.echo(json.dumps(result.to_json(), indent=2))
+            click.echo(render_plan(result, "json"), nl=False)
         raise PlanError(result.message, hint=result.hint)
-    if fmt == "json":
-        click.echo(json.dumps(result.to_json(), indent=2))
-    elif fmt == "markdown":
-        click.echo(render_plan_markdown(result), nl=False)
-    else:
-        click.echo(render_plan_text(result), nl=False)
+    click.echo(render_plan(result, fmt, width=output_width(fmt, wide)), nl=False)
 
 
 def _read_probe(path: Path) -> dict:

@@ -6,12 +6,17 @@ torch / transformers are imported inside the command body only, so ``ckptinspect
 
 from __future__ import annotations
 
-import json
 import os
 
 import click
 
+from ckptinspect.cli.options import Command, wide_option
 from ckptinspect.errors import ProbeError
+
+EXAMPLES = (
+    "ckptinspect probe ./Qwen3.5-35B-A3B --steps 3 --max-prompts 32          # one GPU",
+    "ckptinspect probe ./DeepSeek-V3 --devices 0,1,2,3 --format json -o probe.json",
+)
 
 
 def _parse_devices(text: str | None) -> list[int] | None:
@@ -23,7 +28,7 @@ def _parse_devices(text: str | None) -> list[int] | None:
         raise ProbeError(f"--devices takes GPU indices like 0,1 (got {text!r})") from exc
 
 
-@click.command("probe")
+@click.command("probe", cls=Command, examples=EXAMPLES)
 @click.argument("model")
 @click.option("--device", default=None, help="cuda:N or cpu (default: cuda:0 when a GPU is visible, else cpu).")
 @click.option("--devices", default=None, help="Spread the main model over these GPU indices, e.g. 0,1.")
@@ -55,35 +60,40 @@ def _parse_devices(text: str | None) -> list[int] | None:
               help="GiB the main model may use on the device; a model over it is layer-streamed (teacher mode).")
 @click.option("--cost-calibration", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Cost-model efficiencies measured on the GPU (JSON written by benchmarks/probe_gpu.py).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars (also off when stderr is not a terminal or "
+              "HF_HUB_DISABLE_PROGRESS_BARS=1).")
+@wide_option
 def probe(model: str, device: str | None, devices: str | None, prompts_file: str | None, max_new_tokens: int,
           steps: int, mode: str, temperature: float, gpu: str, batch_size: int, dtype: str | None, fmt: str,
           output: str | None, plot: str | None, main_url: str | None, trust_remote_code: bool,
           max_prompts: int | None, corpus: str | None, save_continuations: str | None, continuations: str | None,
-          max_gpu_memory: float | None, cost_calibration: str | None, quiet: bool) -> None:
+          max_gpu_memory: float | None, cost_calibration: str | None, quiet: bool, wide: bool) -> None:
     """Measure how well MODEL's MTP head drafts for its own main model (acceptance per depth,
     accept length, projected speedup, recommended speculative settings)."""
+    from ckptinspect import api
+    from ckptinspect.cli.options import output_width, progress_enabled
+
+    progress = progress_enabled(quiet)
     try:
-        import torch  # noqa: F401
+        import torch
         import transformers
     except ImportError as exc:
         raise ProbeError(f"probe needs torch and transformers: pip install 'ckptinspect[probe]' ({exc.name} missing)") from exc
     transformers.logging.set_verbosity_error()
-    if quiet:
+    if not progress:
         transformers.utils.logging.disable_progress_bar()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from ckptinspect.probe.result import render_text
-    from ckptinspect.probe.runner import run_probe
+    from ckptinspect.render.probe_out import render_probe
 
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    result = run_probe(model, device=device, devices=_parse_devices(devices), prompts=prompts_file,
+    result = api.probe(model, device=device, devices=_parse_devices(devices), prompts=prompts_file,
                        max_new_tokens=max_new_tokens, steps=steps, mode=mode, temperature=temperature, gpu=gpu,
                        trust_remote_code=trust_remote_code, batch_size=batch_size, dtype=dtype,
-                       progress=not quiet, main_url=main_url, max_prompts=max_prompts, corpus=corpus,
+                       progress=progress, main_url=main_url, max_prompts=max_prompts, corpus=corpus,
                        continuations=continuations, save_continuations_to=save_continuations,
                        max_gpu_memory=max_gpu_memory, cost_calibration=cost_calibration)
-    text = json.dumps(result.to_json(), indent=2) if fmt == "json" else render_text(result)
+    text = render_probe(result, fmt, width=None if output else output_width(fmt, wide))
     if output:
         with open(output, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")

@@ -10,7 +10,11 @@ from typing import Any
 import click
 
 
-@click.group("rules")
+@click.group("rules", epilog="""\b
+Examples:
+  ckptinspect rules list
+  ckptinspect rules show deepseek_v3
+  ckptinspect rules validate ./my-rules/  # CI for your own rule files""")
 @click.option("--rules-dir", "rules_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
               help="Extra rule directory (repeatable); its families override built-ins with the same id.")
 @click.pass_context
@@ -30,11 +34,12 @@ def _origin(fam: Any) -> str:
     return "built-in" if fam.origin == 0 else fam.source
 
 
-@rules.command("list")
+@rules.command("list", epilog="\b\nExamples:\n  ckptinspect rules list\n  ckptinspect rules list --all --format json")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="Include abstract base rules.")
+@click.option("--wide", is_flag=True, help="Full-width text; by default text wraps to COLUMNS or the terminal width.")
 @click.pass_context
-def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
+def list_cmd(ctx: click.Context, fmt: str, show_all: bool, wide: bool) -> None:
     """One line per family: what it matches, where its MTP layer lives, each engine's draft model."""
     ruleset = _ruleset(ctx)
     families = ruleset.families if show_all else ruleset.concrete()
@@ -52,7 +57,8 @@ def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
     if fmt == "json":
         click.echo(json.dumps({"families": rows}, indent=2))
         return
-    from tabulate import tabulate
+    from ckptinspect.cli.options import output_width
+    from ckptinspect.render.terminal import table as fit_table
 
     def archs(names: list[str]) -> str:
         return "-" if not names else names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else "")
@@ -62,11 +68,12 @@ def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
     table = [[r["id"], archs(r["architectures"]), ", ".join(r["model_types"]) or "-",
               r["prefixes"][0] if r["prefixes"] else "-", r["depth_keys"][0] if r["depth_keys"] else "-",
               r["sglang"] or "-", r["vllm"] or "-", r["source"]] for r in rows]
-    click.echo(tabulate(table, headers=["family", "architectures", "model types", "MTP prefix", "depth key",
-                                        "SGLang draft", "vLLM draft", "source"]))
+    click.echo(fit_table(["family", "architectures", "model types", "MTP prefix", "depth key", "SGLang draft",
+                          "vLLM draft", "source"], table, output_width(fmt, wide)))
 
 
-@rules.command("show")
+@rules.command("show", epilog="\b\nExamples:\n  ckptinspect rules show qwen3_5_moe\n"
+                                "  ckptinspect rules show deepseek_v3 --format json")
 @click.argument("family")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 @click.pass_context
@@ -93,7 +100,8 @@ def show_cmd(ctx: click.Context, family: str, fmt: str) -> None:
     click.echo(head + "\n" + yaml.dump(doc, Dumper=dumper, sort_keys=False, width=110, allow_unicode=True))
 
 
-@rules.command("validate")
+@rules.command("validate", epilog="\b\nExamples:\n  ckptinspect rules validate rules/families/\n"
+                                    "  ckptinspect rules validate ./my-rules/toy_mtp.yaml")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.pass_context
 def validate_cmd(ctx: click.Context, paths: tuple[Path, ...]) -> None:

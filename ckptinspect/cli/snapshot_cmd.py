@@ -6,14 +6,22 @@ from pathlib import Path
 
 import click
 
+from ckptinspect.cli.options import Command
 
-@click.command("snapshot")
+EXAMPLES = (
+    "ckptinspect snapshot nvidia/Qwen3.5-397B-A17B-NVFP4 -o qwen35-nvfp4.json.gz   # online, headers only",
+    "ckptinspect report qwen35-nvfp4.json.gz --gpu b200 --gpus 8                   # later, air-gapped",
+)
+
+
+@click.command("snapshot", cls=Command, examples=EXAMPLES)
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Snapshot file to write (.json.gz).")
 @click.option("--revision", default=None, help="Branch, tag or commit of a Hub repo (or use org/name@rev).")
 @click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hugging Face access token.")
-@click.option("--quiet", is_flag=True, help="No progress bar, no summary line.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, no summary line (the bar is also off when "
+              "stderr is not a terminal or HF_HUB_DISABLE_PROGRESS_BARS=1).")
 @click.option("--verbose", is_flag=True, help="Print requests and bytes fetched (stderr).")
 def snapshot(model: str, output: Path, revision: str | None, token: str | None, quiet: bool,
              verbose: bool) -> None:
@@ -22,13 +30,12 @@ def snapshot(model: str, output: Path, revision: str | None, token: str | None, 
     MODEL is a directory, an org/name[@revision] Hub repo (only headers are fetched) or another
     snapshot. `ckptinspect report FILE.json.gz` then works offline with the same result.
     """
-    from ckptinspect.sources import open_source
-    from ckptinspect.sources.snapshot import write_snapshot
+    from ckptinspect import api
+    from ckptinspect.cli.options import progress_enabled
 
     if not str(output).endswith(".json.gz"):
         raise click.BadParameter("the snapshot file name must end with .json.gz", param_hint="--output")
-    raw = open_source(model, revision=revision, token=token, progress=not quiet)
-    write_snapshot(raw, output)
+    raw = api.snapshot(model, output, revision=revision, token=token, progress=progress_enabled(quiet))
     if verbose:
         stats = raw.stats
         click.echo(f"source: {raw.kind} {raw.location}; requests: {stats.get('requests', 0)}, "

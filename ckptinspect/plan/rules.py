@@ -1,47 +1,22 @@
-"""Load and validate the plan rule files (rules/gpus.yaml, rules/engines/*.yaml).
+"""The plan rule files (rules/gpus.yaml, rules/engines/*.yaml) and their `when` conditions.
 
-Rules are data: this module only reads them, checks them against their JSON Schemas and evaluates
-`when` conditions. A file that fails its schema raises RuleError naming the file.
+Rules are data: files are read and schema-checked by ckptinspect/rules (the one loader and validator of
+every rule file); this module holds the plan's view of them and evaluates `when` conditions.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Mapping
 
-import jsonschema
-
 from ckptinspect.errors import RuleError
-from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
-
-_PACKAGE = Path(__file__).resolve().parent.parent
-
-
-def rules_root() -> Path:
-    """The wheel copy (ckptinspect/_rules) when installed, else the source tree's rules/."""
-    for candidate in (_PACKAGE / "_rules", _PACKAGE.parent / "rules"):
-        if (candidate / "gpus.yaml").is_file():
-            return candidate
-    raise RuleError("GPU catalog not found", path=str(_PACKAGE.parent / "rules" / "gpus.yaml"))
-
-
-def _load_validated(path: Path, schema_name: str) -> dict[str, Any]:
-    data = load_rule_yaml(read_rule_bytes(path), path)  # the one safe loader (ckptinspect/safe_yaml.py)
-    schema = json.loads((rules_root() / "schema" / schema_name).read_text(encoding="utf-8"))
-    try:
-        jsonschema.validate(data, schema)
-    except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
-        raise RuleError(f"fails {schema_name} at {where}: {exc.message}", path=str(path)) from exc
-    return data
+from ckptinspect.rules.documents import load_validated, rules_root
 
 
 @lru_cache(maxsize=None)
 def gpu_rules() -> dict[str, Any]:
-    return _load_validated(rules_root() / "gpus.yaml", "gpus.schema.json")
+    return load_validated(rules_root() / "gpus.yaml", "gpus.schema.json")
 
 
 @lru_cache(maxsize=None)
@@ -50,7 +25,7 @@ def engine_rules(name: str) -> dict[str, Any]:
     path = rules_root() / "engines" / f"{name}.yaml"
     if not path.is_file():
         raise RuleError("engine rule file missing", path=str(path))
-    return _load_validated(path, "engine.schema.json")
+    return load_validated(path, "engine.schema.json")
 
 
 @dataclass(frozen=True)
@@ -70,12 +45,18 @@ class Facts:
         # Conditions are over config / inventory / GPU facts only, never over the name the user typed:
         # a local copy and the Hub repo of one checkpoint must get the same plan.
         for key, want in when.items():
+            if key not in _CONDITION_KEYS:
+                raise RuleError(f"unknown plan rule condition {key!r}; conditions are {', '.join(_CONDITION_KEYS)}",
+                                path="rules/engines")
             if key in ("moe", "spec"):
                 if getattr(self, key) != want:
                     return False
             elif getattr(self, key) not in want:
                 return False
         return True
+
+
+_CONDITION_KEYS = ("arch", "quant", "attention", "moe", "interconnect", "spec", "goal", "model_type")
 
 
 def first_match(entries: list[Mapping[str, Any]], facts: Facts) -> Mapping[str, Any] | None:

@@ -1,6 +1,6 @@
 """Dequantizers for pre-quantized checkpoint formats transformers cannot load itself.
 
-Layouts (/work/shared/reference/checkpoint_formats.md, mtp_families.md §6):
+Layouts (docs/reference/checkpoint_formats.md, mtp_families.md §6):
 - NVFP4 (ModelOpt): ``weight`` U8 [out, in/2], two E2M1 codes per byte, **low nibble = even element**;
   ``weight_scale`` F8_E4M3 [out, in/16] (one scale per 16 values); ``weight_scale_2`` F32 scalar
   (global). value = e2m1 * scale * scale_2.

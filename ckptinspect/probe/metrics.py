@@ -1,4 +1,4 @@
-"""Acceptance statistics (definitions: /work/shared/reference/acceptance_metrics.md §1-§4).
+"""Acceptance statistics (definitions: docs/reference/acceptance_metrics.md §1-§4).
 
 All rates are micro-averaged: counts summed over every scored position of every sequence, then
 divided (SpecForge `eval/evaluator.py`), never averages of per-batch ratios.

@@ -25,7 +25,9 @@ class ProbeResult:
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.data)
-        out["findings"] = [f.to_json() for f in self.findings]
+        from ckptinspect.render.findings import finding_json
+
+        out["findings"] = [finding_json(f) for f in self.findings]
         return out
 
     @property

@@ -79,7 +79,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
               corpus: str | None = None, continuations: str | None = None,
               save_continuations_to: str | None = None, max_gpu_memory: float | None = None,
               stream_chunk_tokens: int = 32768, cost_calibration: str | None = None) -> ProbeResult:
-    """Measure draft acceptance of ``model``'s MTP head; see docs (probe section)."""
+    """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md."""
     if mode not in MODES:
         raise ProbeError(f"unknown mode {mode!r} (greedy or teacher)")
     if not 1 <= steps <= 16:

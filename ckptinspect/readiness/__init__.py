@@ -1,6 +1,6 @@
 """MTP readiness: family rule files -> family match, MTP layout, per-engine verdicts, MTP cost.
 
-Pipeline entry points (see docs/ARCHITECTURE.md)::
+Pipeline entry points (see docs/architecture.md)::
 
     ruleset = load_rules(extra_dirs)            # RuleError on a bad rule file
     family = ruleset.match(config)              # FamilyRule | None

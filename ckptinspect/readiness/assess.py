@@ -12,7 +12,8 @@ import re
 import string
 from typing import Any, Mapping
 
-from ckptinspect.readiness.conditions import EngineContext, Facts, evaluate
+from ckptinspect.readiness import conditions as _registers  # noqa: F401  (fills the condition registry)
+from ckptinspect.readiness.context import EngineContext, Facts, evaluate
 from ckptinspect.readiness.draft_build import build_plan, summary as draft_summary
 from ckptinspect.readiness.layout import scan_layers
 from ckptinspect.readiness.model import ENGINES, EngineRule, FamilyRule, RuleSet

@@ -9,68 +9,14 @@ quote them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
+from ckptinspect.readiness.context import CONDITIONS, EngineContext, Facts, evaluate
 from ckptinspect.readiness.draft_build import UNQUANTIZED, build_plan, is_linear_weight
-from ckptinspect.readiness.layout import LayerScan
-from ckptinspect.readiness.model import EngineRule, FamilyRule
 from ckptinspect.readiness.quant_conditions import QUANT_CONDITIONS
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
-from ckptinspect.records import Checkpoint
 
 _PARTIAL_COMPONENTS = ("attention", "routed_expert", "mlp")
-
-
-@dataclass
-class Facts:
-    """Engine-independent facts of one checkpoint under one family rule."""
-
-    checkpoint: Checkpoint
-    family: FamilyRule | None  # None: unknown architecture
-    rule: FamilyRule  # the family, or the generic rule for unknown ones
-    layers: Mapping[int, LayerScan]
-    declared_key: str | None
-    declared_layers: int | None
-    engine_method: str | None  # quantization method name as the engines call it
-    matcher: Any  # ckptinspect.quant.declared.ExcludeMatcher
-
-    excluded_cache: dict[str, bool] = field(default_factory=dict)
-    plan_cache: dict[tuple, list] = field(default_factory=dict)  # draft_build.build_plan, per build inputs
-    rename_cache: dict[tuple, tuple] = field(default_factory=dict)  # draft_build._renames
-
-    def is_excluded(self, module: str) -> bool:
-        """The declared lists leave ``module`` unquantized (or declare no quantization at all)."""
-        hit = self.excluded_cache.get(module)
-        if hit is None:
-            hit = self.excluded_cache[module] = self.matcher.is_excluded(module) is not False
-        return hit
-
-    @property
-    def present(self) -> int:
-        return len(self.layers)
-
-    def mtp_groups(self) -> list[TensorGroup]:
-        return [g for scan in self.layers.values() for g in scan.groups]
-
-
-@dataclass
-class EngineContext:
-    facts: Facts
-    engine: EngineRule
-    version: str
-    draft_quant: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-def evaluate(when: Mapping[str, Any] | None, ctx: EngineContext) -> bool:
-    """True when every condition of ``when`` holds (an absent ``when`` always holds)."""
-    if not when:
-        return True
-    for name, arg in when.items():
-        if not CONDITIONS[name](ctx, arg):
-            return False
-    return True
 
 
 def _flag(value: bool, arg: Any) -> bool:
@@ -247,7 +193,7 @@ def _any(ctx: EngineContext, arg: Any) -> bool:
     return any(evaluate(item, ctx) for item in arg)
 
 
-CONDITIONS: dict[str, Callable[[EngineContext, Any], bool]] = {
+CONDITIONS.update({
     "mtp_present": lambda ctx, arg: (ctx.facts.present > 0) == bool(arg),
     "mtp_absent": lambda ctx, arg: _flag(ctx.facts.present == 0, arg),
     "declared_but_absent": _declared_but_absent,
@@ -271,5 +217,7 @@ CONDITIONS: dict[str, Callable[[EngineContext, Any], bool]] = {
     "draft_quant_is": lambda ctx, arg: ctx.draft_quant in set(arg),
     "not": _not,
     "any": _any,
-}
+})
 CONDITIONS.update(QUANT_CONDITIONS)
+
+__all__ = ["CONDITIONS", "EngineContext", "Facts", "evaluate", "mtp_subject", "uncovered_bf16"]

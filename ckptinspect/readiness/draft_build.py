@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING
 
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
 from ckptinspect.quant.members import members_to_ask, module_names
+from ckptinspect.readiness.context import evaluate
 from ckptinspect.readiness.versions import in_range
 from ckptinspect.records import TensorGroup
 
 if TYPE_CHECKING:
-    from ckptinspect.readiness.conditions import EngineContext
+    from ckptinspect.readiness.context import EngineContext
 
 UNQUANTIZED = frozenset({"bf16", "fp16", "fp32"})
 # Components an engine never builds as a quantized Linear from the global scheme: routers are
@@ -89,8 +90,6 @@ def shown_module(g: TensorGroup) -> str:
 
 def forced_modules(ctx: "EngineContext") -> list[str]:
     """Relative modules the engine's model code builds unquantized at ``ctx.version``."""
-    from ckptinspect.readiness.conditions import evaluate
-
     out: list[str] = []
     for entry in ctx.engine.forced_unquantized:
         if (entry.versions is None or in_range(ctx.version, entry.versions)) and evaluate(entry.when, ctx):

@@ -22,51 +22,11 @@ from ckptinspect.readiness.model import (
     DEFAULT_SEVERITY, ENGINES, Check, Defect, DraftQuantRule, EngineRule, ExpertLayout,
     FamilyRule, ForcedUnquantized, MtpLayout, Requirement, RuleSet, RuntimeName,
 )
+from ckptinspect.rules.documents import rules_root, schema_path, validate_document
 from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
-
-_PACKAGE = Path(__file__).resolve().parent.parent
-
-
-def rules_root() -> Path:
-    """The built-in rules folder: the wheel copy if installed, else the source tree's ``rules/``."""
-    for candidate in (_PACKAGE / "_rules", _PACKAGE.parent / "rules"):
-        if (candidate / "families").is_dir():
-            return candidate
-    raise RuleError("built-in rules not found", path=str(_PACKAGE.parent / "rules"))
-
 
 def builtin_dir() -> Path:
     return rules_root() / "families"
-
-
-def schema_path() -> Path:
-    return rules_root() / "schema" / "family.schema.json"
-
-
-_validator_cache: list[Any] = []
-
-
-def _validator() -> Any:
-    # jsonschema costs ~0.1 s to import; only pay it when rules are actually loaded.
-    if not _validator_cache:
-        import jsonschema
-
-        schema = json.loads(schema_path().read_text(encoding="utf-8"))
-        # The schema's `pattern`s meet strings from rule files: matched on RE2 like every other
-        # untrusted match (ckptinspect/safe_regex.py), not on Python's backtracking engine.
-        validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _re2_pattern})
-        _validator_cache.append(validator(schema))
-    return _validator_cache[0]
-
-
-def _re2_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterable[Any]:
-    """jsonschema's ``pattern`` keyword (``re.search`` semantics, its own message), evaluated by RE2."""
-    import jsonschema
-
-    from ckptinspect.safe_regex import search
-
-    if validator.is_type(instance, "string") and not search(pattern, instance):
-        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
 class ValidationCache:
@@ -160,37 +120,6 @@ def default_cache() -> ValidationCache:
     else:
         root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ckptinspect"
     return ValidationCache(root / "rules-validated.json")
-
-
-def _doc_path(parts: Iterable[Any]) -> str:
-    out = "$"
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return out
-
-
-def validate_document(doc: Any, path: str) -> None:
-    """Raise RuleError for the first schema error of ``doc`` (deepest, most specific first)."""
-    errors = list(_validator().iter_errors(doc))
-    if not errors:
-        return
-    import jsonschema
-
-    err = jsonschema.exceptions.best_match(errors)
-    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    raise RuleError(f"{_doc_path(err.absolute_path)}: {_readable(err)}{more}", path=path)
-
-
-_PLACEHOLDERS = {"(L|k|L\\+k|\\*)": "{L}, {k}, {L+k}, {*}", "(k|e)": "{k}, {e}"}
-
-
-def _readable(err: Any) -> str:
-    """Schema messages, with the placeholder regexes of templates spelled out."""
-    if err.validator == "pattern" and isinstance(err.instance, str):
-        for fragment, allowed in _PLACEHOLDERS.items():
-            if fragment in err.validator_value:
-                return f"{err.instance!r} uses a placeholder other than {allowed}"
-    return err.message
 
 
 def read_rule_file(path: Path, cache: "ValidationCache | None" = None) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Frozen records for family rules (the parsed form of ``rules/families/*.yaml``).
 
-The YAML format is documented in README.md (rules section) and enforced by
+The YAML format is documented in docs/rules_format.md and enforced by
 ``rules/schema/family.schema.json``; this module only holds the validated result.
 """
 

@@ -1,6 +1,6 @@
 """Rule conditions about how the MTP layer is quantized relative to the declaration and the trunk.
 
-Registered into readiness/conditions.py ``CONDITIONS``; each takes (EngineContext, argument) and
+Registered into the one condition registry (readiness/context.py ``CONDITIONS``) by readiness/conditions.py; each takes (EngineContext, argument) and
 puts what it found into ``ctx.details`` for the message. All work on inventory groups (a few
 hundred), never per tensor.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from ckptinspect.readiness.draft_build import UNQUANTIZED, build_plan, is_linear_weight, member_modules
 
 if TYPE_CHECKING:
-    from ckptinspect.readiness.conditions import EngineContext
+    from ckptinspect.readiness.context import EngineContext
 
 
 def _listed(items: list[str], limit: int = 6) -> str:

@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from ckptinspect.records import MtpAssessment
-from ckptinspect.render.summary import by_component, by_scheme, experts_present
+from ckptinspect.render.findings import finding_json
+from ckptinspect.render.plan_out import plan_json
+from ckptinspect.render.summary import bucket_json, by_component, by_scheme, experts_present
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
@@ -47,18 +49,18 @@ def report_to_json(report: Any) -> dict[str, Any]:
             "sources": list(ck.declared.sources),
             "excludes": [{"source": e.source, "semantics": e.semantics, "entries": len(e.entries)}
                          for e in ck.declared.excludes],
-            "schemes": {k: v.to_json() for k, v in by_scheme(inv).items()},
+            "schemes": {k: bucket_json(v) for k, v in by_scheme(inv).items()},
         },
         "components": by_component(inv),
         "shards": {"count": len(inv.shards), "header_bytes": sum(s.header_length + 8 for s in inv.shards),
                    "files": [s.name for s in inv.shards]},
         "mtp": mtp_to_json(report.mtp),
-        "findings": [f.to_json() for f in findings],
+        "findings": [finding_json(f) for f in findings],
     }
     if report.mtp_costs:
         doc["mtp"]["cost"] = [c.to_json() for c in report.mtp_costs]
     if report.plan is not None:
-        doc["plan"] = report.plan.to_json()
+        doc["plan"] = plan_json(report.plan)
     if ck.stats:
         doc["source"]["stats"] = {k: v for k, v in ck.stats.items() if isinstance(v, (int, float, str))}
     return doc

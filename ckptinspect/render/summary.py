@@ -18,8 +18,9 @@ class Bucket:
     def add(self, tensors: int, params: int, nbytes: int) -> "Bucket":
         return Bucket(self.tensors + tensors, self.params + params, self.bytes + nbytes)
 
-    def to_json(self) -> dict[str, int]:
-        return {"tensors": self.tensors, "params": self.params, "bytes": self.bytes}
+
+def bucket_json(bucket: Bucket) -> dict[str, int]:
+    return {"tensors": bucket.tensors, "params": bucket.params, "bytes": bucket.bytes}
 
 
 def by_scheme(inventory: Inventory) -> dict[str, Bucket]:

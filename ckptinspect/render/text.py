@@ -6,13 +6,15 @@ from typing import Any
 
 from tabulate import tabulate
 
+from ckptinspect.render import terminal
+from ckptinspect.render.plan_out import render_plan
 from ckptinspect.render.summary import by_component, by_scheme, experts_present, human_bytes, human_count
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
-def sections(report: Any) -> list[tuple[str, list[str], list[list[Any]]]]:
-    """(title, headers, rows) for each table of the report."""
+def sections(report: Any, colour: bool = False) -> list[tuple[str, list[str], list[list[Any]]]]:
+    """(title, headers, rows) for each table of the report (``colour``: ANSI-coloured verdicts)."""
     ck = report.checkpoint
     cfg, inv = ck.config, ck.inventory
     present = experts_present(ck)
@@ -61,7 +63,7 @@ def sections(report: Any) -> list[tuple[str, list[str], list[list[Any]]]]:
             missing = f", missing {len(layer.missing)}" if layer.missing else ""
             rows.append([f"Layer {layer.k}", f"{layer.prefix} {layer.tensors} tensors{experts_txt}{missing}"])
         out.append(("MTP summary", ["", ""], rows))
-        ready_rows = [[engine, v.engine_version, v.verdict.upper(), v.method or "-", v.draft_architecture or "-",
+        ready_rows = [[engine, v.engine_version, terminal.verdict(v.verdict, colour), v.method or "-", v.draft_architecture or "-",
                        v.draft_quantization or "unquantized", v.layers_used, ", ".join(v.reasons) or "-"]
                       for engine, v in mtp.verdicts.items()]
         out.append(("MTP readiness", ["engine", "version", "verdict", "method", "draft class", "draft quant",
@@ -77,7 +79,7 @@ def sections(report: Any) -> list[tuple[str, list[str], list[list[Any]]]]:
 
     findings = sorted(list(ck.findings) + (list(mtp.findings) if mtp else []),
                       key=lambda f: _SEVERITY_ORDER.get(f.severity, 3))
-    rows = [[f.severity, f.code + (f" [{f.engine}]" if f.engine else ""),
+    rows = [[terminal.severity(f.severity, colour), f.code + (f" [{f.engine}]" if f.engine else ""),
              f.message + (f" Fix: {f.hint}" if f.hint else "") + (f" ({f.reference})" if f.reference else "")]
             for f in findings]
     out.append(("Findings", ["severity", "code", "message"], rows or [["-", "-", "no findings"]]))
@@ -96,20 +98,18 @@ def _attention(cfg: Any) -> str:
     return "; ".join(parts)
 
 
-def render_text(report: Any) -> str:
+def render_text(report: Any, *, width: int | None = None, colour: bool = False) -> str:
+    """Terminal text; ``width`` wraps every table to that many columns (None: full width)."""
     blocks = []
-    for title, headers, rows in sections(report):
-        table = tabulate(rows, headers=headers if any(headers) else (), tablefmt="simple",
-                         maxcolwidths=[None] * (len(headers) - 1) + [100], disable_numparse=True)
-        blocks.append(f"{title}\n{'=' * len(title)}\n{table}")
+    for title, headers, rows in sections(report, colour):
+        blocks.append(f"{title}\n{'=' * len(title)}\n{terminal.table(headers, rows, width)}")
     if report.plan is not None:
-        from ckptinspect.plan import render_plan_text
-
-        blocks.append(render_plan_text(report.plan))
+        blocks.append(render_plan(report.plan, "text", width=width).rstrip("\n"))
     return "\n\n".join(blocks) + "\n"
 
 
 def render_markdown(report: Any) -> str:
+    """Markdown (GitHub tables cannot wrap a cell, so it is always full width)."""
     ck = report.checkpoint
     blocks = [f"# ckptinspect report: `{ck.ref}`"]
     for title, headers, rows in sections(report):
@@ -117,7 +117,5 @@ def render_markdown(report: Any) -> str:
         hdr = headers if any(headers) else ["item", "value"]
         blocks.append(f"## {title}\n\n" + tabulate(clean, headers=hdr, tablefmt="github", disable_numparse=True))
     if report.plan is not None:
-        from ckptinspect.plan import render_plan_markdown
-
-        blocks.append(render_plan_markdown(report.plan))
+        blocks.append(render_plan(report.plan, "markdown").rstrip("\n"))
     return "\n\n".join(blocks) + "\n"

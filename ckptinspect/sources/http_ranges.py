@@ -23,7 +23,6 @@ from __future__ import annotations
 import http.client
 import os
 import random
-import re
 import socket
 import threading
 import time
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
 
 from ckptinspect.errors import AccessError, NetworkError, NotFoundError
+from ckptinspect.sources.http_fields import content_range, retry_after_s
 from ckptinspect.sources.http_conn import (MAX_REDIRECTS, REDIRECTS, ConnectionPool, Origin, Route,
                                            redirect_target, request_target)
 from ckptinspect.sources.net_limits import REQUEST_ENV, RETRY_WAIT_ENV, Budget, NetLimits, Watchdog
@@ -51,7 +51,6 @@ READ_PIECE = 1 << 20  # body bytes asked of one socket read at most
 # against tests/plain_hub_server.py with 32 workers, none with 5 in flight). Keep-alive servers (the
 # Hub, its CDN) are not affected: each thread connects once.
 CLOSING_SERVER_IN_FLIGHT = 5
-_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 
 
 class _Retryable(Exception):
@@ -153,7 +152,7 @@ class RangeClient:
             out = (status, {k.lower(): v for k, v in resp.getheaders()}, body)
             if status in RETRY_STATUS:
                 last[:] = [out]
-                raise _Retryable(f"HTTP {status}", _retry_after(resp.getheader("Retry-After")))
+                raise _Retryable(f"HTTP {status}", retry_after_s(resp.getheader("Retry-After")))
             return out
 
         try:
@@ -356,7 +355,7 @@ class RangeClient:
         if status == 404:
             raise NotFoundError("HTTP 404: file not found", path=where)
         if status in RETRY_STATUS:
-            raise _Retryable(f"HTTP {status}", _retry_after(resp.getheader("Retry-After")))
+            raise _Retryable(f"HTTP {status}", retry_after_s(resp.getheader("Retry-After")))
         raise NetworkError(f"unexpected HTTP {status} for a range request", path=where)
 
 
@@ -377,28 +376,15 @@ class _Gate:
             self._semaphore = None
 
 
-def content_range_total(value: str | None) -> int | None:
-    """The complete length a ``Content-Range: bytes a-b/N`` names, None when absent or ``*``."""
-    match = _CONTENT_RANGE.match(value or "")
-    return int(match.group(3)) if match is not None and match.group(3) != "*" else None
-
-
 def _check_content_range(value: str | None, start: int, end: int) -> int:
     """Validate a 206's Content-Range against the range asked; return bytes to skip (always 0)."""
-    match = _CONTENT_RANGE.match(value or "")
-    if match is None:  # multipart/byteranges or a broken proxy
+    parsed = content_range(value)
+    if parsed is None:  # multipart/byteranges or a broken proxy
         raise _Retryable(f"206 without a usable Content-Range ({value!r})")
-    first, last = int(match.group(1)), int(match.group(2))
+    first, last, _ = parsed
     if first != start or last > end or last < first:
         raise _Retryable(f"wrong Content-Range {value!r} for bytes={start}-{end}")
     return 0
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _short(exc: BaseException) -> str:

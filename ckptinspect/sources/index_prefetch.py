@@ -11,7 +11,7 @@ the child had no token for, no index at all, any error) reads the index itself a
 
 The child also stores the index in the HF cache (as huggingface_hub would: the blob named by its etag)
 and leaves its bytes in a shared memory file, from which the parent parses the full index only if
-something asks for it (a snapshot, or a header/index mismatch to explain).
+something asks for it (a snapshot, or a mismatch between headers and index to explain).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from urllib.parse import quote
 
 from ckptinspect.errors import SourceError
 from ckptinspect.records import IndexSummary
-from ckptinspect.sources.http_ranges import FetchStats, RangeClient, content_range_total
+from ckptinspect.sources.http_fields import content_range_total
+from ckptinspect.sources.http_ranges import FetchStats, RangeClient
 from ckptinspect.sources.interface import MAX_INDEX_FILE_BYTES
 from ckptinspect.sources.net_limits import Budget, NetLimits
 

@@ -2,7 +2,7 @@
 
 A snapshot is enough to rerun ``report`` offline with the same result (bug reports, CI, sharing) while
 holding no weights: the 94-shard Qwen3.5-397B NVFP4 metadata (41 MB index + 49.6 MB of headers) gzips to a
-few MB. Format (``format_version`` 1, documented in README.md, Hub section)::
+few MB. Format (``format_version`` 1, documented in docs/hub_and_wire.md)::
 
     {"format": "ckptinspect-snapshot", "format_version": 1, "created_by": "ckptinspect 0.1.0",
      "source": {"ref", "kind", "location", "revision"},

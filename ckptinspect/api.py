@@ -1,0 +1,161 @@
+"""The library API that the CLI and the tests call: ``inspect``, ``plan``, ``diff``, ``snapshot``,
+``probe``, ``gate``.
+
+Each function takes a model reference (a directory, ``org/name[@revision]`` or a ``.json.gz``
+snapshot) and returns plain records; rendering lives in ``ckptinspect.render``. ``probe`` is the only
+one that imports torch, and only when called, so ``inspect`` (the ``report`` path) stays torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError
+from ckptinspect.records import VERDICT_RANK
+
+# `--fail-on LEVEL`: the verdict rank at and above which a gate trips.
+FAIL_ON = {"degraded": VERDICT_RANK["degraded"], "unusable": VERDICT_RANK["unusable"]}
+FAIL_ON_CHOICES = (*sorted(FAIL_ON), "error")  # "error": any error-severity finding
+ENGINES = ("sglang", "vllm")
+# Files that live inside a model directory: naming one means the directory was meant.
+_MODEL_DIR_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json",
+                    "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def check_ref(ref: str) -> str:
+    """Reject references that can only be a mistake, before any source is opened.
+
+    An empty string (an unset shell variable) is never "the bundled example"; a file inside a model
+    directory (``path/config.json``, a ``.safetensors`` shard) names the directory to pass instead.
+    """
+    if not ref.strip():
+        raise NotFoundError("empty model reference (an unset shell variable?); pass a directory, org/name "
+                            "or a .json.gz snapshot, or no argument at all for the bundled example",
+                            path=repr(ref))
+    path = Path(ref).expanduser()
+    if path.is_file() and not ref.endswith(".json.gz"):
+        name = path.name
+        if name in _MODEL_DIR_FILES or name.endswith((".safetensors", ".safetensors.index.json")):
+            parent = str(path.parent) or "."
+            raise NotFoundError(f"is a file inside a model directory; pass the directory instead: {parent}",
+                                path=ref)
+    return ref
+
+
+def example_ref() -> str:
+    """The bundled example checkpoint (the layout of nvidia/Qwen3.5-397B-A17B-NVFP4, tiny dims)."""
+    from ckptinspect.examples import EXAMPLE_DIR
+
+    return str(EXAMPLE_DIR)
+
+
+def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
+            token: str | None = None, progress: bool = False, tp: int | None = None, ep: int | None = None,
+            gpu: str | None = None, gpus: int | None = None, context: int | None = None,
+            engine: str = "both") -> Any:
+    """The `report` of ``ref`` (``None``: the bundled example) as a ``pipeline.Report``.
+
+    ``tp`` (and ``ep``) add the MTP layer's cost per GPU; ``gpu`` with ``gpus`` add a deployment plan.
+    """
+    from ckptinspect.pipeline import build_report
+
+    if (gpu is None) != (gpus is None):
+        raise PlanError("--gpu and --gpus go together")
+    ref = example_ref() if ref is None else check_ref(ref)
+    report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    if tp is not None:
+        report = replace(report, mtp_costs=(_mtp_cost(report, tp, ep),))
+    if gpu is not None and gpus is not None:
+        report = replace(report, plan=_plan_section(report, gpu=gpu, gpus=gpus, context=context, engine=engine))
+    return report
+
+
+def _mtp_cost(report: Any, tp: int, ep: int | None) -> Any:
+    from ckptinspect.readiness.cost import mtp_cost
+
+    return mtp_cost(report.checkpoint, report.mtp, tp, ep or tp)
+
+
+def _plan_section(report: Any, *, gpu: str, gpus: int, context: int | None, engine: str) -> Any:
+    # Exactly one planner call: a plan that cannot be made is a report section saying why (the
+    # planner owns that text); the report's exit code does not change.
+    from ckptinspect.plan import plan_or_failure
+
+    return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, engine=engine)
+
+
+def plan(ref: str, *, gpu: str, gpus: int, context: int | None = None, goal: str = "latency",
+         engine: str = "both", probe_report: dict | None = None, max_context: bool = False, concurrency: int = 1,
+         rules_dirs: Sequence[Path] = (), revision: str | None = None, token: str | None = None,
+         progress: bool = False) -> Any:
+    """Fit ``ref`` on ``gpus`` x ``gpu``: a ``plan.Plan`` (memory, KV capacity, launch commands) or, when
+    nothing runs, a ``plan.PlanFailure`` saying why. ``max_context``: solve for the longest context
+    ``concurrency`` requests get."""
+    from ckptinspect.pipeline import build_report
+    from ckptinspect.plan import find_gpu, plan_or_failure
+
+    find_gpu(gpu)  # fail on a bad GPU name before reading any checkpoint
+    report = build_report(check_ref(ref), rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
+                           engine=engine, probe_report=probe_report, max_context=max_context,
+                           concurrency=concurrency)
+
+
+def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: bool = False) -> Any:
+    """``diff.CheckpointDiff`` of checkpoint A (reference, e.g. BF16) against B (e.g. its quant)."""
+    from ckptinspect.diff import diff_checkpoints
+    from ckptinspect.pipeline import build_report
+
+    ra = build_report(check_ref(ref_a), rules_dirs=tuple(rules_dirs), progress=progress)
+    rb = build_report(check_ref(ref_b), rules_dirs=tuple(rules_dirs), progress=progress)
+    return diff_checkpoints(ra.checkpoint, rb.checkpoint, ra.mtp, rb.mtp)
+
+
+def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str | None = None,
+             progress: bool = False) -> Any:
+    """Write ``ref``'s config files, index and every shard header into ``output`` (.json.gz); returns the
+    ``RawCheckpoint`` that was saved (its ``stats`` say how it was read)."""
+    from ckptinspect.sources import open_source
+    from ckptinspect.sources.snapshot import write_snapshot
+
+    if not str(output).endswith(".json.gz"):
+        raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
+    raw = open_source(check_ref(ref), revision=revision, token=token, progress=progress)
+    write_snapshot(raw, output)
+    return raw
+
+
+def probe(ref: str, **options: Any) -> Any:
+    """Measure MTP draft acceptance (``probe.runner.run_probe``); imports torch, needs the 'probe' extra."""
+    from ckptinspect.errors import ProbeError
+
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise ProbeError(f"probe needs torch and transformers: pip install 'ckptinspect[probe]' "
+                         f"({exc.name} missing)") from exc
+    from ckptinspect.probe.runner import run_probe
+
+    return run_probe(check_ref(ref), **options)
+
+
+def gate(report: Any, fail_on: str, engine: str = "both") -> list[str]:
+    """What trips ``--fail-on`` (empty: the gate passes): ``engine=verdict`` for each engine whose MTP
+    verdict is ``fail_on`` or worse, or for ``fail_on="error"`` the code of each error finding."""
+    if fail_on == "error":
+        return [f.code for f in (*report.checkpoint.findings, *(report.mtp.findings if report.mtp else ()))
+                if f.severity == "error"]
+    if report.mtp is None:
+        return []
+    engines = ENGINES if engine == "both" else (engine,)
+    return [f"{e}={report.mtp.verdicts[e].verdict}" for e in engines
+            if e in report.mtp.verdicts and VERDICT_RANK[report.mtp.verdicts[e].verdict] >= FAIL_ON[fail_on]]
+
+
+def diff_gate(result: Any, fail_on: str) -> list[str]:
+    """``code (severity)`` for each diff finding at or above ``fail_on`` ("warning" or "error")."""
+    levels = {"error": ("error",), "warning": ("error", "warning")}[fail_on]
+    return [f"{f.code} ({f.severity})" for f in result.findings if f.severity in levels]

@@ -1,0 +1,72 @@
+"""The one line the CLI prints for a library error, with what a user needs to act on it.
+
+Network errors name the endpoint and the underlying cause; offline errors (HF_HUB_OFFLINE=1) say what
+the HF cache holds for the repo and point to `ckptinspect snapshot`: huggingface_hub caches only the
+files it downloaded, so shard *headers* are in the cache only when the whole shards are.
+"""
+
+from __future__ import annotations
+
+from ckptinspect.errors import CkptInspectError, NetworkError, NotFoundError
+
+SNAPSHOT_HINT = ("shard headers are in the HF cache only when the whole shards were downloaded; on a machine "
+                 "with network run `ckptinspect snapshot {repo} -o {name}.json.gz`, then report that file")
+
+
+def explain(exc: CkptInspectError) -> str:
+    text = str(exc)
+    if isinstance(exc, NetworkError):
+        return _network(exc, text)
+    if isinstance(exc, NotFoundError) and "HF_HUB_OFFLINE" in text and exc.path:
+        # The source's generic hint ("run once online") is replaced by what the cache holds and the
+        # one command that helps (a Hub read caches the JSON files, never the shard headers).
+        if exc.hint and text.endswith(f" ({exc.hint})"):
+            text = text[: -len(f" ({exc.hint})")]
+        return _offline(exc.path, text)
+    return text
+
+
+def _root_cause(exc: BaseException) -> BaseException | None:
+    """The innermost exception the library error was raised from (kept as __context__ under `from None`)."""
+    seen: set[int] = set()
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        deeper = cause.__cause__ or cause.__context__
+        if deeper is None:
+            break
+        cause = deeper
+    return cause
+
+
+def _network(exc: NetworkError, text: str) -> str:
+    from ckptinspect.sources.hub import hub_endpoint
+
+    extra = []
+    endpoint = hub_endpoint()
+    if "://" not in text:
+        extra.append(f"endpoint {endpoint} (HF_ENDPOINT)")
+    cause = _root_cause(exc)
+    # A cause worth adding is a transport error the message does not already name (the Hub source
+    # names it in most messages; an inner library error only repeats the message).
+    if cause is not None and not isinstance(cause, CkptInspectError) and type(cause).__name__ not in text:
+        detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+        extra.append(f"cause: {detail}")
+    return text + (f" [{'; '.join(extra)}]" if extra else "")
+
+
+def _offline(ref: str, text: str) -> str:
+    from ckptinspect.sources import split_repo_ref
+    from ckptinspect.sources.hf_cache import hub_cache_dir, repo_storage
+
+    repo_id, revision = split_repo_ref(ref)
+    storage = repo_storage(repo_id)
+    snapshots = storage / "snapshots"
+    files = sorted({p.name for p in snapshots.glob("*/*")}) if snapshots.is_dir() else []
+    if files:
+        shown = ", ".join(files[:6]) + (f" and {len(files) - 6} more" if len(files) > 6 else "")
+        cached = f"the HF cache at {hub_cache_dir()} holds for {repo_id}: {shown}"
+    else:
+        cached = f"the HF cache at {hub_cache_dir()} holds nothing for {repo_id}"
+    hint = SNAPSHOT_HINT.format(repo=ref, name=repo_id.replace("/", "--"))
+    return f"{text}; {cached}; {hint}"

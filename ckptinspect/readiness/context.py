@@ -1,0 +1,72 @@
+"""What rule conditions are evaluated against, and the one registry they are evaluated from.
+
+``Facts`` are engine-independent (computed once per checkpoint), an ``EngineContext`` is one engine at
+one version. Condition functions register themselves in ``CONDITIONS`` (readiness/conditions.py, the
+structural ones; readiness/quant_conditions.py, the quantization ones); ``evaluate`` runs a rule's
+``when`` mapping through the registry. Modules that decide what an engine builds (draft_build.py) use
+``evaluate`` from here, so they need not import the conditions themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from ckptinspect.readiness.layout import LayerScan
+from ckptinspect.readiness.model import EngineRule, FamilyRule
+from ckptinspect.records import Checkpoint, TensorGroup
+
+
+@dataclass
+class Facts:
+    """Engine-independent facts of one checkpoint under one family rule."""
+
+    checkpoint: Checkpoint
+    family: FamilyRule | None  # None: unknown architecture
+    rule: FamilyRule  # the family, or the generic rule for unknown ones
+    layers: Mapping[int, LayerScan]
+    declared_key: str | None
+    declared_layers: int | None
+    engine_method: str | None  # quantization method name as the engines call it
+    matcher: Any  # ckptinspect.quant.declared.ExcludeMatcher
+
+    excluded_cache: dict[str, bool] = field(default_factory=dict)
+    plan_cache: dict[tuple, list] = field(default_factory=dict)  # draft_build.build_plan, per build inputs
+    rename_cache: dict[tuple, tuple] = field(default_factory=dict)  # draft_build._renames
+
+    def is_excluded(self, module: str) -> bool:
+        """The declared lists leave ``module`` unquantized (or declare no quantization at all)."""
+        hit = self.excluded_cache.get(module)
+        if hit is None:
+            hit = self.excluded_cache[module] = self.matcher.is_excluded(module) is not False
+        return hit
+
+    @property
+    def present(self) -> int:
+        return len(self.layers)
+
+    def mtp_groups(self) -> list[TensorGroup]:
+        return [g for scan in self.layers.values() for g in scan.groups]
+
+
+@dataclass
+class EngineContext:
+    facts: Facts
+    engine: EngineRule
+    version: str
+    draft_quant: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+# condition name -> function(ctx, argument); filled by the condition modules when readiness is imported
+CONDITIONS: dict[str, Callable[[EngineContext, Any], bool]] = {}
+
+
+def evaluate(when: Mapping[str, Any] | None, ctx: EngineContext) -> bool:
+    """True when every condition of ``when`` holds (an absent ``when`` always holds)."""
+    if not when:
+        return True
+    for name, arg in when.items():
+        if not CONDITIONS[name](ctx, arg):
+            return False
+    return True

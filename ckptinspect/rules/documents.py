@@ -1,0 +1,87 @@
+"""Locate the built-in rule files and validate rule documents against their schemas (one error form)."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+from ckptinspect.errors import RuleError
+from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
+
+_PACKAGE = Path(__file__).resolve().parent.parent
+FAMILY_SCHEMA = "family.schema.json"
+
+
+def rules_root() -> Path:
+    """The built-in rules folder: the wheel copy (``ckptinspect/_rules``) if installed, else the source
+    tree's ``rules/``."""
+    for candidate in (_PACKAGE / "_rules", _PACKAGE.parent / "rules"):
+        if (candidate / "families").is_dir() and (candidate / "gpus.yaml").is_file():
+            return candidate
+    raise RuleError("built-in rules not found", path=str(_PACKAGE.parent / "rules"))
+
+
+def schema_path(name: str = FAMILY_SCHEMA) -> Path:
+    return rules_root() / "schema" / name
+
+
+@lru_cache(maxsize=None)
+def validator(name: str = FAMILY_SCHEMA) -> Any:
+    """The validator of one schema (jsonschema costs ~0.1 s to import: only paid when rules are read)."""
+    import jsonschema
+
+    schema = json.loads(schema_path(name).read_text(encoding="utf-8"))
+    # The schemas' `pattern`s meet strings from rule files: matched on RE2 like every other untrusted
+    # match (ckptinspect/safe_regex.py), not on Python's backtracking engine.
+    cls = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _re2_pattern})
+    return cls(schema)
+
+
+def _re2_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterable[Any]:
+    """jsonschema's ``pattern`` keyword (``re.search`` semantics, its own message), evaluated by RE2."""
+    import jsonschema
+
+    from ckptinspect.safe_regex import search
+
+    if validator.is_type(instance, "string") and not search(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def validate_document(doc: Any, path: str, schema: str = FAMILY_SCHEMA) -> None:
+    """Raise RuleError for the first schema error of ``doc`` (deepest, most specific first)."""
+    errors = list(validator(schema).iter_errors(doc))
+    if not errors:
+        return
+    import jsonschema
+
+    err = jsonschema.exceptions.best_match(errors)
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    raise RuleError(f"{_doc_path(err.absolute_path)}: {_readable(err)}{more}", path=path)
+
+
+def load_validated(path: Path, schema: str) -> Any:
+    """Read one rule file through the safe loader and validate it against ``schema``."""
+    doc = load_rule_yaml(read_rule_bytes(path), path)
+    validate_document(doc, str(path), schema)
+    return doc
+
+
+def _doc_path(parts: Iterable[Any]) -> str:
+    out = "$"
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+_PLACEHOLDERS = {"(L|k|L\\+k|\\*)": "{L}, {k}, {L+k}, {*}", "(k|e)": "{k}, {e}"}
+
+
+def _readable(err: Any) -> str:
+    """Schema messages, with the placeholder regexes of templates spelled out."""
+    if err.validator == "pattern" and isinstance(err.instance, str):
+        for fragment, allowed in _PLACEHOLDERS.items():
+            if fragment in err.validator_value:
+                return f"{err.instance!r} uses a placeholder other than {allowed}"
+    return err.message

@@ -1,0 +1,95 @@
+"""The library API (ckptinspect.api) is what the CLI runs: same documents, same gates, same refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, run_cli
+from ckptinspect import api
+from ckptinspect.errors import NotFoundError
+from ckptinspect.render.report import render_report
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_moe_nvfp4", "deepseek_v3_fp8", "gpt_oss_mxfp4"])
+def test_inspect_renders_exactly_what_the_cli_prints(name, make_fixture):
+    path = str(make_fixture(name))
+    report = api.inspect(path)
+    for fmt in ("json", "markdown"):
+        assert render_report(report, fmt) == run_cli("report", path, "--format", fmt).stdout, fmt
+    assert render_report(report, "text") == run_cli("report", path, "--wide").stdout
+
+
+@pytest.mark.parametrize("name, expected", [("qwen3_5_moe_nvfp4_nomtp", ["sglang=unusable", "vllm=unusable"]),
+                                            ("qwen3_5_moe_mtp_partial_quant", ["sglang=unusable"]),
+                                            ("qwen3_5_moe_nvfp4", [])])
+def test_gate_agrees_with_the_cli_exit_code(name, expected, make_fixture):
+    path = str(make_fixture(name))
+    assert api.gate(api.inspect(path), "unusable") == expected
+    res = run_cli("report", path, "--fail-on", "unusable", "--format", "json")
+    assert res.returncode == (1 if expected else 0)
+    if expected:
+        assert res.stderr.strip() == f"fail-on unusable: MTP verdict {', '.join(expected)}"
+
+
+def test_only_none_means_the_bundled_example(tmp_path):
+    from ckptinspect.examples import EXAMPLE_DIR
+
+    assert api.inspect().checkpoint.location == api.inspect(str(EXAMPLE_DIR)).checkpoint.location
+    for bad in ("", "  "):
+        with pytest.raises(NotFoundError, match="empty model reference"):
+            api.inspect(bad)
+    with pytest.raises(NotFoundError, match=f"pass the directory instead: {EXAMPLE_DIR}$"):
+        api.inspect(str(EXAMPLE_DIR / "config.json"))
+    other = tmp_path / "notes.json"
+    other.write_text("{}")
+    from ckptinspect.errors import CkptInspectError
+
+    with pytest.raises(CkptInspectError) as info:  # a stray .json is still read as a (bad) snapshot
+        api.inspect(str(other))
+    assert "model directory" not in str(info.value)
+
+
+def test_snapshot_round_trip_through_the_api(make_fixture, tmp_path):
+    path = str(make_fixture("deepseek_v3_fp8"))
+    out = tmp_path / "ds.json.gz"
+    raw = api.snapshot(path, out)
+    assert out.is_file() and len(raw.headers) == 5
+    direct, saved = (json.loads(render_report(api.inspect(ref), "json")) for ref in (path, str(out)))
+    direct.pop("source"), saved.pop("source")
+    assert direct == saved
+
+
+def test_diff_gate_levels(make_fixture):
+    d = api.diff(str(make_fixture("qwen3_5_moe_nvfp4")), str(make_fixture("qwen3_5_moe_nvfp4_nomtp")))
+    assert api.diff_gate(d, "error") == ["mtp-dropped (error)"]
+    assert api.diff_gate(d, "warning")[0] == "mtp-dropped (error)"
+    same = api.diff(str(make_fixture("deepseek_v3_fp8")), str(make_fixture("deepseek_v3_fp8")))
+    assert api.diff_gate(same, "warning") == []
+
+
+def test_records_are_plain_data():
+    from ckptinspect import diff, records
+
+    for module in (records, diff):
+        for cls in vars(module).values():
+            if isinstance(cls, type) and cls.__module__ == module.__name__:
+                assert not hasattr(cls, "to_json"), f"{module.__name__}.{cls.__name__} renders itself"
+
+
+def test_import_is_light_and_inspect_is_lazy():
+    code = ("import sys, ckptinspect; assert 'ckptinspect.pipeline' not in sys.modules; "
+            "r = ckptinspect.inspect(); assert r.mtp.verdicts['sglang'].verdict == 'ready'; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; print('ok')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
+    assert res.stdout.strip() == "ok", res.stderr
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_moe_mtp_incomplete", "qwen3_5_moe_nvfp4_nomtp", "qwen3_5_moe_nvfp4"])
+def test_error_gate_is_every_error_finding_of_the_document(name, make_fixture):
+    report = api.inspect(str(make_fixture(name)))
+    doc = json.loads(render_report(report, "json"))
+    assert api.gate(report, "error") == [f["code"] for f in doc["findings"] if f["severity"] == "error"]

@@ -1,0 +1,354 @@
+"""CLI conventions (issue 14): progress bars, width, colour, --debug anywhere, help examples, GPU name
+suggestions, references that can only be mistakes, network / offline errors, the diff gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, run_cli
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+EXAMPLE = ROOT / "ckptinspect" / "examples" / "qwen3_5_moe_nvfp4_tiny"
+
+
+def run_on_tty(args: list[str], *, tty: str, env: dict | None = None, timeout: float = 120) -> tuple[int, str, str]:
+    """Run ``python -m ckptinspect ARGS`` with stdout or stderr (``tty``) on a pseudo-terminal."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    # A fresh pty is 0x0; tqdm (and any terminal program) sizes itself from the window.
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    full_env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "HF_HUB_DISABLE_PROGRESS_BARS",
+                                                               "CKPTINSPECT_DEBUG")}
+    full_env.update(env or {})
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, tty: slave}
+    proc = subprocess.Popen([sys.executable, "-m", "ckptinspect", *args], stdin=subprocess.DEVNULL, env=full_env,
+                            cwd=str(ROOT), **streams)
+    os.close(slave)
+    chunks: list[bytes] = []
+    while True:
+        ready, _, _ = select.select([master], [], [], timeout)
+        if not ready:
+            proc.kill()
+            raise TimeoutError(args)
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    piped = proc.stderr if tty == "stdout" else proc.stdout
+    other = piped.read().decode() if piped else ""
+    proc.wait(timeout)
+    on_tty = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    return proc.returncode, on_tty, other
+
+
+# -- progress bars ----------------------------------------------------------------------------------
+def test_progress_enabled_follows_huggingface_hub(monkeypatch):
+    from ckptinspect.cli.options import progress_enabled
+
+    class Stream:
+        def __init__(self, tty: bool) -> None:
+            self.tty = tty
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    assert progress_enabled(False, Stream(True))
+    assert not progress_enabled(True, Stream(True))
+    assert not progress_enabled(False, Stream(False))
+    for value, disabled in (("1", True), ("true", True), ("ON", True), ("0", False), ("", False)):
+        monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", value)
+        assert progress_enabled(False, Stream(True)) is not disabled, value
+
+
+@pytest.fixture(scope="module")
+def hub_url(make_fixture):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hub_server_process import ServerProcess
+
+    with ServerProcess({"org/qwen": make_fixture("qwen3_5_moe_nvfp4")}) as server:
+        yield server.url
+
+
+def test_hub_progress_bar_only_on_a_terminal(hub_url, tmp_path):
+    env = {"HF_ENDPOINT": hub_url, "HF_HUB_CACHE": str(tmp_path / "cache")}
+    code, err, out = run_on_tty(["report", "org/qwen", "--format", "json"], tty="stderr", env=env)
+    assert code == 0 and json.loads(out)["totals"]["tensors"] > 0
+    assert "Reading headers" in err
+    for extra_env, extra_args in (({"HF_HUB_DISABLE_PROGRESS_BARS": "1"}, []), ({}, ["--quiet"])):
+        code, err, out = run_on_tty(["report", "org/qwen", "--format", "json", *extra_args], tty="stderr",
+                                    env={**env, **extra_env})
+        assert code == 0 and "Reading headers" not in err and "\r" not in err, (extra_env, extra_args)
+    piped = run_cli("report", "org/qwen", "--format", "json", env=env)
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+
+
+# -- width ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["qwen3_5_moe_nvfp4", "deepseek_v3_fp8", "qwen3_5_moe_nvfp4_nomtp"])
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_report_text_fits_columns(name, columns, make_fixture):
+    path = str(make_fixture(name))
+    res = run_cli("report", path, env={"COLUMNS": str(columns)})
+    assert res.returncode == 0, res.stderr
+    too_long = [line for line in res.stdout.splitlines() if len(line) > columns]
+    assert not too_long, too_long[:3]
+    # every finding code survives the wrapping whole
+    codes = {f["code"] for f in json.loads(run_cli("report", path, "--format", "json").stdout)["findings"]}
+    assert all(code in res.stdout for code in codes)
+
+
+def test_wide_and_machine_formats_are_full_width():
+    from ckptinspect import api
+    from ckptinspect.render.report import render_report
+
+    report = api.inspect()
+    full = render_report(report, "text")
+    assert max(len(line) for line in full.splitlines()) > 100  # the example's findings are long
+    wide = run_cli("report", "--wide", env={"COLUMNS": "60"})
+    assert wide.stdout == full
+    for fmt in ("json", "markdown"):
+        narrow = run_cli("report", "--format", fmt, env={"COLUMNS": "40"})
+        assert narrow.stdout == render_report(report, fmt), fmt
+
+
+def test_diff_and_plan_text_wrap_but_commands_stay_whole(make_fixture):
+    a, b = str(make_fixture("qwen3_5_moe_nvfp4")), str(make_fixture("qwen3_5_moe_nvfp4_nomtp"))
+    res = run_cli("diff", a, b, env={"COLUMNS": "70"})
+    assert res.returncode == 0 and max(len(x) for x in res.stdout.splitlines()) <= 70
+    assert "mtp-dropped" in res.stdout
+
+    from ckptinspect.render.terminal import wrap_text
+
+    text = "prose " * 30 + "\ncmd --a 1 \\\n  --b " + "x" * 90 + " \\\n  --c 3\n  indented " + "word " * 30
+    wrapped = wrap_text(text, 50)
+    assert "  --b " + "x" * 90 + " \\" in wrapped.splitlines()  # a command line is never broken
+    assert all(len(x) <= 50 for x in wrapped.splitlines() if "xxxx" not in x)
+    assert wrapped.split() == text.split()  # wrapping only moves whitespace
+    assert all(x.startswith("  ") for x in wrapped.split("\n  --c 3\n", 1)[1].splitlines())
+
+
+# -- colour -----------------------------------------------------------------------------------------
+def test_verdicts_coloured_only_on_a_terminal_without_no_color():
+    code, out, _ = run_on_tty(["report"], tty="stdout", env={"COLUMNS": "200"})
+    assert code == 0
+    assert "\x1b[32m\x1b[1mREADY\x1b[0m" in out  # green, bold
+    assert ANSI.sub("", out).count("READY") == 2
+    code, out, _ = run_on_tty(["report"], tty="stdout", env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert code == 0 and "READY" in out and not ANSI.search(out)
+    piped = run_cli("report")
+    assert "READY" in piped.stdout and not ANSI.search(piped.stdout)
+
+
+def test_colour_does_not_change_the_layout():
+    from ckptinspect import api
+    from ckptinspect.render.text import render_text
+
+    report = api.inspect()
+    for width in (None, 70, 100):
+        assert ANSI.sub("", render_text(report, width=width, colour=True)) == render_text(report, width=width)
+
+
+# -- --debug ----------------------------------------------------------------------------------------
+def test_debug_after_the_subcommand(tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    plain = run_cli("report", str(bad))
+    assert plain.returncode == 2 and len(plain.stderr.strip().splitlines()) == 1
+    for args in (("--debug", "report", str(bad)), ("report", str(bad), "--debug"), ("report", "--debug", str(bad))):
+        res = run_cli(*args)
+        assert res.returncode == 1 and "Traceback" in res.stderr and "ConfigError" in res.stderr, args
+
+
+def test_hoist_debug_stops_at_double_dash():
+    from ckptinspect.cli import hoist_debug
+
+    assert hoist_debug(["report", "x", "--debug"]) == (["--debug", "report", "x"], True)
+    assert hoist_debug(["report", "--", "--debug"]) == (["report", "--", "--debug"], False)
+
+
+# -- help -------------------------------------------------------------------------------------------
+def _commands() -> list[tuple[str, ...]]:
+    from ckptinspect.cli import COMMANDS
+
+    names = [(name,) for name in COMMANDS if name != "rules"]
+    return names + [("rules",), ("rules", "list"), ("rules", "show"), ("rules", "validate")]
+
+
+def _click_command(path: tuple[str, ...]):
+    import click
+
+    from ckptinspect.cli import cli
+
+    ctx = click.Context(cli)
+    cmd = cli.get_command(ctx, path[0])
+    for part in path[1:]:
+        cmd = cmd.get_command(ctx, part)
+    return cmd
+
+
+@pytest.mark.parametrize("path", _commands(), ids=" ".join)
+def test_help_has_real_examples(path):
+    res = run_cli(*path, "--help")
+    assert res.returncode == 0
+    examples = res.stdout.split("Examples:", 1)[1].strip().split("\n\n", 1)[0].splitlines()
+    assert 1 <= len(examples) <= 3
+    for line in examples:
+        argv = shlex.split(line.split("  #", 1)[0], comments=True)
+        assert argv[0] == "ckptinspect"
+        # the example names this command (or, for a group, one of its subcommands) ...
+        assert tuple(argv[1:1 + len(path)]) == path or (path == ("snapshot",) and argv[1] == "report")
+        cmd = _click_command(tuple(argv[1:1 + len(path)]) if argv[1] != "rules" or len(path) > 1
+                             else ("rules", argv[2]))
+        known = {opt for p in cmd.params for opt in p.opts + p.secondary_opts}
+        # ... and only options that command has
+        assert {a for a in argv if a.startswith("-")} <= known, line
+
+
+def test_plan_help_lists_every_gpu_of_the_catalog():
+    gpus = yaml.safe_load((ROOT / "rules" / "gpus.yaml").read_text())["gpus"]
+    for command in ("plan", "report"):
+        text = " ".join(run_cli(command, "--help").stdout.split())
+        for gpu in gpus:
+            assert (gpu["aliases"][0] if gpu["aliases"] else gpu["name"]) in text, (command, gpu["name"])
+
+
+def test_help_example_on_the_bundled_example_runs():
+    res = run_cli("report", "--fail-on", "unusable", "--engine", "sglang")
+    assert res.returncode == 0 and "MTP readiness" in res.stdout
+
+
+# -- GPU names --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("typed, suggested", [("rtxpro6000", "rtx-pro-6000"), ("rtx-6000-pro", "rtx-pro-6000"),
+                                              ("h2000", "h200"), ("b-200", "b200"), ("mi300", None)])
+def test_unknown_gpu_suggests_the_closest(typed, suggested):
+    for args in (("plan", str(EXAMPLE), "--gpu", typed, "--gpus", "8"),
+                 ("report", str(EXAMPLE), "--gpu", typed, "--gpus", "8")):
+        res = run_cli(*args)
+        if suggested is None:  # "mi300" is an alias: accepted (the plan itself may still fail)
+            assert "unknown GPU" not in res.stderr
+            continue
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        match = re.search(r"did you mean ([^?]+)\?", res.stderr)
+        assert match and suggested in match.group(1).split(" or "), res.stderr
+
+
+# -- references that can only be mistakes -----------------------------------------------------------
+def test_empty_reference_is_an_error_not_the_example():
+    for command in ("report", "plan", "snapshot"):
+        extra = {"plan": ["--gpu", "h200", "--gpus", "1"], "snapshot": ["-o", "/tmp/never-written.json.gz"]}
+        res = run_cli(command, "", *extra.get(command, []))
+        assert res.returncode == 2 and "empty model reference" in res.stderr, (command, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1
+    assert not Path("/tmp/never-written.json.gz").exists()
+    assert run_cli("report").returncode == 0  # only a missing argument means the bundled example
+
+
+@pytest.mark.parametrize("inside", ["config.json", "model.safetensors.index.json",
+                                    "model-00001-of-00003.safetensors"])
+def test_file_inside_a_model_directory_suggests_the_directory(inside):
+    res = run_cli("report", str(EXAMPLE / inside))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "file inside a model directory" in res.stderr and res.stderr.strip().endswith(str(EXAMPLE))
+    assert "gzip" not in res.stderr
+
+
+# -- network and offline ----------------------------------------------------------------------------
+def test_no_network_names_the_endpoint_and_the_cause(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    res = run_cli("report", "org/never-reached", env={"HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path),
+                                                      "CKPTINSPECT_HTTP_BACKOFF_S": "0.01"})
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert endpoint in res.stderr and "ConnectionRefusedError" in res.stderr
+
+
+def test_offline_says_what_is_cached_and_points_to_snapshot(tmp_path):
+    commit = "a" * 40
+    storage = tmp_path / "models--org--partial"
+    (storage / "refs").mkdir(parents=True)
+    (storage / "refs" / "main").write_text(commit)
+    snap = storage / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text((EXAMPLE / "config.json").read_text())
+    (snap / "model.safetensors.index.json").write_text((EXAMPLE / "model.safetensors.index.json").read_text())
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
+    res = run_cli("report", "org/partial", env=env)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "holds for org/partial: config.json, model.safetensors.index.json" in res.stderr
+    assert "ckptinspect snapshot org/partial -o" in res.stderr
+    absent = run_cli("report", "org/absent", env=env)
+    assert absent.returncode == 2 and "holds nothing for org/absent" in absent.stderr
+
+
+# -- diff gate --------------------------------------------------------------------------------------
+def test_diff_fail_on(make_fixture):
+    a, b = str(make_fixture("qwen3_5_moe_nvfp4")), str(make_fixture("qwen3_5_moe_nvfp4_nomtp"))
+    dropped = run_cli("diff", a, b, "--fail-on", "error")
+    assert dropped.returncode == 1 and "fail-on error: mtp-dropped (error)" in dropped.stderr
+    assert run_cli("diff", a, b).returncode == 0  # no gate asked: the diff itself succeeded
+    same = run_cli("diff", a, a, "--fail-on", "warning")
+    assert same.returncode == 0 and same.stderr == ""
+    as_json = run_cli("diff", a, b, "--fail-on", "error", "--format", "json")
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["schema_version"] == 1
+
+
+# -- the test suite's one-time SGLang install -------------------------------------------------------
+@pytest.mark.skipif(not os.environ.get("CKPTINSPECT_NOTICE_PROBE"), reason="run by the test below")
+def test_sglang_install_inner(monkeypatch):
+    sys.path.insert(0, str(ROOT / "tests"))
+    import sglang_parser
+
+    calls = []
+
+    def fake_pip(cmd, **kwargs):  # records the install instead of downloading 1.3 GB
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setenv("CKPTINSPECT_TEST_CACHE", os.environ["CKPTINSPECT_NOTICE_PROBE"])
+    monkeypatch.setattr(sglang_parser.subprocess, "run", fake_pip)
+    sglang_parser.ensure_sglang()
+    sglang_parser.ensure_sglang()  # marker written: nothing to install, nothing printed
+    assert len(calls) == 1 and "--no-deps" in calls[0] and sglang_parser.SGLANG in calls[0]
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["serial", "xdist"])
+def test_sglang_install_prints_one_line_once_through_capture(tmp_path, workers):
+    env = dict(os.environ, CKPTINSPECT_NOTICE_PROBE=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
+                          "tests/test_cli_conventions.py::test_sglang_install_inner"], capture_output=True,
+                         text=True, env=env, cwd=str(ROOT), timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:]
+    notice = [line for line in (res.stdout + res.stderr).splitlines() if "ckptinspect tests: installing" in line]
+    assert len(notice) == 1 and str(tmp_path) in notice[0] and "1.3 GB" in notice[0], res.stdout + res.stderr
+
+
+def test_rules_list_fits_columns_and_wide_is_the_plain_table():
+    narrow = run_cli("rules", "list", env={"COLUMNS": "70"})
+    assert narrow.returncode == 0 and max(len(x) for x in narrow.stdout.splitlines()) <= 70
+    wide = run_cli("rules", "list", "--wide", env={"COLUMNS": "70"})
+    families = json.loads(run_cli("rules", "list", "--format", "json").stdout)["families"]
+    rows = wide.stdout.splitlines()[2:]
+    assert [r.split()[0] for r in rows] == [f["id"] for f in families]  # one line per family
+    assert all(f["id"] in narrow.stdout for f in families)
