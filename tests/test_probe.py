@@ -20,8 +20,12 @@ from probe_helpers import ROOT, fixture, load_main, torch, write_prompts
 
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe.result import FLOOR_MISSING
-from ckptinspect.probe.runner import _encode, run_probe
-from ckptinspect.probe.prompts import Prompt
+from ckptinspect.probe.runner import run_probe
+from ckptinspect.probe.prompts import Prompt, encode_prompt
+
+
+def _encode(tok, prompt, chat):
+    return encode_prompt(tok, prompt, chat=chat, vocab_size=None, source="test")
 
 PROMPTS = ["What are three ways to water a garden?", "Write a Python function that adds two numbers.",
            "Solve for x: 3x + 7 = 2x - 5.", "Traduis en français : le chat dort."]
@@ -164,10 +168,10 @@ def test_broken_mtp_layers_fall_below_healthy_and_trip_floor(tmp_path):
         r = run_probe(path, prompts=prompts, steps=1, max_new_tokens=NEW, progress=False)
         alphas[how] = r.alpha1
         assert r.alpha1 < healthy.alpha1 - 0.1, (how, r.alpha1, healthy.alpha1)
-        codes = {f["code"] for f in r.findings}
+        codes = {f.code for f in r.findings}
         if r.alpha1 < FLOOR_MISSING:
             assert "mtp-acceptance-floor" in codes
-            assert any("MTP weights missing or mis-wired" in f["message"] for f in r.findings)
+            assert any("MTP weights missing or mis-wired" in f.message for f in r.findings)
         else:
             assert codes & {"mtp-acceptance-low", "mtp-acceptance-floor"}
     assert min(alphas.values()) < FLOOR_MISSING

@@ -127,17 +127,20 @@ def _tiny(kind):
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **cfg), dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("kind,family,offset,hidden_first", [("qwen35moe", "qwen3_5_moe_text", 1.0, False),
+@pytest.mark.parametrize("kind,family,offset,hidden_first", [("qwen35moe", "qwen3_5_moe", 1.0, False),
                                                               ("mimo", "mimo", 0.0, True),
                                                               ("ernie", "ernie4_5_moe", 0.0, False)])
 def test_fusion_head_equals_independent_forward(kind, family, offset, hidden_first):
     import copy
 
-    from ckptinspect.probe.heads import find_spec
+    from ckptinspect.probe.heads import spec_for_family
     from ckptinspect.probe.heads.fusion import FusionHead
 
     main = _tiny(kind)
-    spec = find_spec({"model_type": family})
+    if kind == "qwen35moe":  # the hybrid path: a full-attention MTP block over a linear-attention backbone
+        assert "linear_attention" in main.config.layer_types
+        assert any(hasattr(layer, "linear_attn") for layer in main.get_decoder().layers)
+    spec = spec_for_family(family)
     head = FusionHead(main, spec, None)
     _randomize(head, 7)
     w = head.export()  # checkpoint layout, per-expert tensors
@@ -289,15 +292,71 @@ def test_loader_storage_kind(entries, name, kind):
 def test_loader_dequantizes_compressed_tensors_fp8_blocks(tmp_path):
     from safetensors.torch import save_file
 
-    from ckptinspect.probe.loader import iter_tensors, logical_params, read_headers
+    from safetensors import safe_open
+
+    from ckptinspect.probe.loader import TensorMeta, iter_tensors, logical_params
 
     g = torch.Generator().manual_seed(3)
     w = (torch.randn(256, 128, generator=g) * 4).to(torch.float8_e4m3fn)
     scale = torch.rand(2, 1, generator=g) + 0.5
     save_file({"l.weight": w, "l.weight_scale": scale, "n.weight": torch.ones(3, dtype=torch.bfloat16)},
               str(tmp_path / "m.safetensors"))
-    metas = read_headers(str(tmp_path))
+    metas = {}
+    with safe_open(str(tmp_path / "m.safetensors"), "pt") as fh:  # the safetensors library's own header reader
+        for name in fh.keys():
+            sl = fh.get_slice(name)
+            metas[name] = TensorMeta(name, sl.get_dtype(), tuple(sl.get_shape()), "m.safetensors", 0)
     out = dict(iter_tensors(str(tmp_path), metas, lambda n: True, torch.float32))
     assert sorted(out) == ["l.weight", "n.weight"]  # the scale is folded in, not loaded as a parameter
     assert torch.equal(out["l.weight"], dequant.dequant_fp8_block(w, scale))
     assert logical_params(metas) == 256 * 128 + 3
+
+
+def test_cost_calibration_file_and_overhead(tmp_path):
+    """The measured calibration (benchmarks/results) is read, and the overhead enters every forward."""
+    import json
+    import os
+
+    from ckptinspect.errors import ProbeError
+    from ckptinspect.probe import cost
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    eff = cost.load_efficiency(os.path.join(root, "benchmarks", "results", "cost_calibration_h200.json"))
+    assert 0 < eff.bandwidth <= 1 and 0 < eff.flops <= 1 and eff.overhead_s > 0 and "calibrated" in eff.source
+    gpu = cost.resolve_gpu("H200", "bf16")
+    m = cost.ModelCost(dense_bytes=10 ** 10, dense_params=5 * 10 ** 9, expert_bytes=0, expert_params=0, num_experts=0,
+                       top_k=0, head_bytes=10 ** 9, head_params=5 * 10 ** 8, mtp_dense_bytes=4 * 10 ** 8,
+                       mtp_dense_params=2 * 10 ** 8, mtp_expert_bytes=0, mtp_expert_params=0)
+    custom = cost.Efficiency(0.5, 0.5, 0.01, "test")
+    row = cost.speedup_table(m, gpu, {2: 2.5}, batches=(1,), eff=custom)[0]
+    t_target = (10 ** 10 + 10 ** 9) / (gpu.bandwidth_bytes_s * 0.5) + 0.01  # memory bound at batch 1
+    t_draft = (4 * 10 ** 8 + 10 ** 9) / (gpu.bandwidth_bytes_s * 0.5) + 0.01
+    assert row["by_steps"]["2"] == pytest.approx(2.5 * t_target / (t_target + 2 * t_draft), rel=1e-6)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"bandwidth_efficiency": 2.0, "flop_efficiency": 0.5}))
+    with pytest.raises(ProbeError, match="out of range"):
+        cost.load_efficiency(str(bad))
+    bad.write_text("{}")
+    with pytest.raises(ProbeError, match="not a cost calibration"):
+        cost.load_efficiency(str(bad))
+
+
+@pytest.mark.parametrize("kind", ["deepseek", "qwen35moe_nvfp4"])
+def test_cost_weights_agree_with_plan_memory_model(kind):
+    """The probe's roofline bytes (from the inventory) and the plan's per-GPU memory model at TP 1
+    differ by exactly the engine's vocab padding of the embedding and LM head (SGLang pads the vocab
+    to a multiple of 64), nothing else."""
+    from probe_helpers import fixture
+
+    from ckptinspect.plan.memory import weights_per_gpu
+    from ckptinspect.probe.checkpoint import open_checkpoint
+    from ckptinspect.probe.result import model_cost
+
+    pc = open_checkpoint(fixture(kind))
+    cfg = pc.checkpoint.config
+    m = model_cost(pc.inventory, cfg)
+    emb = sum(g.bytes for g in pc.inventory.groups if g.mtp_layer is None and g.component == "embedding")
+    ours = m.dense_bytes + m.expert_bytes + m.head_bytes + m.mtp_dense_bytes + m.mtp_expert_bytes + emb
+    padded = -(-cfg.vocab_size // 64) * 64
+    padding = 2 * (padded - cfg.vocab_size) * cfg.hidden_size * 2  # embedding + LM head, BF16
+    assert weights_per_gpu(pc.checkpoint, 1, 1, with_mtp=True) - ours == padding

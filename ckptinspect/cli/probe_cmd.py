@@ -50,13 +50,24 @@ def _parse_devices(text: str | None) -> list[int] | None:
 @click.option("--main-url", default=None, help="Use a running SGLang server (--enable-return-hidden-states) as main model.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (never implied).")
 @click.option("--max-prompts", default=None, type=click.IntRange(1), help="Use only the first N prompts.")
+@click.option("--corpus", default=None, type=click.Path(dir_okay=False),
+              help="Teacher mode: score this text (.txt, documents split at blank lines; .jsonl with 'text').")
+@click.option("--save-continuations", default=None, type=click.Path(dir_okay=False),
+              help="Greedy mode: also write the main model's greedy continuations here (.jsonl).")
+@click.option("--continuations", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Teacher mode: score continuations saved by --save-continuations (no generation).")
+@click.option("--max-gpu-memory", default=None, type=click.FloatRange(min=0.0, min_open=True),
+              help="GiB the main model may use on the device; a model over it is layer-streamed (teacher mode).")
+@click.option("--cost-calibration", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Cost-model efficiencies measured on the GPU (JSON written by benchmarks/probe_gpu.py).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars (also off when stderr is not a terminal or "
               "HF_HUB_DISABLE_PROGRESS_BARS=1).")
 @wide_option
 def probe(model: str, device: str | None, devices: str | None, prompts_file: str | None, max_new_tokens: int,
           steps: int, mode: str, temperature: float, gpu: str, batch_size: int, dtype: str | None, fmt: str,
           output: str | None, plot: str | None, main_url: str | None, trust_remote_code: bool,
-          max_prompts: int | None, quiet: bool, wide: bool) -> None:
+          max_prompts: int | None, corpus: str | None, save_continuations: str | None, continuations: str | None,
+          max_gpu_memory: float | None, cost_calibration: str | None, quiet: bool, wide: bool) -> None:
     """Measure how well MODEL's MTP head drafts for its own main model (acceptance per depth,
     accept length, projected speedup, recommended speculative settings)."""
     from ckptinspect import api
@@ -79,7 +90,9 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
     result = api.probe(model, device=device, devices=_parse_devices(devices), prompts=prompts_file,
                        max_new_tokens=max_new_tokens, steps=steps, mode=mode, temperature=temperature, gpu=gpu,
                        trust_remote_code=trust_remote_code, batch_size=batch_size, dtype=dtype,
-                       progress=progress, main_url=main_url, max_prompts=max_prompts)
+                       progress=progress, main_url=main_url, max_prompts=max_prompts, corpus=corpus,
+                       continuations=continuations, save_continuations_to=save_continuations,
+                       max_gpu_memory=max_gpu_memory, cost_calibration=cost_calibration)
     text = render_probe(result, fmt, width=None if output else output_width(fmt, wide))
     if output:
         with open(output, "w", encoding="utf-8") as fh:

@@ -7,8 +7,11 @@ Each forward costs max(bytes read / (BW * BW_EFF), FLOPs / (peak * FLOP_EFF)). B
 main model's non-expert weights + lm_head + the routed experts the tokens touch (MoE: expected
 distinct experts per layer E * (1 - (1 - k/E)^tokens), so verifying K+1 tokens costs more even at
 batch 1); the draft reads the MTP layer (+ its touched experts) and the shared lm_head. Weight bytes
-are the checkpoint's stored bytes (what an engine serving it reads). Not modelled: KV-cache and
-attention cost (grows with context), kernel launch / scheduling overhead, communication under TP/EP.
+are the checkpoint's stored bytes (what an engine serving it reads). ``Efficiency`` holds the
+fractions of peak and a fixed per-forward overhead (launches, framework, scheduling): the defaults
+are assumptions, a file written by benchmarks/probe_gpu.py (measured forwards on that GPU) replaces
+them, and the result says which it used. Not modelled: KV-cache and attention cost (grows with
+context), communication under TP/EP.
 """
 
 from __future__ import annotations
@@ -21,17 +24,42 @@ from typing import Any
 BW_EFF = 0.80
 FLOP_EFF = 0.60
 
-# Fallback GPU constants used only when ckptinspect.plan.gpus (rules/gpus.yaml) is not importable.
-# Dense (no sparsity) tensor TFLOPS per precision and HBM bandwidth, NVIDIA datasheets:
-# H200 SXM (141 GB HBM3e, 4.8 TB/s), H100 SXM (80 GB, 3.35 TB/s), B200 (180 GB, 8 TB/s), A100 80GB SXM (2.039 TB/s).
-FALLBACK_GPUS: dict[str, dict[str, Any]] = {
-    "H200": {"memory_gb": 141, "bandwidth_tbs": 4.8, "tflops": {"bf16": 989, "fp8": 1979}},
-    "H100": {"memory_gb": 80, "bandwidth_tbs": 3.35, "tflops": {"bf16": 989, "fp8": 1979}},
-    "B200": {"memory_gb": 180, "bandwidth_tbs": 8.0, "tflops": {"bf16": 2250, "fp8": 4500, "fp4": 9000}},
-    "A100": {"memory_gb": 80, "bandwidth_tbs": 2.039, "tflops": {"bf16": 312}},
-}
-
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    bandwidth: float = BW_EFF
+    flops: float = FLOP_EFF
+    overhead_s: float = 0.0  # added to every forward
+    source: str = "assumed defaults"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bandwidth_efficiency": self.bandwidth, "flop_efficiency": self.flops, "overhead_s": self.overhead_s,
+                "source": self.source}
+
+
+DEFAULT_EFFICIENCY = Efficiency()
+
+
+def load_efficiency(path: str) -> Efficiency:
+    """A calibration file: {"bandwidth_efficiency", "flop_efficiency", "overhead_s", "gpu", ...}."""
+    import json
+
+    from ckptinspect.errors import ProbeError
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        eff = Efficiency(float(data["bandwidth_efficiency"]), float(data["flop_efficiency"]),
+                         float(data.get("overhead_s", 0.0)), f"calibrated: {path}")
+    except OSError as exc:
+        raise ProbeError(f"cannot read the cost calibration ({exc.strerror})", path=path) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProbeError(f"not a cost calibration file ({type(exc).__name__}: {exc})", path=path) from None
+    if not (0 < eff.bandwidth <= 1 and 0 < eff.flops <= 1 and eff.overhead_s >= 0):
+        raise ProbeError("cost calibration out of range (efficiencies in (0, 1], overhead >= 0)", path=path)
+    return eff
 
 
 @dataclass(frozen=True)
@@ -40,7 +68,7 @@ class GpuFacts:
     bandwidth_bytes_s: float
     flops: float  # at the precision used
     precision: str
-    source: str  # "rules/gpus.yaml" or "builtin"
+    source: str  # where the figures came from ("rules/gpus.yaml")
 
 
 @dataclass(frozen=True)
@@ -62,29 +90,20 @@ class ModelCost:
 
 
 def resolve_gpu(name: str, precision: str) -> GpuFacts:
-    """GPU facts from the project catalog (rules/gpus.yaml via ckptinspect.plan.gpus), else the
-    builtin table above. Precision falls back fp4 -> fp8 -> bf16 where the GPU lacks it."""
+    """GPU facts from the project catalog (rules/gpus.yaml, through ckptinspect.plan.gpus), the same
+    entries `plan` uses. Precision falls back fp4 -> fp8 -> bf16 where the GPU lacks it."""
     from ckptinspect.errors import CkptInspectError, ProbeError
+    from ckptinspect.plan.gpus import find_gpu
 
     try:
-        from ckptinspect.plan.gpus import find_gpu
-    except ImportError:
-        find_gpu = None
-    if find_gpu is not None:
-        try:
-            spec = find_gpu(name)
-        except CkptInspectError as exc:
-            raise ProbeError(str(exc)) from exc
-        tflops = {"bf16": spec.tflops_bf16, "fp8": spec.tflops_fp8, "fp4": spec.tflops_fp4}
-        prec = next(p for p in _fallbacks(precision) if tflops.get(p))
-        return GpuFacts(spec.name, float(spec.bandwidth_tbps) * 1e12, float(tflops[prec]) * 1e12, prec,
-                        "rules/gpus.yaml")
-    key = next((k for k in FALLBACK_GPUS if k.lower() in name.lower().replace("-", "")), None)
-    if key is None:
-        raise ProbeError(f"unknown GPU {name!r} for the cost model (known: {', '.join(FALLBACK_GPUS)})")
-    facts = FALLBACK_GPUS[key]
-    prec = next(p for p in _fallbacks(precision) if p in facts["tflops"])
-    return GpuFacts(key, facts["bandwidth_tbs"] * 1e12, facts["tflops"][prec] * 1e12, prec, "builtin")
+        spec = find_gpu(name)
+    except CkptInspectError as exc:
+        raise ProbeError(str(exc)) from None
+    tflops = {"bf16": spec.tflops_bf16, "fp8": spec.tflops_fp8, "fp4": spec.tflops_fp4}
+    prec = next((p for p in _fallbacks(precision) if tflops.get(p)), None)
+    if prec is None:
+        raise ProbeError(f"rules/gpus.yaml gives {spec.name} no TFLOPS for {precision} or any wider format")
+    return GpuFacts(spec.name, float(spec.bandwidth_tbps) * 1e12, float(tflops[prec]) * 1e12, prec, "rules/gpus.yaml")
 
 
 def _fallbacks(precision: str) -> tuple[str, ...]:
@@ -99,31 +118,33 @@ def _touched(num_experts: int, top_k: int, tokens: int) -> float:
 
 
 def forward_time(gpu: GpuFacts, dense_b: int, dense_p: int, exp_b: int, exp_p: int, e: int, k: int,
-                 tokens: int) -> float:
+                 tokens: int, eff: Efficiency = DEFAULT_EFFICIENCY) -> float:
     frac = _touched(e, k, tokens)
     bytes_read = dense_b + exp_b * frac
     active = dense_p + (exp_p * k / e if e else exp_p)
     flops = 2.0 * tokens * active
-    return max(bytes_read / (gpu.bandwidth_bytes_s * BW_EFF), flops / (gpu.flops * FLOP_EFF))
+    return max(bytes_read / (gpu.bandwidth_bytes_s * eff.bandwidth), flops / (gpu.flops * eff.flops)) + eff.overhead_s
 
 
-def step_times(m: ModelCost, gpu: GpuFacts, batch: int, k: int) -> tuple[float, float, float]:
+def step_times(m: ModelCost, gpu: GpuFacts, batch: int, k: int,
+               eff: Efficiency = DEFAULT_EFFICIENCY) -> tuple[float, float, float]:
     """(T_target(batch), T_verify(batch*(k+1)), T_draft(batch)) in seconds."""
     def target(tokens: int) -> float:
         return forward_time(gpu, m.dense_bytes + m.head_bytes, m.dense_params + m.head_params,
-                            m.expert_bytes, m.expert_params, m.num_experts, m.top_k, tokens)
+                            m.expert_bytes, m.expert_params, m.num_experts, m.top_k, tokens, eff)
 
     draft = forward_time(gpu, m.mtp_dense_bytes + m.head_bytes, m.mtp_dense_params + m.head_params,
-                         m.mtp_expert_bytes, m.mtp_expert_params, m.num_experts, m.top_k, batch)
+                         m.mtp_expert_bytes, m.mtp_expert_params, m.num_experts, m.top_k, batch, eff)
     return target(batch), target(batch * (k + 1)), draft
 
 
-def speedup_table(m: ModelCost, gpu: GpuFacts, taus: dict[int, float], batches=DEFAULT_BATCHES) -> list[dict]:
+def speedup_table(m: ModelCost, gpu: GpuFacts, taus: dict[int, float], batches=DEFAULT_BATCHES,
+                  eff: Efficiency = DEFAULT_EFFICIENCY) -> list[dict]:
     rows = []
     for b in batches:
         row: dict[str, Any] = {"batch": b, "by_steps": {}}
         for k, tau in sorted(taus.items()):
-            t1, tv, td = step_times(m, gpu, b, k)
+            t1, tv, td = step_times(m, gpu, b, k, eff)
             row["by_steps"][str(k)] = tau * t1 / (tv + k * td)
         best = max(row["by_steps"].items(), key=lambda kv: kv[1])
         row["best_steps"] = int(best[0]) if best[1] > 1.0 else 0

@@ -30,12 +30,16 @@ def target_hidden(main, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode: str, temperature: float,
-                pad_id: int, device, hidden: torch.Tensor | None = None, with_target: bool = True) -> dict[str, Tally]:
+                pad_id: int, device, hidden: torch.Tensor | None = None, with_target: bool = True,
+                timings: dict[str, float] | None = None) -> dict[str, Tally]:
     """Counts per category for one batch of sequences (tallies are merged by the caller).
 
-    ``hidden``: target hidden states supplied from outside (``--main-url``); ``with_target`` False
-    when the main model's logits are not available (no sampled-acceptance estimate, greedy mode only).
+    ``hidden``: target hidden states supplied from outside (``--main-url``, streamed layers);
+    ``with_target`` False when the main model's logits are not available (no sampled-acceptance
+    estimate, greedy mode only). ``timings`` accumulates seconds per phase (hidden_forward,
+    mtp_chain, walk), the device synchronized at each boundary.
     """
+    clock = _Clock(timings, device)
     n = max(len(s.tokens) for s in batch)
     ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
     for i, s in enumerate(batch):
@@ -43,6 +47,7 @@ def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode:
     ids = ids.to(device)
     if hidden is None:
         hidden = target_hidden(main, ids)
+        clock.lap("hidden_forward")
     if not torch.isfinite(hidden).all():
         raise ProbeError("the main model produced non-finite hidden states (NaN/inf): check the weights "
                          "or use --dtype fp32")
@@ -57,11 +62,32 @@ def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode:
     min_pq = chain.min_pq.cpu().numpy() if chain.min_pq is not None else None
     argmax = (torch.cat([lm_head(hidden[:, i:i + 512]).argmax(-1) for i in range(0, n, 512)], dim=1).cpu().numpy()
               if with_target else np.zeros((len(batch), n), dtype=np.int64))
+    clock.lap("mtp_chain")
     tallies: dict[str, Tally] = {}
     for b, seq in enumerate(batch):
         tally = tallies.setdefault(seq.category, Tally(steps))
         score_sequence(tally, seq, drafts[:, b], argmax[b], None if min_pq is None else min_pq[:, b], mode)
+    clock.lap("walk")
     return tallies
+
+
+class _Clock:
+    """Adds wall seconds since the last lap to ``timings[phase]`` (no-op without a dict)."""
+
+    def __init__(self, timings: dict[str, float] | None, device) -> None:
+        import time
+
+        self.timings, self.device, self._time = timings, torch.device(device), time.perf_counter
+        self.last = self._time()
+
+    def lap(self, phase: str) -> None:
+        if self.timings is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = self._time()
+        self.timings[phase] = self.timings.get(phase, 0.0) + now - self.last
+        self.last = now
 
 
 def score_sequence(tally: Tally, seq: Sequence, drafts: np.ndarray, argmax: np.ndarray,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 import re
 import shutil
 import tempfile
@@ -28,7 +27,7 @@ _COMPANIONS = ("weight_scale", "weight_scale_2", "input_scale", "weight_scale_in
 # packed ones (compressed-tensors, GPTQ / AWQ) have no dequantizer here.
 _PACKED_WEIGHTS = (".weight_packed", ".qweight")
 _WEIGHT_SUFFIXES = (".weight", *_PACKED_WEIGHTS)
-_DEQUANTIZERS = frozenset({"nvfp4", "fp8_block", "fp8_scaled", "mxfp4"})
+DEQUANTIZERS = frozenset({"nvfp4", "fp8_block", "fp8_scaled", "mxfp4"})
 _MODULE_SUFFIXES = (".weight_scale", ".weight_scale_2", ".weight_scale_inv", ".weight_global_scale", ".g_idx",
                     ".scales", ".qzeros")
 
@@ -66,29 +65,6 @@ def read_config(model_dir: str) -> dict[str, Any]:
         raise ProbeError("config.json not found", path=model_dir) from exc
     except json.JSONDecodeError as exc:
         raise ProbeError(f"config.json is not valid JSON ({exc})", path=path) from exc
-
-
-def read_headers(model_dir: str) -> dict[str, TensorMeta]:
-    """Every tensor's dtype / shape / shard / size from the safetensors headers, validated by the same
-    bounded parser as `report` (no tensor data read)."""
-    from ckptinspect.errors import CkptInspectError
-    from ckptinspect.header.parser import parse_header
-    from ckptinspect.sources.interface import read_header_file
-
-    shards = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
-    if not shards:
-        raise ProbeError("no .safetensors files (the probe never loads pickle checkpoints)", path=model_dir)
-    metas: dict[str, TensorMeta] = {}
-    for shard in shards:
-        path = os.path.join(model_dir, shard)
-        try:
-            data, size = read_header_file(Path(path), source=path)
-            header = parse_header(data, source=path, file_size=size)
-        except CkptInspectError as exc:
-            raise ProbeError(str(exc)) from None
-        for name, dtype, shape, nbytes in zip(header.names, header.dtypes, header.shapes, header.sizes):
-            metas[name] = TensorMeta(name, dtype, tuple(shape), shard, nbytes)
-    return metas
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -149,12 +125,14 @@ def stored_bytes(metas: Mapping[str, TensorMeta], keep: Callable[[str], bool] = 
 def needs_dequant(metas: Mapping[str, TensorMeta]) -> bool:
     """Whether a BF16 copy must be written first. Packed formats without a dequantizer here
     (``unsupported:*``) are left to transformers' own loader and its quantization integrations."""
-    return any(quant_kind(n, metas) in _DEQUANTIZERS for n in metas)
+    return any(quant_kind(n, metas) in DEQUANTIZERS for n in metas)
 
 
 def iter_tensors(model_dir: str, metas: Mapping[str, TensorMeta], keep: Callable[[str], bool],
-                 dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for kept tensors, dequantized to ``dtype``, companions folded in."""
+                 dtype: torch.dtype, device: Any = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) for kept tensors, dequantized to ``dtype``, companions folded in. The
+    stored bytes are read straight onto ``device`` and dequantized there (a GPU does it in place of
+    the CPU). Only tensors in ``metas`` (the report inventory's, in the index's shards) are read."""
     from safetensors import safe_open
 
     by_shard: dict[str, list[str]] = {}
@@ -166,7 +144,7 @@ def iter_tensors(model_dir: str, metas: Mapping[str, TensorMeta], keep: Callable
     def get(name: str) -> torch.Tensor:
         shard = metas[name].shard
         if shard not in handles:
-            handles[shard] = safe_open(os.path.join(model_dir, shard), framework="pt", device="cpu")
+            handles[shard] = safe_open(os.path.join(model_dir, shard), framework="pt", device=str(device))
         return handles[shard].get_tensor(name)
 
     for shard in sorted(by_shard):

@@ -6,9 +6,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ckptinspect.probe import cost, loader
-from ckptinspect.probe.heads import HeadSpec, text_model_type
+from ckptinspect.probe import cost
+from ckptinspect.probe.heads import HeadSpec
 from ckptinspect.probe.metrics import Tally
+from ckptinspect.records import Finding
 
 SCHEMA_VERSION = 1
 # acceptance_metrics.md §4.5: alpha_1 < 0.05 on chat text = MTP absent / garbage / mis-wired
@@ -20,11 +21,13 @@ FLOOR_SUSPECT = 0.40
 @dataclass(frozen=True)
 class ProbeResult:
     data: Mapping[str, Any]
-    findings: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+    findings: tuple[Finding, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.data)
-        out["findings"] = [dict(f) for f in self.findings]
+        from ckptinspect.render.findings import finding_json
+
+        out["findings"] = [finding_json(f) for f in self.findings]
         return out
 
     @property
@@ -32,66 +35,59 @@ class ProbeResult:
         return self.data["overall"]["depths"][0]["conditional"]
 
 
-def _model_cost(metas, config: Mapping[str, Any], spec: HeadSpec) -> cost.ModelCost:
-    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
-    num_layers = int(text.get("num_hidden_layers", 0))
-    mtp_prefix = spec.concrete_prefix(num_layers)
-    mtp_markers = ("mtp_", "mtp.", ".mtp_layers.", "mtp_block") if spec.prefix == "model." else (mtp_prefix,)
+def model_cost(inventory, config) -> cost.ModelCost:
+    """Weight bytes / params a forward reads, from the report's inventory: its groups already say
+    which tensors are MTP (``mtp_layer``), routed experts, embedding, LM head or vision tower."""
+    def total(keep) -> tuple[int, int]:
+        groups = [g for g in inventory.groups if keep(g)]
+        return sum(g.bytes for g in groups), sum(g.params for g in groups)
 
-    def is_mtp(n: str) -> bool:
-        return n.startswith(mtp_prefix) and any(m in n for m in mtp_markers) if spec.prefix == "model." else n.startswith(mtp_prefix)
+    def routed(g) -> bool:
+        return g.component == "routed_expert"
 
-    def routed(n: str) -> bool:
-        return ".experts." in n and "shared_expert" not in n
+    def outside_forward(g) -> bool:  # read by no decoder forward: embedding lookup, vision tower
+        return g.component in ("embedding", "vision")
 
-    def skip(n: str) -> bool:
-        return "embed_tokens" in n or "shared_head.head" in n or "visual" in n
-
-    head_keep = lambda n: n.startswith("lm_head.")  # noqa: E731
-    head_b = loader.stored_bytes(metas, head_keep)
-    head_p = loader.logical_params(metas, head_keep)
+    head_b, head_p = total(lambda g: g.mtp_layer is None and g.component == "lm_head")
     if not head_p:  # tied embeddings: the head reads the embedding matrix
-        emb = lambda n: n.endswith("embed_tokens.weight") and not is_mtp(n)  # noqa: E731
-        head_b, head_p = loader.stored_bytes(metas, emb), loader.logical_params(metas, emb)
-    main_dense = lambda n: not is_mtp(n) and not skip(n) and not head_keep(n) and not routed(n)  # noqa: E731
-    main_exp = lambda n: not is_mtp(n) and routed(n)  # noqa: E731
-    mtp_dense = lambda n: is_mtp(n) and not skip(n) and not routed(n)  # noqa: E731
-    mtp_exp = lambda n: is_mtp(n) and routed(n)  # noqa: E731
-    experts = int(text.get("n_routed_experts") or text.get("num_experts") or text.get("num_local_experts")
-                  or text.get("moe_num_experts") or 0)
-    top_k = int(text.get("num_experts_per_tok") or text.get("moe_k") or text.get("top_k") or 0)
+        head_b, head_p = total(lambda g: g.mtp_layer is None and g.component == "embedding")
+    dense_b, dense_p = total(lambda g: g.mtp_layer is None and not outside_forward(g) and g.component != "lm_head"
+                             and not routed(g))
+    exp_b, exp_p = total(lambda g: g.mtp_layer is None and routed(g))
+    mtp_b, mtp_p = total(lambda g: g.mtp_layer is not None and not outside_forward(g) and g.component != "lm_head"
+                         and not routed(g))
+    mtp_exp_b, mtp_exp_p = total(lambda g: g.mtp_layer is not None and routed(g))
+    experts, top_k = config.routed_experts or 0, config.experts_per_token or 0
     return cost.ModelCost(
-        dense_bytes=loader.stored_bytes(metas, main_dense), dense_params=loader.logical_params(metas, main_dense),
-        expert_bytes=loader.stored_bytes(metas, main_exp), expert_params=loader.logical_params(metas, main_exp),
+        dense_bytes=dense_b, dense_params=dense_p, expert_bytes=exp_b, expert_params=exp_p,
         num_experts=experts if top_k else 0, top_k=top_k, head_bytes=head_b, head_params=head_p,
-        mtp_dense_bytes=loader.stored_bytes(metas, mtp_dense), mtp_dense_params=loader.logical_params(metas, mtp_dense),
-        mtp_expert_bytes=loader.stored_bytes(metas, mtp_exp), mtp_expert_params=loader.logical_params(metas, mtp_exp))
+        mtp_dense_bytes=mtp_b, mtp_dense_params=mtp_p, mtp_expert_bytes=mtp_exp_b, mtp_expert_params=mtp_exp_p)
 
 
-def _precision(metas) -> str:
-    kinds = {loader.quant_kind(n, metas) for n in metas}
-    if kinds & {"nvfp4", "mxfp4"}:
+def precision(inventory) -> str:
+    """The narrowest weight format the main model's matmuls run in (what the cost model's peak uses)."""
+    schemes = {g.scheme for g in inventory.groups if g.mtp_layer is None}
+    if schemes & {"nvfp4", "mxfp4"}:
         return "fp4"
-    if kinds & {"fp8_block", "fp8_scaled"}:
+    if schemes & {"fp8_block", "fp8_channel", "fp8_tensor"}:
         return "fp8"
     return "bf16"
 
 
-def _findings(overall: dict[str, Any]) -> list[dict[str, Any]]:
+def _findings(overall: dict[str, Any]) -> list[Finding]:
     alpha = overall["depths"][0]["conditional"] if overall["depths"] else None
     if alpha is None:
-        return [{"code": "probe-no-scored-positions", "severity": "warning",
-                 "message": "no draft position could be scored (prompts too short or continuations ended at once)"}]
+        return [Finding("probe-no-scored-positions", "warning",
+                        "no draft position could be scored (prompts too short or continuations ended at once)")]
     if alpha < FLOOR_MISSING:
-        return [{"code": "mtp-acceptance-floor", "severity": "error",
-                 "message": f"depth-1 acceptance {alpha:.3f} is under {FLOOR_MISSING}: MTP weights missing or mis-wired",
-                 "reference": "vllm-project/vllm#35548; sgl-project/sglang#35797",
-                 "hint": "check that the MTP tensors were exported from the same base model and left unquantized"}]
+        return [Finding("mtp-acceptance-floor", "error",
+                        f"depth-1 acceptance {alpha:.3f} is under {FLOOR_MISSING}: MTP weights missing or mis-wired",
+                        reference="vllm-project/vllm#35548; sgl-project/sglang#35797",
+                        hint="check that the MTP tensors were exported from the same base model and left unquantized")]
     if alpha < FLOOR_SUSPECT:
-        return [{"code": "mtp-acceptance-low", "severity": "warning",
-                 "message": f"depth-1 acceptance {alpha:.3f} is under {FLOOR_SUSPECT}: suspect MTP precision, "
-                            "quantization coverage, remap or graft",
-                 "reference": "vllm-project/vllm#43455"}]
+        return [Finding("mtp-acceptance-low", "warning",
+                        f"depth-1 acceptance {alpha:.3f} is under {FLOOR_SUSPECT}: suspect MTP precision, "
+                        "quantization coverage, remap or graft", reference="vllm-project/vllm#43455")]
     return []
 
 
@@ -108,23 +104,29 @@ def recommend(table: list[dict[str, Any]], steps: int) -> dict[str, Any]:
             "vllm": {"num_speculative_tokens": k}}
 
 
-def build_result(*, ref: str, model_dir: str, config, metas, spec: HeadSpec, mode: str, steps: int,
+def build_result(*, ref: str, probe_ckpt, spec: HeadSpec, mode: str, steps: int,
                  temperature: float, gpu: str, tallies: dict[str, Tally], readiness, devices, dtype: str,
-                 started: float, max_new_tokens: int, main_source: str, dequantized: bool) -> ProbeResult:
+                 started: float, max_new_tokens: int, main_source: str, dequantized: bool,
+                 timings: Mapping[str, float] | None = None, extra: Mapping[str, Any] | None = None,
+                 efficiency: cost.Efficiency = cost.DEFAULT_EFFICIENCY) -> ProbeResult:
     overall = Tally(steps)
     for t in tallies.values():
         overall.merge(t)
     overall_json = overall.to_json()
     taus = {int(k): v for k, v in overall_json["accept_length_by_steps"].items() if v is not None}
-    gpu_facts = cost.resolve_gpu(gpu, _precision(metas))
-    model_cost = _model_cost(metas, config, spec)
-    table = cost.speedup_table(model_cost, gpu_facts, taus) if taus else []
+    inventory, config = probe_ckpt.inventory, probe_ckpt.checkpoint.config
+    gpu_facts = cost.resolve_gpu(gpu, precision(inventory))
+    weights = model_cost(inventory, config)
+    table = cost.speedup_table(weights, gpu_facts, taus, eff=efficiency) if taus else []
+    from ckptinspect.plan.memory import weights_per_gpu  # the project's one per-GPU memory model
+
+    per_gpu = weights_per_gpu(probe_ckpt.checkpoint, 1, 1, with_mtp=True)
     data = {
         "schema_version": SCHEMA_VERSION,
         "model": ref,
-        "model_dir": model_dir,
+        "model_dir": probe_ckpt.checkpoint.location,
         "family": spec.id,
-        "model_type": text_model_type(config),
+        "model_type": config.text_model_type or config.model_type,
         "mode": mode,
         "steps": steps,
         "temperature": temperature,
@@ -134,10 +136,15 @@ def build_result(*, ref: str, model_dir: str, config, metas, spec: HeadSpec, mod
         "overall": overall_json,
         "categories": {cat: t.to_json() for cat, t in sorted(tallies.items())},
         "cost_model": {"gpu": gpu_facts.name, "gpu_source": gpu_facts.source, "precision": gpu_facts.precision,
-                       "bandwidth_efficiency": cost.BW_EFF, "flop_efficiency": cost.FLOP_EFF,
-                       "weights": model_cost.__dict__, "speedup": table},
+                       "bandwidth_efficiency": efficiency.bandwidth, "flop_efficiency": efficiency.flops,
+                       "overhead_s": efficiency.overhead_s, "efficiency_source": efficiency.source,
+                       "weights": weights.__dict__, "weights_per_gpu_bytes": per_gpu,
+                       "weights_per_gpu_source": "ckptinspect.plan.memory, TP 1 / EP 1, MTP loaded",
+                       "speedup": table},
         "recommendation": recommend(table, steps),
         "elapsed_s": round(time.time() - started, 2),
+        "timings_s": {k: round(v, 3) for k, v in (timings or {}).items()},
+        **(extra or {}),
     }
     return ProbeResult(data, tuple(_findings(overall_json)))
 
@@ -173,7 +180,8 @@ def render_text(result: ProbeResult) -> str:
             for c, v in d["categories"].items()))
     cm = d["cost_model"]
     if cm["speedup"]:
-        lines += ["", f"  projected speedup on {cm['gpu']} ({cm['precision']}, roofline, {cm['gpu_source']}):"]
+        lines += ["", f"  projected speedup on {cm['gpu']} ({cm['precision']}, roofline, {cm['gpu_source']}; "
+                      f"efficiencies {cm['efficiency_source']}):"]
         for row in cm["speedup"]:
             lines.append(f"    batch {row['batch']:>4}: " + "  ".join(
                 f"K={k} x{v:.2f}" for k, v in row["by_steps"].items()) + f"   best K={row['best_steps']}")
@@ -182,6 +190,9 @@ def render_text(result: ProbeResult) -> str:
                   f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {rec['sglang']['num_draft_tokens']}; "
                   f"vLLM num_speculative_tokens={rec['vllm']['num_speculative_tokens']}"
                   + ("" if rec["enabled"] else " (MTP not projected to pay off at batch 1)")]
+    if d.get("timings_s"):
+        lines.append("  timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in d["timings_s"].items())
+                     + f"; total {d['elapsed_s']:.2f}")
     for f in d["findings"]:
         lines.append(f"  {f['severity'].upper()}: {f['message']} [{f['code']}]")
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""``run_probe``: load main model + MTP head, build sequences, score them, project the cost."""
+"""``run_probe``: open the checkpoint through the report pipeline, load main model + MTP head,
+build sequences, score them, project the cost."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ import torch
 
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe import loader
-from ckptinspect.probe.evaluate import Sequence, score_batch
-from ckptinspect.probe.heads import HeadSpec, find_spec
-from ckptinspect.probe.metrics import Tally
-from ckptinspect.probe.prompts import Prompt, load_prompts
+from ckptinspect.probe.checkpoint import ProbeCheckpoint, open_checkpoint
+from ckptinspect.probe.heads import HeadSpec, spec_from_rule
+from ckptinspect.probe.heads.build import build_head
+from ckptinspect.probe.prompts import encode_prompt, load_prompts, load_tokenizer
 from ckptinspect.probe.readiness_gate import check_mtp_usable
 from ckptinspect.probe.result import ProbeResult, build_result
+from ckptinspect.probe.scoring import estimate_bytes, score_all
+from ckptinspect.probe.sequences import generate_sequences, save_continuations, teacher_sequences
+
+__all__ = ["MODES", "build_head", "estimate_bytes", "run_probe"]
 
 MODES = ("greedy", "teacher")
 
@@ -46,88 +51,58 @@ def _free_bytes(names: list[str]) -> int:
         return 1 << 62
 
 
-def estimate_bytes(metas, dtype: torch.dtype) -> int:
-    """Weights after dequantization at ``dtype`` + 15% for activations, logits and allocator slack."""
-    per = torch.tensor([], dtype=dtype).element_size()
-    return int(loader.logical_params(metas) * per * 1.15) + (256 << 20)
+def _spec(probe_ckpt: ProbeCheckpoint) -> HeadSpec | None:
+    block = probe_ckpt.probe_rule
+    return None if block is None else spec_from_rule(probe_ckpt.family_rule.id, block)
 
 
-def _encode(tok, prompt: Prompt, chat: bool) -> list[int]:
-    if chat and getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": prompt.text}], tokenize=False,
-                                       add_generation_prompt=True)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
-    return list(tok(prompt.text)["input_ids"])
+def _check_code(config: dict, spec: HeadSpec | None, trust_remote_code: bool, model_dir: str) -> None:
+    from transformers import CONFIG_MAPPING
 
+    model_type = str(config.get("model_type"))
+    if (spec and spec.main_model_type) or trust_remote_code or model_type in CONFIG_MAPPING:
+        return
+    if config.get("auto_map"):
+        raise ProbeError("the checkpoint needs remote code (config.json auto_map, model_type "
+                         f"{model_type!r} unknown to transformers); pass --trust-remote-code to run it", path=model_dir)
+    import transformers
 
-@torch.no_grad()
-def generate_sequences(main, tok, prompts: list[Prompt], max_new_tokens: int, batch_size: int, device,
-                       progress: bool) -> list[Sequence]:
-    from tqdm import tqdm
-
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    eos = main.generation_config.eos_token_id if main.generation_config.eos_token_id is not None else tok.eos_token_id
-    eos_set = set(eos if isinstance(eos, list) else [eos]) - {None}
-    encoded = [(p, _encode(tok, p, chat=True)) for p in prompts]
-    out: list[Sequence] = []
-    for i in tqdm(range(0, len(encoded), batch_size), desc="generate", unit="batch", disable=not progress):
-        chunk = encoded[i:i + batch_size]
-        width = max(len(ids) for _, ids in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, (_, p_ids) in enumerate(chunk):  # left padding for batched generation
-            ids[r, width - len(p_ids):] = torch.tensor(p_ids)
-            mask[r, width - len(p_ids):] = 1
-        gen = main.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                            max_new_tokens=max_new_tokens, pad_token_id=pad)
-        for r, (prompt, p_ids) in enumerate(chunk):
-            cont = gen[r, width:].tolist()
-            for c, t in enumerate(cont):
-                if t in eos_set:
-                    cont = cont[: c + 1]
-                    break
-            out.append(Sequence(prompt.category, tuple(p_ids + cont), len(p_ids)))
-    return out
-
-
-def build_head(spec: HeadSpec, main, load_dir: str):
-    from ckptinspect.probe.heads.fusion import FusionHead
-    from ckptinspect.probe.heads.transformers_mtp import TransformersMtpHead
-
-    if spec.kind == "transformers":
-        return TransformersMtpHead.load(main, load_dir, family=spec.id)
-    metas = loader.read_headers(load_dir)
-    num_layers = int(main.config.get_text_config().num_hidden_layers)
-    prefix = spec.concrete_prefix(num_layers)
-    ref = next(main.get_decoder().layers[-1].parameters())
-    tensors = {n[len(prefix):]: t for n, t in loader.iter_tensors(load_dir, metas, lambda n: n.startswith(prefix), ref.dtype)}
-    # ERNIE keeps MTP parts under model.* next to the main model: only the spec's own names count.
-    return FusionHead(main, spec, tensors, source=load_dir)
+    raise ProbeError(f"transformers {transformers.__version__} has no model for model_type {model_type!r}",
+                     path=model_dir)
 
 
 def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = None, prompts: str | None = None,
               max_new_tokens: int = 128, steps: int = 3, mode: str = "greedy", temperature: float = 1.0,
               gpu: str = "H200", trust_remote_code: bool = False, batch_size: int = 8,
               dtype: str | None = None, progress: bool = True, main_url: str | None = None,
-              max_prompts: int | None = None, head_factory: Callable | None = None) -> ProbeResult:
+              max_prompts: int | None = None, head_factory: Callable | None = None,
+              corpus: str | None = None, continuations: str | None = None,
+              save_continuations_to: str | None = None, max_gpu_memory: float | None = None,
+              stream_chunk_tokens: int = 32768, cost_calibration: str | None = None) -> ProbeResult:
     """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md."""
     if mode not in MODES:
         raise ProbeError(f"unknown mode {mode!r} (greedy or teacher)")
     if not 1 <= steps <= 16:
         raise ProbeError("--steps must be between 1 and 16")
+    if (corpus or continuations) and mode != "teacher":
+        raise ProbeError("--corpus and --continuations score a fixed text: they need --mode teacher")
+    if corpus and continuations:
+        raise ProbeError("give --corpus or --continuations, not both")
+    if save_continuations_to and mode != "greedy":
+        raise ProbeError("--save-continuations records greedy continuations: it needs --mode greedy")
     started = time.time()
-    model_dir = loader.resolve_model_dir(model)
-    config = loader.read_config(model_dir)
-    metas = loader.read_headers(model_dir)
-    spec = find_spec(config)
-    if config.get("auto_map") and not trust_remote_code and not (spec and spec.main_model_type):
-        from transformers import CONFIG_MAPPING
+    timings: dict[str, float] = {}
+    from ckptinspect.probe.cost import DEFAULT_EFFICIENCY, load_efficiency
 
-        if str(config.get("model_type")) not in CONFIG_MAPPING:
-            raise ProbeError("the checkpoint needs remote code (config.json auto_map, model_type "
-                             f"{config.get('model_type')!r} unknown to transformers); pass --trust-remote-code to run it",
-                             path=model_dir)
-    readiness = check_mtp_usable(model, model_dir, config, metas, spec)
+    efficiency = load_efficiency(cost_calibration) if cost_calibration else DEFAULT_EFFICIENCY
+    model_dir = loader.resolve_model_dir(model)
+    probe_ckpt = open_checkpoint(model_dir)
+    config = dict(probe_ckpt.checkpoint.config.raw)
+    vocab = probe_ckpt.checkpoint.config.vocab_size
+    spec = _spec(probe_ckpt)
+    _check_code(config, spec, trust_remote_code, model_dir)
+    readiness = check_mtp_usable(probe_ckpt, spec, model_dir)
+    metas = probe_ckpt.metas
     device_map, names, primary = _device_plan(device, devices)
     torch_dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                    "fp32": torch.float32, "float32": torch.float32}.get(dtype or "", None)
@@ -136,61 +111,67 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
     prompt_list = load_prompts(prompts)
     if max_prompts:
         prompt_list = prompt_list[:max_prompts]
+    common = dict(ref=model, probe_ckpt=probe_ckpt, spec=spec, steps=steps, temperature=temperature, gpu=gpu,
+                  readiness=readiness, started=started, max_new_tokens=max_new_tokens, efficiency=efficiency)
     if main_url:  # the main model lives in the server: no in-process memory check
         if mode != "greedy":
             raise ProbeError("--main-url supports --mode greedy only")
         from ckptinspect.probe.server_client import run_remote
 
-        return run_remote(main_url, model_dir=model_dir, config=config, metas=metas, spec=spec, prompts=prompt_list,
-                          steps=steps, max_new_tokens=max_new_tokens, gpu=gpu, readiness=readiness,
-                          device=primary, dtype=torch_dtype, started=started, ref=model,
-                          batch_size=batch_size, progress=progress, temperature=temperature)
-    need = estimate_bytes(metas, torch_dtype)
-    free = _free_bytes(names)
-    if need > free:
-        raise ProbeError(f"needs about {need / 2**30:.1f} GiB ({loader.logical_params(metas) / 1e9:.2f} B params at "
-                         f"{str(torch_dtype).replace('torch.', '')}) but only {free / 2**30:.1f} GiB is free on "
-                         f"{', '.join(names)}; add --devices or use --main-url", path=model_dir)
+        return run_remote(main_url, model_dir=model_dir, config=config, probe_ckpt=probe_ckpt, spec=spec,
+                          prompts=prompt_list, steps=steps, max_new_tokens=max_new_tokens, gpu=gpu,
+                          readiness=readiness, device=primary, dtype=torch_dtype, started=started, ref=model,
+                          batch_size=batch_size, progress=progress, temperature=temperature, efficiency=efficiency)
+    tok = load_tokenizer(model_dir, vocab, trust_remote_code=trust_remote_code)
+    if mode == "greedy":
+        encoded = [encode_prompt(tok, p, chat=True, vocab_size=vocab, source=model_dir) for p in prompt_list]
+        longest = max(len(e) for e in encoded) + max_new_tokens
+        count = len(encoded)
+    else:
+        sequences = teacher_sequences(tok, prompt_list, corpus, continuations, vocab, model_dir)
+        longest, count = max(len(s.tokens) for s in sequences), len(sequences)
+    cfg = probe_ckpt.checkpoint.config
+    need = estimate_bytes(metas, torch_dtype, batch=min(batch_size, count), seq=longest, vocab=vocab or 0,
+                          hidden=cfg.hidden_size, steps=steps)
+    limit = int(max_gpu_memory * 2**30) if max_gpu_memory is not None else _free_bytes(names)
+    if need > limit:
+        if mode != "teacher" or len(names) > 1:
+            raise ProbeError(f"needs about {need / 2**30:.1f} GiB ({loader.logical_params(metas) / 1e9:.2f} B params "
+                             f"at {str(torch_dtype).replace('torch.', '')} + scoring scratch) but only "
+                             f"{limit / 2**30:.1f} GiB is {'allowed' if max_gpu_memory is not None else 'free'} on "
+                             f"{', '.join(names)}; --mode teacher streams the layers of a model that does not fit, "
+                             "or use --main-url", path=model_dir)
+        from ckptinspect.probe.streamed_run import run_streamed
 
+        return run_streamed(model_dir, probe_ckpt, spec, sequences, tok, common=common, mode=mode, device=primary,
+                            dtype=torch_dtype, batch_size=batch_size, progress=progress, need=need, limit=limit,
+                            chunk_tokens=stream_chunk_tokens, timings=timings, trust_remote_code=trust_remote_code)
 
+    t0 = time.perf_counter()
     load_dir, tmp = loader.prepare_loadable_dir(model_dir, metas, torch_dtype if torch_dtype != torch.float32 else torch.bfloat16, progress)
     try:
         main = loader.load_main_model(load_dir, config, main_model_type=spec.main_model_type, device_map=device_map,
                                       dtype=torch_dtype, trust_remote_code=trust_remote_code)
-        head = (head_factory or build_head)(spec, main, load_dir)
-        from transformers import AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(load_dir, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError) as exc:
-            raise ProbeError(f"no usable tokenizer ({exc})", path=model_dir) from exc
+        head = (head_factory(spec, main, load_dir) if head_factory else
+                build_head(spec, main, load_dir, model_dir, None if spec.kind == "transformers" else metas))
     finally:
         if tmp is not None:
             tmp.cleanup()
     first_device = next(main.parameters()).device
+    timings["load"] = time.perf_counter() - t0
     if mode == "greedy":
-        sequences = generate_sequences(main, tok, prompt_list, max_new_tokens, batch_size, first_device, progress)
-    else:  # teacher: the prompt texts themselves are the corpus; never score position 0
-        sequences = [Sequence(p.category, tuple(tok(p.text)["input_ids"]), 2) for p in prompt_list]
+        t0 = time.perf_counter()
+        sequences = generate_sequences(main, tok, prompt_list, max_new_tokens, batch_size, first_device, progress,
+                                       vocab_size=vocab, source=model_dir)
+        timings["generate"] = time.perf_counter() - t0
+        if save_continuations_to:
+            save_continuations(save_continuations_to, sequences, model_dir=model_dir, max_new_tokens=max_new_tokens)
     tallies = score_all(main, head, sequences, steps, mode=mode, temperature=temperature, batch_size=batch_size,
                         pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, device=first_device,
-                        progress=progress)
-    return build_result(ref=model, model_dir=model_dir, config=config, metas=metas, spec=spec, mode=mode,
-                        steps=steps, temperature=temperature, gpu=gpu, tallies=tallies, readiness=readiness,
-                        devices=names, dtype=str(torch_dtype).replace("torch.", ""), started=started,
-                        max_new_tokens=max_new_tokens, main_source="in-process transformers",
-                        dequantized=tmp is not None)
+                        progress=progress, timings=timings)
+    return build_result(**common, mode=mode, tallies=tallies, devices=names,
+                        dtype=str(torch_dtype).replace("torch.", ""), main_source="in-process transformers",
+                        dequantized=tmp is not None, timings=timings,
+                        extra={"tokens_scored": sum(len(s.tokens) for s in sequences), "memory_estimate_bytes": need})
 
 
-def score_all(main, head, sequences: list[Sequence], steps: int, *, mode: str, temperature: float,
-              batch_size: int, pad_id: int, device, progress: bool) -> dict[str, Tally]:
-    from tqdm import tqdm
-
-    tallies: dict[str, Tally] = {}
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].tokens))  # less padding per batch
-    for i in tqdm(range(0, len(order), batch_size), desc="forward+mtp", unit="batch", disable=not progress):
-        batch = [sequences[j] for j in order[i:i + batch_size]]
-        for cat, t in score_batch(main, head, batch, steps, mode=mode, temperature=temperature,
-                                  pad_id=pad_id, device=device).items():
-            tallies.setdefault(cat, Tally(steps)).merge(t)
-    return tallies

@@ -51,7 +51,7 @@ def hidden_rows(meta: dict[str, Any], url: str) -> torch.Tensor:
     return torch.cat(rows, dim=0)
 
 
-def load_shell(model_dir: str, config: dict[str, Any], spec, dtype: torch.dtype, device: str):
+def load_shell(model_dir: str, config: dict[str, Any], spec, dtype: torch.dtype, device: str, metas):
     """Main-model class with one decoder layer; embedding, final norm and lm_head loaded from the checkpoint."""
     from transformers import AutoConfig, AutoModelForCausalLM, CONFIG_MAPPING
 
@@ -68,7 +68,6 @@ def load_shell(model_dir: str, config: dict[str, Any], spec, dtype: torch.dtype,
     if getattr(shell_text, "layer_types", None):
         shell_text.layer_types = ["full_attention"]
     main = AutoModelForCausalLM.from_config(shell_cfg, dtype=dtype)
-    metas = loader.read_headers(model_dir)
     wanted = {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"}
     tensors = dict(loader.iter_tensors(model_dir, metas, lambda n: n in wanted, dtype))
     main.get_input_embeddings().weight.data.copy_(tensors["model.embed_tokens.weight"])
@@ -77,55 +76,34 @@ def load_shell(model_dir: str, config: dict[str, Any], spec, dtype: torch.dtype,
     return main.to(device).eval(), num_layers
 
 
-def build_remote_head(spec, main, model_dir: str, num_layers: int):
-    from ckptinspect.probe.heads.fusion import FusionHead, fuse_expert_tensors
+def build_remote_head(spec, main, model_dir: str, num_layers: int, metas):
+    from ckptinspect.probe.heads.fusion import FusionHead
     from ckptinspect.probe.heads.transformers_mtp import TransformersMtpHead
 
-    metas = loader.read_headers(model_dir)
     prefix = spec.concrete_prefix(num_layers)
     ref = next(main.parameters())
     tensors = {n[len(prefix):]: t for n, t in loader.iter_tensors(model_dir, metas, lambda n: n.startswith(prefix), ref.dtype)}
     if spec.kind != "transformers":
         return FusionHead(main, spec, tensors, source=model_dir)
-    head = TransformersMtpHead.fresh(main, family=spec.id)
-    layer = head.mtp.layers[0]
-    top = {"enorm", "hnorm", "eh_proj"}
-    state: dict[str, torch.Tensor] = {}
-    block_in = {}
-    for name, t in tensors.items():
-        first = name.split(".")[0]
-        if first in top:
-            state[name] = t
-        elif name.startswith("shared_head.norm."):
-            state["post_norm." + name[len("shared_head.norm."):]] = t
-        elif not name.startswith(("shared_head.head", "embed_tokens")):
-            block_in[name] = t
-    expected = set(layer.mtp_block.state_dict())
-    state.update({"mtp_block." + k: v for k, v in fuse_expert_tensors(block_in, expected).items() if k in expected})
-    missing = sorted(set(layer.state_dict()) - set(state))
-    if missing:
-        raise ProbeError(f"MTP layer is missing {', '.join(missing[:5])}", path=model_dir)
-    layer.load_state_dict({k: v.to(ref.dtype) for k, v in state.items()})
-    head.to(ref.device)
-    return head
+    return TransformersMtpHead.from_tensors(main, tensors, family=spec.id, source=model_dir).to(dtype=ref.dtype)
 
 
-def run_remote(url: str, *, model_dir, config, metas, spec, prompts, steps, max_new_tokens, gpu, readiness, device,
-               dtype, started, ref, batch_size, progress, temperature):
+def run_remote(url: str, *, model_dir, config, probe_ckpt, spec, prompts, steps, max_new_tokens, gpu, readiness,
+               device, dtype, started, ref, batch_size, progress, temperature, efficiency):
     from tqdm import tqdm
-    from transformers import AutoTokenizer
 
     from ckptinspect.probe.result import build_result
-    from ckptinspect.probe.runner import _encode
+    from ckptinspect.probe.prompts import encode_prompt, load_tokenizer
 
     base = url.rstrip("/")
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    main, num_layers = load_shell(model_dir, config, spec, dtype, device)
-    head = build_remote_head(spec, main, model_dir, num_layers)
+    metas = probe_ckpt.metas
+    tok = load_tokenizer(model_dir, probe_ckpt.checkpoint.config.vocab_size, trust_remote_code=False)
+    main, num_layers = load_shell(model_dir, config, spec, dtype, device, metas)
+    head = build_remote_head(spec, main, model_dir, num_layers, metas)
     eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
     tallies: dict[str, Tally] = {}
     for prompt in tqdm(prompts, desc="remote generate+mtp", unit="prompt", disable=not progress):
-        ids = _encode(tok, prompt, chat=True)
+        ids = encode_prompt(tok, prompt, chat=True, vocab_size=probe_ckpt.checkpoint.config.vocab_size, source=model_dir)
         reply = post_json(f"{base}/generate", {"input_ids": ids, "return_hidden_states": True,
                                                "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}})
         out = list(reply.get("output_ids", []))
@@ -144,8 +122,8 @@ def run_remote(url: str, *, model_dir, config, metas, spec, prompts, steps, max_
         for cat, t in score_batch(main, head, [seq], steps, mode="greedy", temperature=temperature, pad_id=pad,
                                   device=device, hidden=hidden, with_target=False).items():
             tallies.setdefault(cat, Tally(steps)).merge(t)
-    return build_result(ref=ref, model_dir=model_dir, config=config, metas=metas, spec=spec, mode="greedy",
+    return build_result(ref=ref, probe_ckpt=probe_ckpt, spec=spec, mode="greedy",
                         steps=steps, temperature=temperature, gpu=gpu, tallies=tallies, readiness=readiness,
                         devices=[device], dtype=str(dtype).replace("torch.", ""), started=started,
                         max_new_tokens=max_new_tokens, main_source=f"SGLang-compatible server {base}",
-                        dequantized=False)
+                        dequantized=False, efficiency=efficiency)

@@ -1,21 +1,19 @@
-"""MTP head per family, chosen by data (``families.yaml``), never by if-chains on family names."""
+"""MTP head per family, described by data: the ``probe:`` block of the family's rule file
+(``rules/families/*.yaml``, schema ``rules/schema/family.schema.json``), never by if-chains on names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 from typing import Any, Mapping
 
-import yaml
+from ckptinspect.errors import ProbeError
 
 
 @dataclass(frozen=True)
 class HeadSpec:
-    """One entry of ``families.yaml``: how to find and run a family's MTP layer."""
+    """One family's ``probe:`` block: how to find and run its MTP layer."""
 
-    id: str
-    model_types: tuple[str, ...]
+    id: str  # the rule family id
     kind: str  # transformers | fusion
     prefix: str  # may contain {L}
     required: tuple[str, ...]
@@ -27,25 +25,37 @@ class HeadSpec:
     block: str = ""
     final_norm: str | None = None
     hidden_first: bool = False
-    norm_from_main: bool = True
     block_attention: str | None = None
 
     def concrete_prefix(self, num_hidden_layers: int) -> str:
         return self.prefix.replace("{L}", str(num_hidden_layers))
 
 
-@lru_cache(maxsize=1)
-def load_specs() -> tuple[HeadSpec, ...]:
-    text = resources.files(__package__).joinpath("families.yaml").read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
-    specs = []
-    for entry in data["families"]:
-        entry = dict(entry)
-        entry["model_types"] = tuple(entry["model_types"])
-        entry["required"] = tuple(entry.get("required", ()))
-        entry["block"] = entry.get("block") or ""
-        specs.append(HeadSpec(**entry))
-    return tuple(specs)
+def spec_from_rule(family_id: str, block: Mapping[str, Any]) -> HeadSpec:
+    fields = {k: v for k, v in block.items() if k not in ("head", "references")}
+    fields["required"] = tuple(block.get("required", ()))
+    fields["block"] = block.get("block") or ""
+    return HeadSpec(id=family_id, kind=str(block["head"]), **fields)
+
+
+def spec_for_family(family_id: str) -> HeadSpec | None:
+    """The head spec of a rule family (None when the family has no ``probe:`` block)."""
+    from ckptinspect.readiness import load_rules
+
+    family = load_rules().get(family_id)
+    if family is None:
+        raise ProbeError(f"no rule family {family_id!r}")
+    block = family.document.get("probe")
+    return spec_from_rule(family.id, block) if isinstance(block, Mapping) else None
+
+
+def find_spec(config: Mapping[str, Any]) -> HeadSpec | None:
+    """The head spec for a config.json dict, through the same family match as the report."""
+    from ckptinspect.config.normalize import normalize_config
+    from ckptinspect.readiness import load_rules
+
+    family = load_rules().match(normalize_config(config, source="config.json"))
+    return None if family is None else spec_for_family(family.id)
 
 
 def text_model_type(config: Mapping[str, Any]) -> str:
@@ -54,12 +64,3 @@ def text_model_type(config: Mapping[str, Any]) -> str:
     if isinstance(text, Mapping) and text.get("model_type"):
         return str(text["model_type"])
     return str(config.get("model_type", ""))
-
-
-def find_spec(config: Mapping[str, Any]) -> HeadSpec | None:
-    """The head spec for a config.json dict; tries the wrapper's model_type, then the text one."""
-    candidates = [str(config.get("model_type", "")), text_model_type(config)]
-    for spec in load_specs():
-        if any(c in spec.model_types for c in candidates):
-            return spec
-    return None

@@ -11,6 +11,7 @@ the family's convention (Qwen3.5/Qwen3-Next: weight + 1, transformers ``Qwen3_5M
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from typing import Mapping
@@ -78,25 +79,30 @@ class FusionHead(MtpHead):
         hidden = int(cfg.hidden_size)
         eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
         norm_cls = type(decoder.norm)
-        self.emb_norm = norm_cls(hidden, eps=eps)
-        self.hidden_norm = norm_cls(hidden, eps=eps)
         if bias is not None:
             has_bias = bias
         elif spec.proj_bias == "auto":
             has_bias = tensors is not None and f"{spec.proj}.bias" in tensors
         else:
             has_bias = bool(spec.proj_bias)
-        self.proj = nn.Linear(2 * hidden, hidden, bias=has_bias)
         if spec.block_attention:
             cfg.layer_types = [spec.block_attention]
         cfg.num_hidden_layers = 1
-        self.block = type(decoder.layers[-1])(cfg, 0)
-        self.final_norm = norm_cls(hidden, eps=eps) if spec.final_norm else None
-        ref = next(decoder.layers[-1].parameters())
-        self.to(device=ref.device, dtype=ref.dtype)
+        # With checkpoint tensors the modules are built on the meta device and take the tensors
+        # themselves (load_state_dict assign=True): no random init, no second copy of a 512-expert block.
+        with torch.device("meta") if tensors is not None else contextlib.nullcontext():
+            self.emb_norm = norm_cls(hidden, eps=eps)
+            self.hidden_norm = norm_cls(hidden, eps=eps)
+            self.proj = nn.Linear(2 * hidden, hidden, bias=has_bias)
+            self.block = type(decoder.layers[-1])(cfg, 0)
+            self.final_norm = norm_cls(hidden, eps=eps) if spec.final_norm else None
+        # The final norm sits where the last layer runs (device_map splits) and stays resident when
+        # the decoder layers are streamed (their parameters are then on the meta device).
+        ref = next(decoder.norm.parameters())
         if tensors is not None:
-            self._load(tensors, source)
+            self._load(tensors, source, ref)
         else:
+            self.to(device=ref.device, dtype=ref.dtype)
             # Fused expert parameters are created with torch.empty; initialise everything the way the
             # main model's class does (PreTrainedModel._init_weights) so a fresh head is finite.
             with torch.no_grad():
@@ -118,7 +124,7 @@ class FusionHead(MtpHead):
                 out[f"{names[local]}.{rest}"] = value
         return out
 
-    def _load(self, tensors: Mapping[str, torch.Tensor], source: str) -> None:
+    def _load(self, tensors: Mapping[str, torch.Tensor], source: str, ref: torch.Tensor) -> None:
         spec = self.spec
         block_expected = set(self.block.state_dict())
         block_in = {k[len(spec.block):]: v for k, v in tensors.items() if k.startswith(spec.block)}
@@ -141,7 +147,11 @@ class FusionHead(MtpHead):
             if tuple(v.shape) != tuple(own[k].shape):
                 raise ProbeError(f"MTP tensor for {k} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}",
                                  path=source)
-        self.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
+        self.load_state_dict({k: v.to(device=ref.device, dtype=ref.dtype if v.is_floating_point() else v.dtype)
+                              for k, v in state.items()}, strict=True, assign=True)
+        left = [n for n, t in list(self.named_parameters()) + list(self.named_buffers()) if t.is_meta]
+        if left:
+            raise ProbeError(f"MTP layer ({spec.id}): no checkpoint value for {', '.join(left[:4])}", path=source)
 
     def step(self, emb, hidden, position_ids, mask):
         e = self.emb_norm(emb)

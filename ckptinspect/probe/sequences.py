@@ -1,0 +1,85 @@
+"""The sequences a run scores: greedy continuations of the prompts (generated in batches, savable and
+reusable), a user corpus, or the prompt texts (teacher mode)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from ckptinspect.errors import ProbeError
+from ckptinspect.probe.evaluate import Sequence
+from ckptinspect.probe.prompts import Prompt, check_ids, encode_prompt, load_corpus
+
+CONTINUATIONS_VERSION = 1
+
+
+@torch.no_grad()
+def generate_sequences(main, tok, prompts: list[Prompt], max_new_tokens: int, batch_size: int, device,
+                       progress: bool, *, vocab_size: int | None, source: str) -> list[Sequence]:
+    from tqdm import tqdm
+
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    eos = main.generation_config.eos_token_id if main.generation_config.eos_token_id is not None else tok.eos_token_id
+    eos_set = set(eos if isinstance(eos, list) else [eos]) - {None}
+    encoded = [(p, encode_prompt(tok, p, chat=True, vocab_size=vocab_size, source=source)) for p in prompts]
+    out: list[Sequence] = []
+    for i in tqdm(range(0, len(encoded), batch_size), desc="generate", unit="batch", disable=not progress):
+        chunk = encoded[i:i + batch_size]
+        width = max(len(ids) for _, ids in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, (_, p_ids) in enumerate(chunk):  # left padding for batched generation
+            ids[r, width - len(p_ids):] = torch.tensor(p_ids)
+            mask[r, width - len(p_ids):] = 1
+        gen = main.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                            max_new_tokens=max_new_tokens, pad_token_id=pad)
+        for r, (prompt, p_ids) in enumerate(chunk):
+            cont = gen[r, width:].tolist()
+            for c, t in enumerate(cont):
+                if t in eos_set:
+                    cont = cont[: c + 1]
+                    break
+            out.append(Sequence(prompt.category, tuple(p_ids + cont), len(p_ids)))
+    return out
+
+
+def save_continuations(path: str, sequences: list[Sequence], *, model_dir: str, max_new_tokens: int) -> None:
+    """The main model's greedy continuations, reused by ``--mode teacher --continuations`` runs."""
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"ckptinspect_continuations": CONTINUATIONS_VERSION, "model_dir": model_dir,
+                             "max_new_tokens": max_new_tokens}) + "\n")
+        for s in sequences:
+            fh.write(json.dumps({"category": s.category, "prompt_len": s.prompt_len, "tokens": list(s.tokens)}) + "\n")
+
+
+def load_continuations(path: str, vocab_size: int | None) -> list[Sequence]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = [json.loads(line) for line in fh if line.strip()]
+    except OSError as exc:
+        raise ProbeError(f"cannot read continuations ({exc.strerror})", path=path) from exc
+    except json.JSONDecodeError as exc:
+        raise ProbeError(f"continuations file is not JSON lines ({exc.msg})", path=path) from exc
+    if not lines or lines[0].get("ckptinspect_continuations") != CONTINUATIONS_VERSION:
+        raise ProbeError("not a continuations file written by `ckptinspect probe --save-continuations`", path=path)
+    out = []
+    for no, row in enumerate(lines[1:], start=2):
+        tokens, plen = row.get("tokens"), row.get("prompt_len")
+        if not (isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) and isinstance(plen, int)
+                and 1 <= plen <= len(tokens)):
+            raise ProbeError(f"line {no}: needs integer 'tokens' and 1 <= 'prompt_len' <= len(tokens)", path=path)
+        out.append(Sequence(str(row.get("category", "file")), tuple(check_ids(tokens, vocab_size, path,
+                                                                               what=f"line {no}")), plen))
+    return out
+
+
+def teacher_sequences(tok, prompt_list: list[Prompt], corpus: str | None, continuations: str | None,
+                      vocab: int | None, source: str) -> list[Sequence]:
+    """Teacher mode's fixed text: saved greedy continuations (scored from the prompt end, as greedy
+    mode does), a user corpus, or the prompt texts themselves; never scored at position 0."""
+    if continuations:
+        return load_continuations(continuations, vocab)
+    docs = load_corpus(corpus) if corpus else prompt_list
+    return [Sequence(p.category, tuple(check_ids(list(tok(p.text)["input_ids"]), vocab, source,
+                                                 what=f"text {p.text[:40]!r}")), 2) for p in docs]
