@@ -212,3 +212,21 @@ def test_fast_scan_equals_reference_on_every_fixture(name, make_fixture):
         checked += 1
     if not FIXTURES[name].breaker:
         assert checked == len(shards) > 0
+
+
+@pytest.mark.parametrize("name", sorted(n for n, spec in FIXTURES.items() if not spec.breaker and not n.startswith("broken_")))
+def test_inventory_rebuilds_every_tensor_name(name, make_fixture):
+    """End to end (every shard, merged across shards): the inventory's groups name exactly the tensors
+    of the headers, so nothing downstream (findings, the probe's loader) misses or invents a tensor."""
+    from ckptinspect.pipeline import build_report
+
+    root = make_fixture(name)
+    header_names = set()
+    for shard in Path(root).glob("*.safetensors"):
+        blob = shard.read_bytes()
+        length = int.from_bytes(blob[:8], "little")
+        header_names.update(k for k in json.loads(blob[8:8 + length]) if k != "__metadata__")
+    inventory = build_report(str(root), progress=False).checkpoint.inventory
+    rebuilt = [n for g in inventory.groups for n in g.names()]
+    assert len(rebuilt) == len(set(rebuilt)) == inventory.totals.tensors
+    assert set(rebuilt) == header_names
