@@ -1,4 +1,4 @@
-"""Structure the project promises (docs/ARCHITECTURE.md): no import cycles between modules, counting
+"""Structure the project promises (docs/architecture.md): no import cycles between modules, counting
 imports inside functions too; no module over 400 lines; the report path never imports torch."""
 
 from __future__ import annotations
