@@ -30,6 +30,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
+def report(make_fixture: Callable[[str], Path]) -> Callable[[str], object]:
+    """name -> the real pipeline's Report of a generated fixture, built once per session (records are
+    frozen, so tests share them)."""
+    from ckptinspect.pipeline import build_report
+
+    cache: dict[str, object] = {}
+
+    def get(name: str) -> object:
+        if name not in cache:
+            cache[name] = build_report(str(make_fixture(name)), progress=False)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def fixture_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("checkpoints")
 

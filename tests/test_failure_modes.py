@@ -17,18 +17,6 @@ from fixtures import generate
 from fixtures.failure_modes import exclude_keyed_by_checkpoint_index
 
 
-@pytest.fixture(scope="module")
-def report(make_fixture):
-    cache: dict[str, object] = {}
-
-    def get(name: str):
-        if name not in cache:
-            cache[name] = build_report(str(make_fixture(name)), progress=False)
-        return cache[name]
-
-    return get
-
-
 def verdicts(mtp) -> tuple[str, str]:
     return mtp.verdicts["sglang"].verdict, mtp.verdicts["vllm"].verdict
 

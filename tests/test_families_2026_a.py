@@ -43,18 +43,6 @@ def reasons(mtp, engine: str) -> set[str]:
     return set(mtp.verdicts[engine].reasons)
 
 
-@pytest.fixture(scope="module")
-def report(make_fixture):
-    cache: dict[str, object] = {}
-
-    def get(name: str):
-        if name not in cache:
-            cache[name] = build_report(str(make_fixture(name)), progress=False)
-        return cache[name]
-
-    return get
-
-
 def _copy(src: Path, dst: Path, edit_config=None) -> Path:
     shutil.copytree(src, dst)
     if edit_config:

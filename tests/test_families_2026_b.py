@@ -16,7 +16,6 @@ import yaml
 
 from ckptinspect.config.normalize import normalize_config
 from ckptinspect.inventory.mtp_prefix import GENERIC_MTP_PREFIXES, assign_mtp, compile_prefixes
-from ckptinspect.pipeline import build_report
 from ckptinspect.readiness import load_rules
 from ckptinspect.readiness.loader import builtin_dir
 
@@ -61,18 +60,6 @@ PREFIX = {
     "nemotron_h_omni": "language_model.mtp.",
     "unknown_mtp_top": "mtp.layers.0.", "unknown_model_mtp": "model.mtp.layers.0.", "unknown_layers_l": "model.layers.2.",
 }
-
-
-@pytest.fixture(scope="module")
-def report(make_fixture):
-    cache: dict[str, object] = {}
-
-    def get(name: str):
-        if name not in cache:
-            cache[name] = build_report(str(make_fixture(name)), progress=False)
-        return cache[name]
-
-    return get
 
 
 def reasons(mtp, engine: str) -> set[str]:

@@ -60,18 +60,6 @@ def codes(mtp, engine: str | None = "any") -> set[str]:
     return {f.code for f in mtp.findings if engine == "any" or f.engine == engine}
 
 
-@pytest.fixture(scope="module")
-def report(make_fixture):
-    cache: dict[str, object] = {}
-
-    def get(name: str):
-        if name not in cache:
-            cache[name] = build_report(str(make_fixture(name)), progress=False)
-        return cache[name]
-
-    return get
-
-
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_verdict_table(report, name):
     r = report(name)
