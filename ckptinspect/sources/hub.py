@@ -36,13 +36,12 @@ from ckptinspect.sources.index_prefetch import IndexPrefetch
 from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap, resolve_commit
 from ckptinspect.sources.index_summary import summarize_index
 from ckptinspect.sources.offline import hub_offline
-from ckptinspect.sources.interface import LazyJson, json_file_cap, parse_json_bytes, read_file_bytes
+from ckptinspect.sources.interface import (INDEX as INDEX_FILE, JSON_FILES, LazyJson, json_file_cap, parse_json_bytes,
+                                           read_file_bytes)
 from ckptinspect.sources.net_limits import Budget, NetLimits
 from ckptinspect.sources.repo_info import model_info
 
 # Small JSON files read next to the headers (the RawCheckpoint.json_files contract).
-JSON_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "generation_config.json")
-INDEX_FILE = "model.safetensors.index.json"
 
 # huggingface_hub SAFETENSORS_MAX_HEADER_LENGTH and huggingface.js MAX_HEADER_LENGTH: checked on the
 # 8-byte prefix, before any header byte beyond the first range is requested.

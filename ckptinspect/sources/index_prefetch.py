@@ -32,10 +32,9 @@ from ckptinspect.errors import SourceError
 from ckptinspect.records import IndexSummary
 from ckptinspect.sources.http_fields import content_range_total
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient
-from ckptinspect.sources.interface import MAX_INDEX_FILE_BYTES
+from ckptinspect.sources.interface import INDEX as INDEX_FILE, MAX_INDEX_FILE_BYTES
 from ckptinspect.sources.net_limits import Budget, NetLimits
 
-INDEX_FILE = "model.safetensors.index.json"
 MAX_INDEX_BYTES = MAX_INDEX_FILE_BYTES  # the local index's cap too
 # The child asks for this much first (the largest index seen, a 163-shard FP8 MoE one, is ~45 MB): a
 # server that ignores Range and streams a larger body costs at most this much, counted, before the
