@@ -12,10 +12,10 @@ import bisect
 from collections import defaultdict
 
 from ckptinspect.quant.declared import ExcludeMatcher
+from ckptinspect.quant.detect import UNQUANTIZED
 from ckptinspect.quant.members import weighted_members
 from ckptinspect.records import DeclaredQuant, Finding, Inventory
 
-UNQUANTIZED = frozenset({"bf16", "fp16", "fp32"})
 # Components that never go through a quantized Linear in either engine.
 NOT_LINEAR = frozenset({"embedding", "norm"})
 # Engines build routers and LM heads unquantized in their model code for most families, so an

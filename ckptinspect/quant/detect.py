@@ -26,6 +26,8 @@ from typing import Mapping
 
 FP8 = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ")
 _FLOAT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32", "F64": "fp32"}
+# Schemes that store plain floating-point weights (what the engines build as unquantized parameters).
+UNQUANTIZED = frozenset(_FLOAT.values())
 
 # Logical values per stored element of a packed weight, by scheme.
 PACK_FACTOR = {"nvfp4": 2, "mxfp4": 2, "int4_awq": 8, "int4_gptq": 8, "int4_pack": 8}

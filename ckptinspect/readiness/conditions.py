@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ckptinspect.readiness.context import CONDITIONS, EngineContext, Facts, evaluate
+from ckptinspect.readiness.context import CONDITIONS, EngineContext, Facts, evaluate, listed_sample
 from ckptinspect.readiness.draft_build import UNQUANTIZED, build_plan, is_linear_weight
 from ckptinspect.readiness.quant_conditions import QUANT_CONDITIONS
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
@@ -117,17 +117,13 @@ def uncovered_bf16(ctx: EngineContext, names: str = "either") -> list[str]:
 def _bf16_not_excluded(ctx: EngineContext, arg: Any) -> bool:
     bad = uncovered_bf16(ctx, _names_arg(arg))
     if bad:
-        ctx.details["uncovered"] = _listed(bad)
+        ctx.details["uncovered"] = listed_sample(bad)
         ctx.details["built_quantized_modules"] = tuple(bad)
     return bool(bad)
 
 
 def _names_arg(arg: Any) -> str:
     return arg.get("names", "either") if isinstance(arg, Mapping) else "either"
-
-
-def _listed(items: list[str], limit: int = 6) -> str:
-    return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
 def _quantized_built_unquantized(ctx: EngineContext, arg: Any) -> bool:
@@ -144,7 +140,7 @@ def _quantized_built_unquantized(ctx: EngineContext, arg: Any) -> bool:
             continue
         hits.append(m)
     if hits:
-        ctx.details["built_unquantized"] = _listed([m.module for m in hits])
+        ctx.details["built_unquantized"] = listed_sample([m.module for m in hits])
         ctx.details["stored_schemes"] = ", ".join(sorted({m.stored for m in hits}))
     return _flag(bool(hits), arg)
 
@@ -181,7 +177,7 @@ def _error_findings(ctx: EngineContext, arg: Any) -> bool:
             if f.severity == "error" and f.engine is None and (codes is None or f.code in codes)
             and mtp_subject(ctx.facts, f.subject)]
     if hits:
-        ctx.details["checkpoint_errors"] = _listed([f"{f.code} ({f.subject})" for f in hits], 4)
+        ctx.details["checkpoint_errors"] = listed_sample([f"{f.code} ({f.subject})" for f in hits], 4)
     return bool(hits) if arg is not False else not hits
 
 

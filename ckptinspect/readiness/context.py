@@ -58,6 +58,11 @@ class EngineContext:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def listed_sample(items: list[str], limit: int = 6) -> str:
+    """The first ``limit`` items for a message, with how many more there are."""
+    return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
 # condition name -> function(ctx, argument); filled by the condition modules when readiness is imported
 CONDITIONS: dict[str, Callable[[EngineContext, Any], bool]] = {}
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
+from ckptinspect.quant.crosscheck import NOT_LINEAR as CROSSCHECK_NOT_LINEAR
+from ckptinspect.quant.detect import UNQUANTIZED
 from ckptinspect.quant.members import members_to_ask, module_names
 from ckptinspect.readiness.context import evaluate
 from ckptinspect.readiness.versions import in_range
@@ -33,11 +35,11 @@ from ckptinspect.records import TensorGroup
 if TYPE_CHECKING:
     from ckptinspect.readiness.context import EngineContext
 
-UNQUANTIZED = frozenset({"bf16", "fp16", "fp32"})
-# Components an engine never builds as a quantized Linear from the global scheme: routers are
-# ReplicatedLinear(quant_config=None) in both engines, norms are not Linear, embeddings are shared
-# from the target (mtp_families.md §5.3).
-NOT_LINEAR = frozenset({"norm", "embedding", "lm_head", "router", "vision"})
+# Components an engine never builds as a quantized Linear from the global scheme in a draft: those that
+# are no Linear at all (quant/crosscheck.py NOT_LINEAR), plus routers (ReplicatedLinear(quant_config=None)
+# in both engines), the head and vision parts, which the draft shares from the target
+# (mtp_families.md §5.3).
+NOT_LINEAR = CROSSCHECK_NOT_LINEAR | {"lm_head", "router", "vision"}
 # Why a module is built the way it is (ModuleBuild.reasons).
 REASONS = ("undeclared", "draft", "forced", "head", "excluded", "quantized")
 

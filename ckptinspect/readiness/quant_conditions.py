@@ -11,14 +11,11 @@ import fnmatch
 import re
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from ckptinspect.readiness.context import listed_sample
 from ckptinspect.readiness.draft_build import UNQUANTIZED, build_plan, is_linear_weight, member_modules
 
 if TYPE_CHECKING:
     from ckptinspect.readiness.context import EngineContext
-
-
-def _listed(items: list[str], limit: int = 6) -> str:
-    return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
 def _quantized(scheme: str) -> bool:
@@ -48,7 +45,7 @@ def _scheme_differs_from_trunk(ctx: "EngineContext", arg: Any) -> bool:
                 and m.stored not in trunk[m.component]:
             hits.append(f"{m.module} ({m.stored}; trunk {'/'.join(sorted(trunk[m.component]))})")
     if hits:
-        ctx.details["scheme_mismatch"] = _listed(hits, 4)
+        ctx.details["scheme_mismatch"] = listed_sample(hits, 4)
     return bool(hits) if arg is not False else not hits
 
 
@@ -93,7 +90,7 @@ def _layer_algo_is(ctx: "EngineContext", arg: Any) -> bool:
     mtp, _ = _layer_algos(ctx, _components(arg))
     hits = sorted(f"{m}: {a}" for m, found in mtp.items() for a in found if a in algos)
     if hits:
-        ctx.details["mtp_layer_algos"] = _listed(hits, 4)
+        ctx.details["mtp_layer_algos"] = listed_sample(hits, 4)
     return bool(hits)
 
 
@@ -109,7 +106,7 @@ def _layer_algo_differs(ctx: "EngineContext", arg: Any) -> bool:
         if theirs and algos - theirs:
             hits.append(f"{module}: {'/'.join(sorted(algos))} (trunk {'/'.join(sorted(theirs))})")
     if hits:
-        ctx.details["mtp_layer_algos"] = _listed(hits, 4)
+        ctx.details["mtp_layer_algos"] = listed_sample(hits, 4)
     return bool(hits) if arg is not False else not hits
 
 
@@ -141,7 +138,7 @@ def _companions_missing(ctx: "EngineContext", arg: Any) -> bool:
         if shown in built and not (companions.get((g.module, g.index), set()) & roles):
             hits.append(shown)
     if hits:
-        ctx.details["missing_companions"] = _listed(sorted(hits))
+        ctx.details["missing_companions"] = listed_sample(sorted(hits))
         ctx.details["companion_roles"] = " / ".join(sorted(roles))
     return bool(hits)
 
