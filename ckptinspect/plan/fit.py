@@ -52,11 +52,12 @@ def has_dense_mlp(ck: Checkpoint) -> bool:
     return any(g.component == "mlp" and g.params for g in ck.inventory.main_groups())
 
 
-def component_quant(ck: Checkpoint, component: str, default: str) -> str:
-    """Quantization kind of one component from the schemes its weights carry (by bytes)."""
+def component_quant(ck: Checkpoint, components: tuple[str, ...], default: str) -> str:
+    """Quantization kind of the main model's ``components`` from the scheme most of their weight bytes
+    carry (rules/engines/common.yaml quant_kinds); ``default`` when they hold no weights."""
     by_scheme: Counter[str] = Counter()
     for g in ck.inventory.main_groups():
-        if g.component == component and g.params:
+        if g.component in components and g.params:
             by_scheme[g.scheme] += g.bytes
     if not by_scheme:
         return default
@@ -82,8 +83,8 @@ def _multiple(rule: Mapping[str, Any], ck: Checkpoint) -> int | None:
 def run_checks(ck: Checkpoint, facts: Facts, tp: int, ep: int) -> tuple[CheckResult, ...]:
     """Every applicable divisibility rule for (tp, ep); failed ones carry the rule's message."""
     results = []
-    moe_kind = component_quant(ck, "routed_expert", facts.quant)
-    dense_kind = component_quant(ck, "mlp", facts.quant)
+    moe_kind = component_quant(ck, ("routed_expert",), facts.quant)
+    dense_kind = component_quant(ck, ("mlp",), facts.quant)
     for rule in engine_rules("common")["divisibility"]:
         quantity = rule["quantity"]
         kind = moe_kind if quantity.startswith("moe_") else dense_kind if quantity.startswith("dense_") else facts.quant

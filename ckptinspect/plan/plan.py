@@ -13,6 +13,7 @@ from typing import Any
 
 from ckptinspect.errors import PlanError
 from ckptinspect.plan.backends import choose
+from ckptinspect.plan.fit import component_quant
 from ckptinspect.plan.gpus import GpuSpec, find_gpu
 from ckptinspect.plan.kvcache import kv_capacity
 from ckptinspect.plan.launch import build_commands
@@ -35,12 +36,7 @@ def quant_kind_of(ck: Checkpoint) -> str:
         for kind in kinds:
             if label in kind["labels"] or label.split(":")[0] in kind["labels"]:
                 return kind["id"]
-    schemes: dict[str, int] = {}
-    for g in ck.inventory.main_groups():
-        if g.params and g.component in ("routed_expert", "mlp", "attention"):
-            schemes[g.scheme] = schemes.get(g.scheme, 0) + g.bytes
-    top = max(schemes, key=schemes.get) if schemes else "bf16"
-    return next((k["id"] for k in kinds if top in k["schemes"]), "bf16")
+    return component_quant(ck, ("routed_expert", "mlp", "attention"), "bf16")
 
 
 def spec_on(mtp: MtpAssessment | None, engine: str) -> bool:
