@@ -16,7 +16,7 @@ from ckptinspect.header.parser import parse_header
 from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
 from ckptinspect.inventory.parallel import scan_checkpoint
-from ckptinspect.inventory.scan import ShardScan
+from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
 from ckptinspect.records import (Checkpoint, Finding, IndexSummary, Inventory, ModelConfig, MtpAssessment,
@@ -38,7 +38,7 @@ class Report:
 def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                     token: str | None = None, progress: bool = True) -> Checkpoint:
     """Open ``ref`` (directory, snapshot, repo id) and build its Checkpoint."""
-    raw = open_source(ref, revision=revision, token=token, progress=progress)
+    raw = open_source(ref, revision=revision, token=token, progress=progress, scan=scan_header_unpaused)
     checkpoint, _ = checkpoint_from_raw(raw, rules_dirs=rules_dirs)
     return checkpoint
 
@@ -46,7 +46,7 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
 def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                  token: str | None = None, progress: bool = True) -> Report:
     """Checkpoint plus its MTP assessment."""
-    raw = open_source(ref, revision=revision, token=token, progress=progress)
+    raw = open_source(ref, revision=revision, token=token, progress=progress, scan=scan_header_unpaused)
     return report_from_raw(raw, rules_dirs=rules_dirs)
 
 

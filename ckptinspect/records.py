@@ -244,6 +244,9 @@ class ScanPlan:
     # Reads and summarizes the index in a worker process (the parent never holds the 370k-entry dict);
     # None when the index is already summarized or absent.
     index_summarizer: Callable[[], IndexSummary] | None = None
+    # shard -> its scan (inventory/scan.py ShardScan), made by the source with the report's own scan
+    # function while later headers were still arriving (the Hub: sources/scan_ahead.py); used as is.
+    scanned: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

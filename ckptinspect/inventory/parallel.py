@@ -36,9 +36,11 @@ def scan_checkpoint(raw: RawCheckpoint) -> tuple[list[ShardScan], IndexSummary |
     """(one ShardScan per shard in index order, the index summary when there is an index)."""
     processes = process_count(raw)
     if processes <= 1:
+        done = scan_plan(raw).scanned  # scanned by the source as the headers arrived
         with gc_paused():
             summary = _summary_in_process(raw)
-            scans = [scan_header_unpaused(s, raw.headers[s], raw.file_sizes.get(s)) for s in raw.headers]
+            scans = [done[s] if s in done else scan_header_unpaused(s, raw.headers[s], raw.file_sizes.get(s))
+                     for s in raw.headers]
         gc.freeze()  # the scans live until the report is rendered; never traverse them again
         return scans, summary
     return _scan_parallel(raw, processes - 1)

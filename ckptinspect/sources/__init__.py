@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any, Callable
 
 from ckptinspect.errors import NotFoundError
 from ckptinspect.records import RawCheckpoint
@@ -28,8 +29,11 @@ def split_repo_ref(ref: str) -> tuple[str, str | None]:
 
 
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
-                progress: bool = True) -> RawCheckpoint:
+                progress: bool = True, scan: Callable[[str, bytes, int | None], Any] | None = None) -> RawCheckpoint:
     """Open a model reference (directory, snapshot file, or Hub repo id).
+
+    ``scan`` is the report's per-shard header scan: the Hub source runs it on each header as it arrives
+    (RawCheckpoint.scan_plan.scanned); the other sources read headers on demand and ignore it.
 
     Raises:
         NotFoundError: nothing matches the reference.
@@ -63,4 +67,4 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
                             path=ref)
     from ckptinspect.sources.hub import open_hub
 
-    return open_hub(repo_id, revision=revision, token=token, progress=progress)
+    return open_hub(repo_id, revision=revision, token=token, progress=progress, scan=scan)

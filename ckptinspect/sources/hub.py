@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 from ckptinspect.errors import ConfigError, HeaderError, NotFoundError
 from ckptinspect.header.parser import read_length_prefix
-from ckptinspect.records import IndexSummary, RawCheckpoint
+from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
 from ckptinspect.sources import http_ranges
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient
 from ckptinspect.sources.index_prefetch import IndexPrefetch
@@ -40,6 +40,7 @@ from ckptinspect.sources.interface import (INDEX as INDEX_FILE, JSON_FILES, Lazy
                                            read_file_bytes)
 from ckptinspect.sources.net_limits import Budget, NetLimits
 from ckptinspect.sources.repo_info import model_info
+from ckptinspect.sources.scan_ahead import ScanAhead, ScanFn
 
 # Small JSON files read next to the headers (the RawCheckpoint.json_files contract).
 
@@ -65,6 +66,9 @@ PREFETCH_ENV = "CKPTINSPECT_INDEX_PREFETCH"  # "0": read the index after the rep
 # How long to wait for the index child before reading the index here. Only a safety net: the child
 # runs under the same deadline (what is left of it bounds the wait) and per-request limits.
 PREFETCH_WAIT_S = 600.0
+# How long to wait for the scan helper's answer once the parent has scanned its share: the helper is
+# then at most one header behind. Past it the parent scans what the helper did not return.
+SCAN_WAIT_S = 60.0
 
 
 def hub_endpoint(endpoint: str | None = None) -> str:
@@ -81,7 +85,8 @@ def download_timeout() -> float:
 
 def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
              endpoint: str | None = None, progress: bool = True, max_workers: int | None = None,
-             timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None) -> RawCheckpoint:
+             timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None,
+             scan: ScanFn | None = None) -> RawCheckpoint:
     """Read ``repo_id`` at ``revision`` from the Hub: file list, small JSON files, every shard header.
 
     Args:
@@ -96,6 +101,9 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
             (sources/net_limits.py, docs/security.md).
         on_header: called from a worker thread with (shard, header bytes) as soon as each header is in,
             so a caller can parse while later headers are still on the wire.
+        scan: the report's per-shard scan, ``scan(shard, header bytes, file size)``: run on each header
+            as it arrives, in a helper process (sources/scan_ahead.py), and the results returned in
+            ``scan_plan.scanned`` for every shard. None: headers only.
 
     Raises:
         NotFoundError: repo, revision or file missing, or HF_HUB_OFFLINE=1 (names what the cache lacks).
@@ -113,13 +121,17 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
     limits = NetLimits.from_env(read_s=timeout)
     budget = Budget(limits)
     prefetch = _start_index_prefetch(endpoint, repo_id, revision, token, budget)
+    ahead = ScanAhead.start(scan) if scan is not None else None  # forked while still single-threaded
     try:
         raw = _read_repo(repo_id, revision, token, endpoint, budget, progress, max_workers, on_header, prefetch,
-                         started)
+                         started, ahead)
     except BaseException:
         if prefetch is not None:
             prefetch.close(kill=True)  # its answer is not wanted: do not wait for its download
         raise
+    finally:
+        if ahead is not None:
+            ahead.close()
     if prefetch is not None:
         prefetch.close()
     return raw
@@ -140,7 +152,7 @@ def _start_index_prefetch(endpoint: str, repo_id: str, revision: str | None, tok
 
 def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: str, budget: Budget,
                progress: bool, max_workers: int | None, on_header: Callable[[str, bytes], None] | None,
-               prefetch: IndexPrefetch | None, started: float) -> RawCheckpoint:
+               prefetch: IndexPrefetch | None, started: float, ahead: ScanAhead | None) -> RawCheckpoint:
     from huggingface_hub.utils import build_hf_headers
 
     stats = FetchStats()
@@ -148,14 +160,14 @@ def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: 
     client = RangeClient(repo_id, headers, timeout=budget.limits.read_s, stats=stats, budget=budget)
     try:
         return _read_with(client, repo_id, revision, endpoint, progress, max_workers, on_header, prefetch,
-                          started)
+                          started, ahead)
     finally:
         client.close()
 
 
 def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint: str, progress: bool,
                max_workers: int | None, on_header: Callable[[str, bytes], None] | None,
-               prefetch: IndexPrefetch | None, started: float) -> RawCheckpoint:
+               prefetch: IndexPrefetch | None, started: float, ahead: ScanAhead | None) -> RawCheckpoint:
     stats, budget = client.stats, client.budget
     info = model_info(client, endpoint, repo_id, revision)
     phases = {"info_s": time.perf_counter() - started}
@@ -203,13 +215,19 @@ def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint
             json_view = json_files
         shards = _shard_plan(repo_id, summary, siblings)
         sizes = {shard: siblings[shard].size for shard in shards}
-        reader = _HeaderReader(client, summary, on_header)
+        reader = _HeaderReader(client, summary, _arrivals(on_header, ahead, sizes))
         try:
             header_bytes = reader.read_all(pool, shards, url, sizes, progress=progress)
         finally:
             pool.shutdown(wait=True)  # the threads first: then no connection is in use
+    phases["headers_s"] = time.perf_counter() - started - phases["info_s"] - phases["json_s"]
+    plan, ahead_stats = None, {}
+    if ahead is not None:  # else the report's scan stage scans them (in worker processes when that pays)
+        fetched = time.perf_counter()
+        scans = ahead.finish(header_bytes, sizes, wait_s=min(SCAN_WAIT_S, max(0.0, budget.left_s())))
+        plan = ScanPlan(early={}, header_bytes=sum(len(h) for h in header_bytes.values()), scanned=scans)
+        ahead_stats = {"scanned_ahead": ahead.fed, "scan_rest_s": time.perf_counter() - fetched}
     wall = time.perf_counter() - started
-    phases["headers_s"] = wall - phases["info_s"] - phases["json_s"]
     return RawCheckpoint(
         ref=repo_id if revision is None else f"{repo_id}@{revision}",
         kind="hub",
@@ -221,9 +239,25 @@ def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint
         revision=commit,
         stats={**stats.as_dict(), "wall_s": round(wall, 3), "shards": len(shards), "json_from_cache": cached,
                "header_bytes": sum(len(h) for h in header_bytes.values()), "endpoint": endpoint,
-               "index_prefetched": prefetched is not None, **{k: round(v, 3) for k, v in phases.items()}},
+               "index_prefetched": prefetched is not None,
+               **{k: round(v, 3) for k, v in {**phases, **ahead_stats}.items()}},
         index_summary=summary,
+        scan_plan=plan,
     )
+
+
+def _arrivals(on_header: Callable[[str, bytes], None] | None, ahead: ScanAhead | None,
+              sizes: Mapping[str, int | None]) -> Callable[[str, bytes], None] | None:
+    """What a fetch thread calls with each header as it arrives: the caller's hook, the scan helper."""
+    if ahead is None:
+        return on_header
+
+    def arrived(shard: str, header: bytes) -> None:
+        if on_header is not None:
+            on_header(shard, header)
+        ahead.feed(shard, header, sizes.get(shard))
+    return arrived
+
 
 
 # -- small JSON files through the HF cache ----------------------------------------------------------
