@@ -7,7 +7,12 @@ replica of nvidia/Qwen3.5-397B-A17B-NVFP4. In one run, alternating tools per rou
   --verbose: info_s, json_s, headers_s);
 - theirs: ``HfApi.get_safetensors_metadata`` (subprocess too, so both pay interpreter start-up).
 
-    python benchmarks/bench_hub_servers.py [--replica DIR] [--latency-ms 20] [--runs 3] [--workers N]
+    python benchmarks/bench_hub_servers.py [--replica DIR] [--latency-ms 20] [--runs 3] [--workers N] [--timeline]
+
+``--timeline`` adds one traced ``report`` run per server: a timestamp (from the benchmark's start of
+the subprocess) at the start and end of each stage of the command, in every process it forks (the
+index child, the scan helper), so the time between the phases that --verbose reports can be placed
+(interpreter start, imports, waiting, scanning, rendering).
 """
 
 from __future__ import annotations
@@ -77,12 +82,100 @@ def _theirs(url: str) -> float:
     return wall
 
 
+# (module, attribute, class or None, label): the stages the timeline marks (wrapped in the traced run).
+TRACED = (
+    ("ckptinspect.api", "inspect", None, "api.inspect"),
+    ("ckptinspect.sources.hub", "open_hub", None, "open_hub"),
+    ("ckptinspect.sources.hub", "model_info", None, "repo info"),
+    ("ckptinspect.sources.index_prefetch", "result", "IndexPrefetch", "wait for the index child"),
+    ("ckptinspect.sources.index_prefetch", "_child", None, "index child"),
+    ("ckptinspect.sources.index_summary", "parse_json_bytes", None, "index JSON parse"),
+    ("ckptinspect.sources.index_summary", "summarize_index", None, "index summary"),
+    ("ckptinspect.sources.hf_cache", "cache_store", None, "HF cache write"),
+    ("ckptinspect.sources.header_reads", "start", "HeaderReader", "header GETs: start"),
+    ("ckptinspect.sources.header_reads", "collect", "HeaderReader", "header GETs: collect"),
+    ("ckptinspect.sources.scan_ahead", "finish", "ScanAhead", "scan: the rest, helper's answer"),
+    ("ckptinspect.pipeline", "scan_checkpoint", None, "scan stage"),
+    ("ckptinspect.pipeline", "build_inventory", None, "inventory"),
+    ("ckptinspect.pipeline", "report_from_raw", None, "report pipeline"),
+    ("ckptinspect.render.report", "render_report", None, "render"),
+)
+
+
+def _trace_child(argv: list[str]) -> None:
+    """Run ``ckptinspect report`` with TRACED wrapped; marks go to stderr as ``@ seconds [process] event``."""
+    import importlib
+    import atexit
+
+    t0 = float(os.environ["BENCH_TRACE_T0"])
+    main_pid = os.getpid()
+    scans: dict[int, list[float]] = {}
+
+    def mark(event: str) -> None:
+        who = "" if os.getpid() == main_pid else "    [child] "
+        sys.stderr.write(f"@ {time.time() - t0:6.3f} {who}{event}\n")
+
+    mark("interpreter up")
+    import ckptinspect.cli.report_cmd  # noqa: F401 - what the command imports before it runs
+    import ckptinspect.pipeline as pipeline
+    mark("imports done")
+    for module, attr, cls, label in TRACED:
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        original = getattr(owner, attr)
+
+        def wrapped(*args, _original=original, _label=label, **kwargs):
+            mark(f"> {_label}")
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                mark(f"< {_label}")
+        setattr(owner, attr, wrapped)
+    scan = pipeline.scan_header_unpaused
+
+    def counted(*args):
+        out = scan(*args)
+        done = scans.setdefault(os.getpid(), [])
+        done.append(time.time() - t0)
+        if os.getpid() != main_pid and len(done) % 10 in (0, 1):  # a forked child ends without atexit
+            mark(f"helper: {len(done)} headers scanned")
+        return out
+    pipeline.scan_header_unpaused = counted
+
+    def summary() -> None:
+        at = scans.get(main_pid)
+        if at:
+            mark(f"parent scanned {len(at)} headers, the first done at {at[0]:.3f}, the last at {at[-1]:.3f}")
+    atexit.register(summary)
+    sys.argv = ["ckptinspect", *argv]
+    from ckptinspect.cli import main as cli_main
+    try:
+        cli_main()
+    finally:
+        mark("command done")
+
+
+def _timeline(url: str, workers: int | None) -> str:
+    home = tempfile.mkdtemp(prefix="bench_hf_")
+    env = _env(url, home, workers)
+    t0 = time.time()
+    env["BENCH_TRACE_T0"] = repr(t0)
+    try:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--trace-child", "report", REPO,
+                               "--format", "json", "--quiet", "--verbose"], capture_output=True, text=True,
+                              env=env, timeout=600)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    return proc.stderr + f"@ {time.time() - t0:6.3f} process gone (exit code {proc.returncode})\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replica", type=Path)
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=None, help="CKPTINSPECT_MAX_WORKERS for report")
+    ap.add_argument("--timeline", action="store_true", help="one traced report run per server (see above)")
     args = ap.parse_args()
     replica = args.replica
     if replica is None:
@@ -108,6 +201,7 @@ def main() -> int:
                 ours.append(wall)
                 phases.append(stats)
                 theirs.append(_theirs(served.url))
+            trace = _timeline(served.url, args.workers) if args.timeline else ""
         finally:
             served.close()
         med = {k: statistics.median(float(p[k]) for p in phases) for k in ("info_s", "json_s", "headers_s")}
@@ -116,9 +210,14 @@ def main() -> int:
               f"{t:.3f} s (runs {', '.join(f'{w:.2f}' for w in theirs)}): {o / t:.2f}x; report phases: repo info "
               f"{med['info_s']:.3f} s, JSON files {med['json_s']:.3f} s, headers {med['headers_s']:.3f} s; "
               f"requests {phases[-1]['requests']}, bytes {int(phases[-1]['bytes_fetched']):,}")
+        if trace:
+            print(f"timeline of one more report run ({name}):\n{trace}", end="")
     print(f"load average {os.getloadavg()[0]:.1f} at end")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == ["--trace-child"]:
+        _trace_child(sys.argv[2:])
+    else:
+        sys.exit(main())

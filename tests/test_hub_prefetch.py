@@ -21,6 +21,7 @@ from hub_repos import make_sharded_repo  # noqa: E402
 from hub_server_process import ServerProcess  # noqa: E402
 
 from ckptinspect.sources import index_prefetch  # noqa: E402
+from ckptinspect.sources.header_reads import EARLY_ENV  # noqa: E402
 from ckptinspect.sources.hub import PREFETCH_ENV  # noqa: E402
 from ckptinspect.sources.index_prefetch import IndexPrefetch  # noqa: E402
 
@@ -48,9 +49,12 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=str(ROOT), env=env)
 
 
-def _report(server, home: Path, prefetch: bool) -> tuple[dict, dict]:
+def _report(server, home: Path, prefetch: bool, early: bool = True) -> tuple[dict, dict]:
+    """``early``: header reads may start before the index is in (sources/header_reads.py), which the
+    index child makes possible; off, the requests depend only on where the index is read."""
     server.reset_stats()
-    proc = _run(["-m", "ckptinspect", "report", REPO, "--format", "json", "--quiet"], _env(server, home, prefetch))
+    env = {**_env(server, home, prefetch), EARLY_ENV: "1" if early else "0"}
+    proc = _run(["-m", "ckptinspect", "report", REPO, "--format", "json", "--quiet"], env)
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout), server.stats()
 
@@ -64,7 +68,7 @@ def _fresh(code: str, env: dict[str, str]) -> object:
 
 def test_report_is_the_same_with_the_index_read_by_the_child(served, tmp_path):
     server, _, _ = served
-    fetched, stats = _report(server, tmp_path / "a", prefetch=True)
+    fetched, stats = _report(server, tmp_path / "a", prefetch=True, early=False)
     serial, serial_stats = _report(server, tmp_path / "b", prefetch=False)
 
     assert fetched["source"]["stats"]["index_prefetched"] is True

@@ -7,10 +7,11 @@ connections. On a cold cache the index GET is made by a child process forked fir
 download and parse overlap this process's start-up and repo-info call (sources/index_prefetch.py).
 huggingface_hub's ``get_safetensors_metadata`` asks every shard for ``bytes=0-100000`` and needs a second
 GET for every header over 99,992 bytes (hf_api.py ``parse_safetensors_file_metadata``); per-expert NVFP4 /
-FP8 MoE shards are far above that. Here the first range is sized per shard from the index: the
-header holds each tensor name once (the index lists them) plus a JSON entry of nearly constant size, so
-one shard is read first to measure that entry size, and the rest are asked for exactly what they need
-(plus a small margin). A second GET happens only for the remainder when a prediction falls short.
+FP8 MoE shards are far above that. Here the first range is sized per shard (sources/header_reads.py):
+from the index, or, while the index is still on its way, from the headers read so far, for the files
+that form one complete set of shard names; the index then decides which headers count. A second GET
+happens only for the remainder when a prediction falls short. Each header is scanned as it arrives, in
+a helper process (sources/scan_ahead.py), when the caller passes the report's scan function.
 
 Small JSON files go through the HF cache layout (``models--org--name/blobs`` + ``snapshots/<commit>``), so
 a later run, ``HF_HUB_OFFLINE=1`` and huggingface_hub itself find them. They are fetched with one GET each
@@ -20,17 +21,16 @@ instead of ``hf_hub_download``'s HEAD + GET because the model-info call already 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
-from ckptinspect.errors import ConfigError, HeaderError, NotFoundError
-from ckptinspect.header.parser import read_length_prefix
+from ckptinspect.errors import ConfigError, NotFoundError
 from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
 from ckptinspect.sources import http_ranges
+from ckptinspect.sources.header_reads import HeaderReader, cancel, early_reads_enabled, shard_set
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient
 from ckptinspect.sources.index_prefetch import IndexPrefetch
 from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap, resolve_commit
@@ -42,23 +42,6 @@ from ckptinspect.sources.net_limits import Budget, NetLimits
 from ckptinspect.sources.repo_info import model_info
 from ckptinspect.sources.scan_ahead import ScanAhead, ScanFn
 
-# Small JSON files read next to the headers (the RawCheckpoint.json_files contract).
-
-# huggingface_hub SAFETENSORS_MAX_HEADER_LENGTH and huggingface.js MAX_HEADER_LENGTH: checked on the
-# 8-byte prefix, before any header byte beyond the first range is requested.
-MAX_HEADER_LENGTH = 25_000_000
-# Used when no index names the shard's tensors (single-file repos); covers a 7B dense model's header.
-DEFAULT_FIRST_RANGE = 131_072
-# First-guess bytes per header entry beyond the tensor name. An entry is
-# `"<name>":{"dtype":"BF16","shape":[7168,2048],"data_offsets":[1234567890,1249247938]},`: 70-90 bytes
-# besides the name for 2-D tensors in multi-GB shards; 100 covers long dtypes and 4-D shapes, so the
-# calibration shard nearly always needs one request.
-FIRST_ENTRY_GUESS = 100
-# Margin over the largest per-entry size measured so far: offsets grow by a digit between shards at most,
-# and shapes differ by a few digits. Measured on the 94-shard Qwen3.5-397B NVFP4 replica: see
-# BENCHMARKS.md section 2 (0 second requests, total bytes within 1.05x of the exact header bytes).
-ENTRY_MARGIN = 3
-FIXED_SLACK = 256  # __metadata__ ({"format":"pt"}) and the writer's padding to a multiple of 8
 # Concurrent header requests: 32 halves the waves of 16 on a 94-shard repo at 20 ms per request
 # (BENCHMARKS.md section 2); each thread keeps its own keep-alive connection.
 DEFAULT_MAX_WORKERS = int(os.environ.get("CKPTINSPECT_MAX_WORKERS", "32"))
@@ -178,7 +161,6 @@ def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint
         return f"{endpoint}/{repo_id}/resolve/{quote(commit, safe='')}/{quote(filename)}"
 
     json_files: dict[str, Any] = {}
-    cached = 0
     workers = max(1, max_workers or DEFAULT_MAX_WORKERS)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         def fetch(name: str) -> Any:
@@ -186,38 +168,29 @@ def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint
 
         wanted = [name for name in JSON_FILES if name in siblings]
         futures = {fetch(name): name for name in wanted if not (name == INDEX_FILE and prefetch is not None)}
-        prefetched = None
-        if prefetch is not None and INDEX_FILE in siblings:
-            # The child's index counts only if it is this commit's (the small files download meanwhile).
-            prefetched = prefetch.result(info.sha, wait_s=max(0.0, min(PREFETCH_WAIT_S, budget.left_s())))
-            # The child's requests count whether or not its answer is used (--verbose, byte budget).
-            child = prefetch.stats
-            stats.add(requests=child.get("requests", 0), nbytes=child.get("bytes_fetched", 0),
-                      retries=child.get("retries", 0))
-            budget.take(child.get("bytes_fetched", 0), f"{repo_id}/{INDEX_FILE}")
-            declared = siblings[INDEX_FILE].size
-            if prefetched is not None and declared is not None and prefetched.size != declared:
-                prefetched = None  # not the file the repo info describes
-            if prefetched is None:
-                budget.check_time(f"{repo_id}/{INDEX_FILE}")
-                futures[fetch(INDEX_FILE)] = INDEX_FILE
-        for fut in as_completed(futures):
-            value, from_cache = fut.result()
-            json_files[futures[fut]] = value
-            cached += from_cache
-        phases["json_s"] = time.perf_counter() - started - phases["info_s"]
-        if prefetched is not None:
-            summary: IndexSummary | None = prefetched.summary
-            json_view: Mapping[str, Any] = LazyJson(json_files, {INDEX_FILE: prefetched.load}, prefix=repo_id)
-        else:
-            summary = (summarize_index(json_files[INDEX_FILE], source=f"{repo_id}/{INDEX_FILE}")
-                       if INDEX_FILE in json_files else None)
-            json_view = json_files
-        shards = _shard_plan(repo_id, summary, siblings)
-        sizes = {shard: siblings[shard].size for shard in shards}
-        reader = _HeaderReader(client, summary, _arrivals(on_header, ahead, sizes))
+        reader = HeaderReader(client, None, _arrivals(on_header, ahead, siblings))
+        reads: dict[Future, str] = {}
         try:
-            header_bytes = reader.read_all(pool, shards, url, sizes, progress=progress)
+            if prefetch is not None and INDEX_FILE in siblings and early_reads_enabled():
+                # While the index is on its way, read the headers of the files it almost surely names
+                # (sources/header_reads.py); it then decides which of them count.
+                guessed = shard_set(siblings)
+                reads = reader.start(pool, guessed, url, {s: siblings[s].size for s in guessed}, speculative=True)
+            early = len(reads)  # requested before the index was in
+            prefetched, summary, json_view, cached = _index_and_json(prefetch, info.sha, siblings, client, repo_id,
+                                                                     fetch, futures, json_files)
+            phases["json_s"] = time.perf_counter() - started - phases["info_s"]
+            shards = _shard_plan(repo_id, summary, siblings)
+            sizes = {shard: siblings[shard].size for shard in shards}
+            if summary is not None:
+                reader.use_index(summary)
+            asked = set(reads.values())
+            later = [s for s in shards if s not in asked]
+            reads.update(reader.start(pool, later, url, sizes))
+            header_bytes = reader.collect(reads, shards, progress=progress)
+        except BaseException:
+            cancel(reads)
+            raise
         finally:
             pool.shutdown(wait=True)  # the threads first: then no connection is in use
     phases["headers_s"] = time.perf_counter() - started - phases["info_s"] - phases["json_s"]
@@ -239,15 +212,51 @@ def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint
         revision=commit,
         stats={**stats.as_dict(), "wall_s": round(wall, 3), "shards": len(shards), "json_from_cache": cached,
                "header_bytes": sum(len(h) for h in header_bytes.values()), "endpoint": endpoint,
-               "index_prefetched": prefetched is not None,
+               "index_prefetched": prefetched is not None, "headers_before_index": early,
                **{k: round(v, 3) for k, v in {**phases, **ahead_stats}.items()}},
         index_summary=summary,
         scan_plan=plan,
     )
 
 
+def _index_and_json(prefetch: IndexPrefetch | None, commit: str | None, siblings: Mapping[str, Any],
+                    client: RangeClient, repo_id: str, fetch: Callable[[str], Future], futures: dict[Future, str],
+                    json_files: dict[str, Any]) -> tuple[Any, IndexSummary | None, Mapping[str, Any], int]:
+    """The index child's answer (or the index read here when it is not usable) and the small JSON files:
+    (prefetched index or None, index summary or None, the JSON files view, how many came from the cache)."""
+    stats, budget = client.stats, client.budget
+    prefetched = None
+    if prefetch is not None and INDEX_FILE in siblings:
+        # The child's index counts only if it is this commit's (the small files download meanwhile).
+        prefetched = prefetch.result(commit, wait_s=max(0.0, min(PREFETCH_WAIT_S, budget.left_s())))
+        # The child's requests count whether or not its answer is used (--verbose, byte budget).
+        child = prefetch.stats
+        stats.add(requests=child.get("requests", 0), nbytes=child.get("bytes_fetched", 0),
+                  retries=child.get("retries", 0))
+        budget.take(child.get("bytes_fetched", 0), f"{repo_id}/{INDEX_FILE}")
+        declared = siblings[INDEX_FILE].size
+        if prefetched is not None and declared is not None and prefetched.size != declared:
+            prefetched = None  # not the file the repo info describes
+        if prefetched is None:
+            budget.check_time(f"{repo_id}/{INDEX_FILE}")
+            futures[fetch(INDEX_FILE)] = INDEX_FILE
+    cached = 0
+    for fut in as_completed(futures):
+        value, from_cache = fut.result()
+        json_files[futures[fut]] = value
+        cached += from_cache
+    if prefetched is not None:
+        summary: IndexSummary | None = prefetched.summary
+        view: Mapping[str, Any] = LazyJson(json_files, {INDEX_FILE: prefetched.load}, prefix=repo_id)
+    else:
+        summary = (summarize_index(json_files[INDEX_FILE], source=f"{repo_id}/{INDEX_FILE}")
+                   if INDEX_FILE in json_files else None)
+        view = json_files
+    return prefetched, summary, view, cached
+
+
 def _arrivals(on_header: Callable[[str, bytes], None] | None, ahead: ScanAhead | None,
-              sizes: Mapping[str, int | None]) -> Callable[[str, bytes], None] | None:
+              siblings: Mapping[str, Any]) -> Callable[[str, bytes], None] | None:
     """What a fetch thread calls with each header as it arrives: the caller's hook, the scan helper."""
     if ahead is None:
         return on_header
@@ -255,9 +264,8 @@ def _arrivals(on_header: Callable[[str, bytes], None] | None, ahead: ScanAhead |
     def arrived(shard: str, header: bytes) -> None:
         if on_header is not None:
             on_header(shard, header)
-        ahead.feed(shard, header, sizes.get(shard))
+        ahead.feed(shard, header, siblings[shard].size)
     return arrived
-
 
 
 # -- small JSON files through the HF cache ----------------------------------------------------------
@@ -303,84 +311,6 @@ def _shard_plan(repo_id: str, summary: IndexSummary | None, siblings: Mapping[st
         raise NotFoundError(f"the index names {len(missing)} shard(s) the repo does not have, e.g. {missing[0]}",
                             path=f"{repo_id}/{INDEX_FILE}")
     return list(summary.shards)  # first-seen order, like the local source
-
-
-class _HeaderReader:
-    """Reads every shard header, first range sized from the index (see the module docstring)."""
-
-    def __init__(self, client: RangeClient, summary: IndexSummary | None,
-                 on_header: Callable[[str, bytes], None] | None = None) -> None:
-        self.client = client
-        self.on_header = on_header
-        self.counts: Mapping[str, int] = summary.counts if summary is not None else {}
-        self.name_bytes: Mapping[str, int] = summary.name_bytes if summary is not None else {}
-        self.entry_size: float | None = None  # largest measured bytes per entry beyond the name
-        self.lock = threading.Lock()
-
-    def predict(self, shard: str) -> int:
-        """Header bytes to ask for (without the 8-byte prefix)."""
-        count = self.counts.get(shard)
-        if not count:
-            return DEFAULT_FIRST_RANGE - 8
-        with self.lock:
-            per_entry = FIRST_ENTRY_GUESS if self.entry_size is None else self.entry_size + ENTRY_MARGIN
-        return int(self.name_bytes[shard] + count * per_entry) + FIXED_SLACK
-
-    def learn(self, shard: str, n: int) -> None:
-        count = self.counts.get(shard)
-        if count:
-            measured = (n - self.name_bytes[shard]) / count
-            with self.lock:
-                self.entry_size = measured if self.entry_size is None else max(self.entry_size, measured)
-
-    def read_all(self, pool: ThreadPoolExecutor, shards: list[str], url: Any, sizes: Mapping[str, int | None],
-                 *, progress: bool) -> dict[str, bytes]:
-        from tqdm.auto import tqdm
-
-        out: dict[str, bytes] = {}
-        futures: dict[Any, str] = {}
-        # No monitor thread (tqdm starts one even for a disabled bar): a later Hub read in this process
-        # forks its index reader only while single-threaded (sources/index_prefetch.py).
-        tqdm.monitor_interval = 0
-        bar = tqdm(total=len(shards), desc="Reading headers", unit="shard", file=sys.stderr,
-                   disable=not progress, leave=False)
-        try:
-            # Calibrate on a typical shard (median tensor count) before the parallel wave.
-            order = sorted(shards, key=lambda s: self.counts.get(s, 0))
-            first = order[len(order) // 2]
-            out[first] = self.read_one(first, url(first), sizes.get(first))
-            bar.update(1)
-            futures = {pool.submit(self.read_one, s, url(s), sizes.get(s)): s for s in shards if s != first}
-            for fut in as_completed(futures):
-                out[futures[fut]] = fut.result()
-                bar.update(1)
-        except BaseException:
-            for fut in futures:  # fail fast: do not start the remaining requests
-                fut.cancel()
-            raise
-        finally:
-            bar.close()
-        return {s: out[s] for s in shards}
-
-    def read_one(self, shard: str, url: str, size: int | None) -> bytes:
-        where = f"{self.client.repo_id}/{shard}"
-        want = 8 + self.predict(shard)
-        if size is not None:
-            if size < 8:
-                raise HeaderError(f"file is {size} bytes, too small for a safetensors header", path=where)
-            want = min(want, size)
-        body = self.client.get(url, shard, 0, want - 1)
-        if len(body) < 8:  # a short 206 that did not even cover the length prefix
-            body += self.client.rest(url, shard, len(body), 8)
-        n = read_length_prefix(body[:8], source=where, file_size=size, max_length=MAX_HEADER_LENGTH)
-        have = len(body) - 8  # ranges are inclusive: the header is complete iff n <= len(body) - 8
-        if n > have:
-            body += self.client.rest(url, shard, len(body), 8 + n)
-        self.learn(shard, n)
-        header = body[8:8 + n]
-        if self.on_header is not None:
-            self.on_header(shard, header)
-        return header
 
 
 __all__ = ["open_hub", "hub_endpoint"]

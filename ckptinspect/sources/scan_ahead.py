@@ -123,8 +123,10 @@ class ScanAhead:
                 if not claimed:
                     break  # the helper has this one, so every earlier one too
                 shard = slots[slot]
-                done[shard] = self._scan(shard, headers[shard], sizes.get(shard))
-            done.update(self._helper_scans(wait_s if helper_alive else 0.0))
+                if shard in headers:  # else a file read before the index that it does not name
+                    done[shard] = self._scan(shard, headers[shard], sizes.get(shard))
+            done.update((shard, scan) for shard, scan in self._helper_scans(wait_s if helper_alive else 0.0).items()
+                        if shard in headers)
             for shard in headers:  # not handed over, not returned (failed, stopped, died): scanned here
                 if shard not in done:
                     done[shard] = self._scan(shard, headers[shard], sizes.get(shard))
