@@ -89,6 +89,7 @@ TRACED = (
     ("ckptinspect.sources.hub", "model_info", None, "repo info"),
     ("ckptinspect.sources.index_prefetch", "result", "IndexPrefetch", "wait for the index child"),
     ("ckptinspect.sources.index_prefetch", "_child", None, "index child"),
+    ("ckptinspect.sources.scan_ahead", "_helper", None, "scan helper"),
     ("ckptinspect.sources.index_summary", "parse_json_bytes", None, "index JSON parse"),
     ("ckptinspect.sources.index_summary", "summarize_index", None, "index summary"),
     ("ckptinspect.sources.hf_cache", "cache_store", None, "HF cache write"),
@@ -129,7 +130,8 @@ def _trace_child(argv: list[str]) -> None:
             try:
                 return _original(*args, **kwargs)
             finally:
-                mark(f"< {_label}")
+                cpu = os.times()
+                mark(f"< {_label} (process CPU so far {cpu.user + cpu.system:.3f} s)")
         setattr(owner, attr, wrapped)
     scan = pipeline.scan_header_unpaused
 
@@ -152,7 +154,9 @@ def _trace_child(argv: list[str]) -> None:
     try:
         cli_main()
     finally:
-        mark("command done")
+        cpu = os.times()
+        mark(f"command done (CPU: this process {cpu.user + cpu.system:.3f} s, its waited-for children "
+             f"{cpu.children_user + cpu.children_system:.3f} s)")
 
 
 def _timeline(url: str, workers: int | None) -> str:

@@ -85,15 +85,17 @@ class ScanAhead:
     def feed(self, shard: str, header: bytes, file_size: int | None) -> None:
         """Hand one header to the helper (called from the fetch threads as each header arrives)."""
         name = shard.encode("utf-8", "surrogatepass")
-        record = _RECORD.pack(-1 if file_size is None else file_size, len(name)) + name + header
+        head = _RECORD.pack(-1 if file_size is None else file_size, len(name)) + name
+        length = len(head) + len(header)
         with self._feed_lock:
             if self._pipe_w is None or len(self._slots) >= MAX_SLOTS:
                 return
-            offset, self._end = self._end, self._end + len(record)
+            offset, self._end = self._end, self._end + length
             slot = len(self._slots)
             try:
-                os.pwrite(self._spool, record, offset)
-                os.write(self._pipe_w, _MESSAGE.pack(slot, offset, len(record)))  # < PIPE_BUF: all or nothing
+                if os.pwritev(self._spool, [head, header], offset) != length:  # (no copy of the header)
+                    raise OSError("short write")
+                os.write(self._pipe_w, _MESSAGE.pack(slot, offset, length))  # < PIPE_BUF: all or nothing
             except OSError:  # full pipe, gone helper, full memory file: the rest is the parent's
                 self._stop_feeding()
                 return
