@@ -4,7 +4,9 @@ connection per request, backlog 5), both with the same delay per request, servin
 replica of nvidia/Qwen3.5-397B-A17B-NVFP4. In one run, alternating tools per round, cold HF cache:
 
 - report: ``ckptinspect report org/name --format json --quiet --verbose`` (subprocess; phases from
-  --verbose: info_s, json_s, headers_s);
+  --verbose: info_s, the repo info; json_s, the small JSON files and the index, with the header reads
+  that start before it; headers_s, the header reads still going when the index is in; scan_rest_s, the
+  scan after the last header, with what the scan helper did not finish while they arrived);
 - theirs: ``HfApi.get_safetensors_metadata`` (subprocess too, so both pay interpreter start-up).
 
     python benchmarks/bench_hub_servers.py [--replica DIR] [--latency-ms 20] [--runs 3] [--workers N] [--timeline]
@@ -208,12 +210,14 @@ def main() -> int:
             trace = _timeline(served.url, args.workers) if args.timeline else ""
         finally:
             served.close()
-        med = {k: statistics.median(float(p[k]) for p in phases) for k in ("info_s", "json_s", "headers_s")}
+        med = {k: statistics.median(float(p.get(k, 0)) for p in phases)
+               for k in ("info_s", "json_s", "headers_s", "scan_rest_s")}
         o, t = statistics.median(ours), statistics.median(theirs)
         print(f"{name}: report {o:.3f} s (runs {', '.join(f'{w:.2f}' for w in ours)}), get_safetensors_metadata "
               f"{t:.3f} s (runs {', '.join(f'{w:.2f}' for w in theirs)}): {o / t:.2f}x; report phases: repo info "
-              f"{med['info_s']:.3f} s, JSON files {med['json_s']:.3f} s, headers {med['headers_s']:.3f} s; "
-              f"requests {phases[-1]['requests']}, bytes {int(phases[-1]['bytes_fetched']):,}")
+              f"{med['info_s']:.3f} s, JSON files {med['json_s']:.3f} s, headers after the index "
+              f"{med['headers_s']:.3f} s, scan after the fetch {med['scan_rest_s']:.3f} s; "
+              f"{phases[-1].get('headers_before_index', 0)} headers asked for before the index; requests {phases[-1]['requests']}, bytes {int(phases[-1]['bytes_fetched']):,}")
         if trace:
             print(f"timeline of one more report run ({name}):\n{trace}", end="")
     print(f"load average {os.getloadavg()[0]:.1f} at end")

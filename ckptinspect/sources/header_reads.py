@@ -132,17 +132,17 @@ class HeaderReader:
             return futures
         with self.lock:
             measured = self.entry_size is not None or (speculative and bool(self.lengths))
+        first = None
         if not measured:
             key = (lambda s: sizes.get(s) or 0) if speculative else (lambda s: self.counts.get(s, 0))
-            order = sorted(shards, key=key)
-            first = order[len(order) // 2]
+            first = sorted(shards, key=key)[len(shards) // 2]
             calibration = pool.submit(self.read_one, first, url(first), sizes.get(first), speculative)
             wait([calibration])
             if not speculative:
                 calibration.result()
             futures[calibration] = first
         for shard in shards:
-            if shard not in futures.values():
+            if shard != first:
                 futures[pool.submit(self.read_one, shard, url(shard), sizes.get(shard), speculative)] = shard
         return futures
 

@@ -83,7 +83,8 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
             the per-request and whole-read deadlines and the byte budget come from the environment
             (sources/net_limits.py, docs/security.md).
         on_header: called from a worker thread with (shard, header bytes) as soon as each header is in,
-            so a caller can parse while later headers are still on the wire.
+            so a caller can parse while later headers are still on the wire (also for a file read before
+            the index is in that the index then does not name).
         scan: the report's per-shard scan, ``scan(shard, header bytes, file size)``: run on each header
             as it arrives, in a helper process (sources/scan_ahead.py), and the results returned in
             ``scan_plan.scanned`` for every shard. None: headers only.
