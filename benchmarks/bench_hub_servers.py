@@ -217,7 +217,8 @@ def main() -> int:
               f"{t:.3f} s (runs {', '.join(f'{w:.2f}' for w in theirs)}): {o / t:.2f}x; report phases: repo info "
               f"{med['info_s']:.3f} s, JSON files {med['json_s']:.3f} s, headers after the index "
               f"{med['headers_s']:.3f} s, scan after the fetch {med['scan_rest_s']:.3f} s; "
-              f"{phases[-1].get('headers_before_index', 0)} headers asked for before the index; requests {phases[-1]['requests']}, bytes {int(phases[-1]['bytes_fetched']):,}")
+              f"{phases[-1].get('headers_before_index', 0)} headers asked for before the index; "
+              f"requests {phases[-1]['requests']}, bytes {int(phases[-1]['bytes_fetched']):,}")
         if trace:
             print(f"timeline of one more report run ({name}):\n{trace}", end="")
     print(f"load average {os.getloadavg()[0]:.1f} at end")

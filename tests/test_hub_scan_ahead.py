@@ -90,8 +90,8 @@ def test_a_bad_header_gives_the_same_one_line_error_with_and_without_the_helper(
     data[8:9] = b"["  # the header JSON is no longer an object
     bad.write_bytes(bytes(data))
     with ServerProcess({"org/bad": root}) as server:
-        runs = [_run(["-m", "ckptinspect", "report", "org/bad", "--quiet"], _env(tmp_path / str(ahead), server.url, ahead))
-                for ahead in (True, False)]
+        runs = [_run(["-m", "ckptinspect", "report", "org/bad", "--quiet"],
+                     _env(tmp_path / str(ahead), server.url, ahead)) for ahead in (True, False)]
     local = _run(["-m", "ckptinspect", "report", str(root), "--quiet"], _env(tmp_path / "l"))
     for proc in runs:
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

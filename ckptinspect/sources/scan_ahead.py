@@ -34,8 +34,10 @@ ScanFn = Callable[[str, bytes, "int | None"], Any]
 
 # Headers the helper can be handed (one claim byte each); later ones are scanned by the parent.
 MAX_SLOTS = 1 << 16
-_MESSAGE = struct.Struct("<IQQ")  # slot, offset of the record in the shared file, record length
-_RECORD = struct.Struct("<qI")  # file size (-1: unknown), shard name length; then the name, the header
+# A record in the shared file: its head (the file size, -1 when unknown, then the shard name), the header.
+# A message down the pipe: the slot, where the record starts, the head's length, the header's length.
+_SIZE = struct.Struct("<q")
+_MESSAGE = struct.Struct("<IQII")
 _END = 0xFFFFFFFF
 _FREE, _HELPER, _PARENT = 0, 1, 2
 # The claim lock is held for a few byte operations; a holder that keeps it this long is stopped or
@@ -85,7 +87,7 @@ class ScanAhead:
     def feed(self, shard: str, header: bytes, file_size: int | None) -> None:
         """Hand one header to the helper (called from the fetch threads as each header arrives)."""
         name = shard.encode("utf-8", "surrogatepass")
-        head = _RECORD.pack(-1 if file_size is None else file_size, len(name)) + name
+        head = _SIZE.pack(-1 if file_size is None else file_size) + name
         length = len(head) + len(header)
         with self._feed_lock:
             if self._pipe_w is None or len(self._slots) >= MAX_SLOTS:
@@ -95,7 +97,8 @@ class ScanAhead:
             try:
                 if os.pwritev(self._spool, [head, header], offset) != length:  # (no copy of the header)
                     raise OSError("short write")
-                os.write(self._pipe_w, _MESSAGE.pack(slot, offset, length))  # < PIPE_BUF: all or nothing
+                # under PIPE_BUF bytes: written whole or not at all
+                os.write(self._pipe_w, _MESSAGE.pack(slot, offset, len(head), len(header)))
             except OSError:  # full pipe, gone helper, full memory file: the rest is the parent's
                 self._stop_feeding()
                 return
@@ -109,7 +112,7 @@ class ScanAhead:
         with self._feed_lock:
             if self._pipe_w is not None:
                 try:
-                    os.write(self._pipe_w, _MESSAGE.pack(_END, 0, 0))
+                    os.write(self._pipe_w, _MESSAGE.pack(_END, 0, 0, 0))
                 except OSError:
                     pass  # the helper is gone or behind a full pipe: it stops at EOF below
                 self._stop_feeding()
@@ -189,7 +192,7 @@ def _helper(scan: ScanFn, spool: int, pipe_r: int, pipe_w: int, send: Any, claim
             message = messages.read(_MESSAGE.size)
             if len(message) < _MESSAGE.size:
                 break  # the parent closed the pipe
-            slot, offset, length = _MESSAGE.unpack(message)
+            slot, offset, head_length, header_length = _MESSAGE.unpack(message)
             if slot == _END:
                 break
             if not lock.acquire(timeout=LOCK_WAIT_S):
@@ -201,12 +204,12 @@ def _helper(scan: ScanFn, spool: int, pipe_r: int, pipe_w: int, send: Any, claim
                 lock.release()
             if taken:
                 break
-            record = os.pread(spool, length, offset)
-            size, name_length = _RECORD.unpack_from(record)
-            start = _RECORD.size + name_length
-            shard = record[_RECORD.size:start].decode("utf-8", "surrogatepass")
+            head = os.pread(spool, head_length, offset)
+            header = os.pread(spool, header_length, offset + head_length)
+            (size,) = _SIZE.unpack_from(head)
+            shard = head[_SIZE.size:].decode("utf-8", "surrogatepass")
             try:
-                scans[shard] = scan(shard, record[start:], None if size < 0 else size)
+                scans[shard] = scan(shard, header, None if size < 0 else size)
             except Exception:  # noqa: BLE001 - not swallowed: the parent scans this shard again and raises
                 break
     send.send_bytes(pickle.dumps(scans, protocol=pickle.HIGHEST_PROTOCOL))
