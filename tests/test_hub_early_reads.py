@@ -18,7 +18,7 @@ from conftest import ROOT  # noqa: E402
 from hub_repos import make_sharded_repo  # noqa: E402
 from hub_server_process import ServerProcess  # noqa: E402
 
-from ckptinspect.sources.header_reads import EARLY_ENV, shard_set  # noqa: E402
+from ckptinspect.sources.header_reads import EARLY_ENV, shard_set, typical_size  # noqa: E402
 
 INDEX = "model.safetensors.index.json"
 
@@ -47,6 +47,12 @@ def test_shard_set_is_one_complete_set_of_shard_names():
     assert shard_set(shards + ["model-00004-of-00003.safetensors"]) == []  # an index past the count
     assert shard_set(shards + ["model-0001-of-00003.safetensors"]) == []  # index 1 twice
     assert shard_set(["model.safetensors"]) == []
+
+
+def test_files_of_atypical_size_wait_for_the_index():
+    sizes = {"a": 2_500, "b": 2_400, "c": 2_600, "d": 18_000, "e": 1_000, "f": 1_700}
+    assert typical_size(list(sizes), sizes) == ["a", "b", "c", "f"]  # median 2,500: 1,667 to 3,750
+    assert typical_size(["a", "x"], {"a": 10, "x": None}) == ["a", "x"]  # a size unknown: no basis
 
 
 def test_every_header_is_asked_for_before_the_index_is_in(tmp_path):

@@ -9,8 +9,8 @@ Before the index (speculative reads): the index of a large checkpoint is tens of
 reader (sources/index_prefetch.py) a few tenths of a second to fetch and parse, while the repo info,
 which lists every file with its size, is in already. When the repo's top-level files form one complete
 ``{prefix}-{i}-of-{n}.safetensors`` set (what ``save_pretrained`` writes, and what the index then names),
-their headers are read at once, sized from the file size for the first one and from the longest header
-read so far for the others. The index stays the authority: its shard list decides which headers count
+the headers of those of typical file size are read at once, sized from the file size for the first one
+and from the longest header read so far for the others (the rest wait for the index). The index stays the authority: its shard list decides which headers count
 (one it names that was not read is read then; a file read that it does not name is dropped, its errors
 included), and the report cross-checks every header against it (pipeline ``_index_findings``).
 
@@ -52,6 +52,7 @@ FIXED_SLACK = 256  # __metadata__ ({"format":"pt"}) and the writer's padding to 
 # replica 92 of 94 headers lie within 1% of each other).
 SPECULATIVE_BYTES_PER_DATA_BYTE = 1 / 3000
 SPECULATIVE_MARGIN = 0.02
+TYPICAL_SIZE_FACTOR = 1.5
 EARLY_ENV = "CKPTINSPECT_EARLY_HEADERS"  # "0": no header read before the index is in
 _SHARD_FILE = re.compile(r"(.+)-([0-9]+)-of-([0-9]+)\.safetensors")
 
@@ -74,6 +75,18 @@ def shard_set(files: Iterable[str]) -> list[str]:
         return []
     (_, count), indices = next(iter(found.items()))
     return sorted(names) if sorted(indices) == list(range(1, count + 1)) else []
+
+
+def typical_size(names: list[str], sizes: Mapping[str, int | None]) -> list[str]:
+    """The files whose size is within TYPICAL_SIZE_FACTOR of the median size (all of them when a size is
+    unknown): their headers are the ones the longest header read so far predicts well. A much larger
+    file (the one holding embeddings, the output head, an MTP layer) tends to have a longer header, a
+    much smaller one a shorter header: both are read once the index can size them."""
+    known = sorted(sizes.get(n) or 0 for n in names)
+    if not known or known[0] <= 0:
+        return list(names)
+    median = known[len(known) // 2]
+    return [n for n in names if median / TYPICAL_SIZE_FACTOR <= (sizes.get(n) or 0) <= median * TYPICAL_SIZE_FACTOR]
 
 
 class HeaderReader:

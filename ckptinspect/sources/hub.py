@@ -30,7 +30,8 @@ from urllib.parse import quote
 from ckptinspect.errors import ConfigError, NotFoundError
 from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
 from ckptinspect.sources import http_ranges
-from ckptinspect.sources.header_reads import HeaderReader, cancel, early_reads_enabled, shard_set
+from ckptinspect.sources.header_reads import (HeaderReader, cancel, early_reads_enabled, shard_set,
+                                              typical_size)
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient
 from ckptinspect.sources.index_prefetch import IndexPrefetch
 from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap, resolve_commit
@@ -175,8 +176,8 @@ def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint
             if prefetch is not None and INDEX_FILE in siblings and early_reads_enabled():
                 # While the index is on its way, read the headers of the files it almost surely names
                 # (sources/header_reads.py); it then decides which of them count.
-                guessed = shard_set(siblings)
-                reads = reader.start(pool, guessed, url, {s: siblings[s].size for s in guessed}, speculative=True)
+                guessed = {s: siblings[s].size for s in shard_set(siblings)}
+                reads = reader.start(pool, typical_size(list(guessed), guessed), url, guessed, speculative=True)
             early = len(reads)  # requested before the index was in
             prefetched, summary, json_view, cached = _index_and_json(prefetch, info.sha, siblings, client, repo_id,
                                                                      fetch, futures, json_files)
