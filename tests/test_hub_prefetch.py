@@ -168,3 +168,28 @@ def test_token_lookup_without_importing_huggingface_hub(tmp_path, monkeypatch):
     assert index_prefetch._token("hf_explicit") == "hf_explicit"
     monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
     assert index_prefetch._token(None) is None
+
+
+@pytest.mark.parametrize("source", ["memfd", "pipe", "none"])
+def test_cache_store_copies_from_the_childs_file_or_writes_the_bytes(tmp_path, monkeypatch, source):
+    """The index child hands its memory file to cache_store (a kernel copy); a source that cannot be
+    copied from (a pipe) falls back to writing the bytes: the blob is the same either way."""
+    from ckptinspect.sources.hf_cache import cache_store, cached_file
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    data = os.urandom(3_000_000)
+    fd = None
+    if source == "memfd":
+        fd = os.memfd_create("t")
+        os.pwrite(fd, data, 0)
+    elif source == "pipe":
+        fd, write_end = os.pipe()
+        os.close(write_end)
+    try:
+        cache_store(REPO, "c" * 40, "main", INDEX, data, "e" * 64, source_fd=fd)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    cached = cached_file(REPO, "c" * 40, INDEX)
+    assert cached is not None and cached.read_bytes() == data
+    assert not list((tmp_path / "hub").rglob("*.incomplete"))

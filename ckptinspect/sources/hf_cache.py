@@ -69,11 +69,13 @@ def cached_file(repo_id: str, commit: str, filename: str) -> Path | None:
 
 
 def cache_store(repo_id: str, commit: str, revision: str | None, filename: str, data: bytes,
-                etag: str | None) -> None:
+                etag: str | None, *, source_fd: int | None = None) -> None:
     """Put ``data`` into the cache as huggingface_hub would (blob + relative symlink + ref).
 
     Best effort: a read-only or missing cache never fails the command. Without an etag (blob id) the file
-    is not cached, since the blob name must be the one huggingface_hub would use.
+    is not cached, since the blob name must be the one huggingface_hub would use. ``source_fd``: a file
+    that already holds ``data`` from offset 0 (the index child's memory file); the blob is then copied
+    from it by the kernel (sendfile: ~0.02 CPU-s for a 41 MB index where write() took ~0.12 here).
     """
     if not etag or not _ETAG.fullmatch(etag) or not _COMMIT.fullmatch(commit) or not _safe_ref(revision):
         return
@@ -83,7 +85,10 @@ def cache_store(repo_id: str, commit: str, revision: str | None, filename: str, 
         blob.parent.mkdir(parents=True, exist_ok=True)
         if not blob.exists():
             with tempfile.NamedTemporaryFile(dir=blob.parent, delete=False, suffix=".incomplete") as tmp:
-                tmp.write(data)
+                if source_fd is None or not _copy_from(source_fd, tmp.fileno(), len(data)):
+                    tmp.seek(0)
+                    tmp.truncate()
+                    tmp.write(data)
             os.replace(tmp.name, blob)
         pointer = storage / "snapshots" / commit / filename
         pointer.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +103,23 @@ def cache_store(repo_id: str, commit: str, revision: str | None, filename: str, 
             ref.write_text(commit)
     except OSError:
         return
+
+
+def _copy_from(source_fd: int, target_fd: int, size: int) -> bool:
+    """Copy bytes [0, size) of ``source_fd`` to ``target_fd`` in the kernel; False when that is not
+    possible here (then the caller writes the bytes it holds)."""
+    if not hasattr(os, "sendfile"):
+        return False
+    done = 0
+    try:
+        while done < size:
+            sent = os.sendfile(target_fd, source_fd, done, size - done)
+            if sent <= 0:
+                return False
+            done += sent
+    except OSError:
+        return False
+    return True
 
 
 def _safe_ref(revision: str | None) -> bool:

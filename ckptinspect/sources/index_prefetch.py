@@ -168,7 +168,7 @@ def _child(send: Any, spool: int, url: str, headers: dict[str, str], timeout: fl
     os.pwrite(spool, data, 0)
     etag = (meta.get("x-linked-etag") or meta.get("etag") or "").removeprefix("W/").strip('"') or None
     if commit:
-        cache_store(repo_id, commit, revision or "main", INDEX_FILE, data, etag)
+        cache_store(repo_id, commit, revision or "main", INDEX_FILE, data, etag, source_fd=spool)
 
 
 def _close_spool(holder: list[int | None]) -> None:
