@@ -19,6 +19,7 @@ from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 from ckptinspect.readiness.conditions import CONDITIONS
 from ckptinspect.readiness.loader import builtin_dir, schema_path
 from ckptinspect.readiness.versions import in_range, representative
+from toy_inputs import TOY_FAMILY_RULE
 
 REPO = Path(__file__).resolve().parent.parent
 FAMILIES = {
@@ -31,14 +32,7 @@ FAMILIES = {
 # issue 10 §3, part B (tests/test_families_2026_b.py)
 FAMILIES |= {"hy_v3", "hy_v4", "minimax_m3", "exaone_moe", "exaone4_5", "pangu_ultra_moe", "dots3_note", "inkling",
              "gemma4", "gemma4_assistant", "mimo_v2_omni", "nemotron_h_omni", "bailing_moe_v3", "longcat_flash_ngram"}
-MINIMAL = {
-    "schema_version": 1, "id": "toy", "name": "Toy", "extends": "mtp_common",
-    "match": {"architectures": ["ToyForCausalLM"], "model_types": ["toy"]},
-    "mtp": {"depth": {"keys": ["num_nextn_predict_layers"]}, "prefixes": ["model.layers.{L+k}."],
-            "base": "model.layers.{L+k}.", "required": ["enorm", "hnorm", "eh_proj"]},
-    "engines": {"sglang": {"draft_architecture": "ToyNextN", "method": "NEXTN"},
-                "vllm": {"draft_architecture": "ToyMTP", "method": "mtp"}},
-}
+MINIMAL = TOY_FAMILY_RULE
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
