@@ -242,7 +242,7 @@ def test_pick_listed_as_known_bad_is_a_rule_error(monkeypatch: pytest.MonkeyPatc
     broken["settings"]["moe_runner_backend"]["picks"].insert(
         0, {"when": {"arch": ["sm120"]}, "value": "flashinfer_trtllm", "reason": "wrong", "source": "test"})
     monkeypatch.setattr(backends, "engine_rules", lambda name: broken if name == "sglang" else engine_rules(name))
-    facts = backends.Facts(arch="sm120", quant="nvfp4", attention="hybrid_linear", moe=True, interconnect="pcie",
+    facts = backends.PlanFacts(arch="sm120", quant="nvfp4", attention="hybrid_linear", moe=True, interconnect="pcie",
                            spec=True, goal="latency", model_type="qwen3_5_moe")
     with pytest.raises(RuleError, match="known-bad"):
         backends.choose("sglang", facts)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ckptinspect.errors import RuleError
-from ckptinspect.plan.rules import Facts, engine_rules, first_match
+from ckptinspect.plan.rules import PlanFacts, engine_rules, first_match, holds
 
 
 @dataclass(frozen=True)
@@ -44,17 +44,17 @@ def arch_class(engine: str, arch: str) -> str:
     return classes[arch]
 
 
-def choose(engine: str, facts: Facts) -> tuple[tuple[Choice, ...], tuple[Avoid, ...]]:
+def choose(engine: str, facts: PlanFacts) -> tuple[tuple[Choice, ...], tuple[Avoid, ...]]:
     rules = engine_rules(engine)
     cls = arch_class(engine, facts.arch)
     choices, avoid = [], []
     for name, setting in rules["settings"].items():
-        if not facts.matches(setting.get("applies", {})):
+        if not holds(setting.get("applies", {}), facts):
             continue
         pick = first_match(setting["picks"], facts)
         if pick is None:
             continue
-        bad_here = [b for b in setting.get("bad", []) if facts.matches(b["when"])]
+        bad_here = [b for b in setting.get("bad", []) if holds(b["when"], facts)]
         value = pick["value"]
         _check_pick(engine, name, value, bad_here, setting.get("valid", {}).get(cls))
         choices.append(Choice(name, setting["flag"], value, pick["reason"], pick["source"]))
@@ -71,11 +71,11 @@ def _check_pick(engine: str, name: str, value: Any, bad: list[Mapping[str, Any]]
         raise RuleError(f"{name}: pick {value!r} is not in the valid list {valid}", path=f"rules/engines/{engine}.yaml")
 
 
-def env_for(engine: str, facts: Facts) -> tuple[tuple[str, str, str, str], ...]:
+def env_for(engine: str, facts: PlanFacts) -> tuple[tuple[str, str, str, str], ...]:
     """(name, value, reason, source) of every environment variable whose rule holds."""
     return tuple((e["name"], e["value"], e["reason"], e["source"])
-                 for e in engine_rules(engine).get("env", []) if facts.matches(e["when"]))
+                 for e in engine_rules(engine).get("env", []) if holds(e["when"], facts))
 
 
-def parsers_for(engine: str, facts: Facts) -> Mapping[str, Any] | None:
+def parsers_for(engine: str, facts: PlanFacts) -> Mapping[str, Any] | None:
     return first_match(engine_rules(engine)["parsers"], facts)

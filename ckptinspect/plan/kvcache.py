@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptinspect.plan.gpus import GpuSpec
-from ckptinspect.plan.rules import Facts, engine_rules, first_match
+from ckptinspect.plan.rules import PlanFacts, engine_rules, first_match
 from ckptinspect.records import Checkpoint
 
 
@@ -37,7 +37,7 @@ def _prefill_graph_sizes(limit: int, ranges: list[list[int]]) -> int:
     return sum(1 for start, stop, step in ranges for s in range(start, stop + 1, step) if s <= limit)
 
 
-def sglang_mem_fraction(gpu: GpuSpec, tp: int, facts: Facts, *, chunked_prefill: int | None = None,
+def sglang_mem_fraction(gpu: GpuSpec, tp: int, facts: PlanFacts, *, chunked_prefill: int | None = None,
                         capped: bool = True) -> MemFraction:
     """SGLang's auto --mem-fraction-static for this GPU / TP (at ``chunked_prefill`` when given), then the caps."""
     rules = engine_rules("sglang")["memory"]

@@ -15,7 +15,7 @@ from ckptinspect.plan.backends import arch_class
 from ckptinspect.plan.gpus import GpuSpec
 from ckptinspect.plan.kvcache import KvCost, MemFraction, kv_cost, sglang_mem_fraction
 from ckptinspect.plan.memory import Split, WeightMemory, weight_memory
-from ckptinspect.plan.rules import Facts, engine_rules
+from ckptinspect.plan.rules import PlanFacts, engine_rules
 from ckptinspect.records import Checkpoint
 
 
@@ -80,7 +80,7 @@ def longest_context(budget: int, cost: KvCost, concurrency: int, limit: int) -> 
     return lo
 
 
-def fp8_kv_supported(facts: Facts, attention_backend: str | None) -> str:
+def fp8_kv_supported(facts: PlanFacts, attention_backend: str | None) -> str:
     """"" when this GPU and attention backend read an FP8 KV cache, else why not."""
     rules = engine_rules("sglang")
     valid = rules["settings"]["kv_cache_dtype"]["valid"].get(arch_class("sglang", facts.arch), [])
@@ -93,7 +93,7 @@ def fp8_kv_supported(facts: Facts, attention_backend: str | None) -> str:
     return ""
 
 
-def solve_max_context(ck: Checkpoint, gpu: GpuSpec, facts: Facts, split: Split, *, kv_dtype: str,
+def solve_max_context(ck: Checkpoint, gpu: GpuSpec, facts: PlanFacts, split: Split, *, kv_dtype: str,
                       attention_backend: str | None, mtp_layers: int, concurrency: int,
                       requested: int) -> ContextSolution:
     rules = engine_rules("sglang")["max_context"]

@@ -1,0 +1,93 @@
+"""The one `when:` language (ckptinspect/rules/conditions.py): every kind's registered keys are exactly
+the keys its JSON Schema allows, an unknown key is a RuleError naming the rule file, and a typo in a
+rule file fails `ckptinspect rules validate`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import ckptinspect.plan.memory  # noqa: F401  (registers the placement conditions)
+import ckptinspect.readiness.conditions  # noqa: F401  (registers the family conditions)
+from ckptinspect.errors import RuleError
+from ckptinspect.plan.rules import PlanFacts
+from ckptinspect.rules.conditions import CONDITION_SCHEMAS, condition_keys, evaluate, register
+from ckptinspect.rules.documents import schema_path
+
+ROOT = Path(__file__).resolve().parent.parent
+FACTS = PlanFacts(arch="sm90", quant="fp8_block", attention="mla", moe=True, interconnect="nvlink", spec=False,
+                  goal="latency", model_type="deepseek_v3")
+
+
+def _schema_keys(kind: str) -> set[str]:
+    _, schema_file, path = CONDITION_SCHEMAS[kind]
+    node = json.loads(schema_path(schema_file).read_text(encoding="utf-8"))
+    for part in path:
+        node = node[part]
+    return set(node)
+
+
+@pytest.mark.parametrize("kind", sorted(CONDITION_SCHEMAS))
+def test_schema_lists_exactly_the_registered_condition_keys(kind):
+    assert condition_keys(kind), kind
+    assert _schema_keys(kind) == set(condition_keys(kind))
+
+
+def test_every_plan_fact_is_a_condition_and_nothing_else_is():
+    """The plan's facts are the condition vocabulary: no field (such as the typed model name) that no
+    rule can see, and no condition over something that is not a fact."""
+    assert {f.name for f in dataclasses.fields(PlanFacts)} == set(condition_keys("plan"))
+
+
+@pytest.mark.parametrize("kind", sorted(CONDITION_SCHEMAS))
+def test_unknown_key_is_a_rule_error_naming_the_file(kind):
+    with pytest.raises(RuleError, match=f"unknown {kind} rule condition 'nmae'") as err:
+        evaluate({"nmae": 1}, object(), kind)
+    assert err.value.path == CONDITION_SCHEMAS[kind][0]
+    with pytest.raises(RuleError) as named:
+        evaluate({"nmae": 1}, object(), kind, source="my/rules.yaml")
+    assert named.value.path == "my/rules.yaml"
+
+
+def test_unknown_kind_and_double_registration_are_errors():
+    with pytest.raises(RuleError, match="unknown condition kind"):
+        evaluate({"arch": ["sm90"]}, FACTS, "plann")
+    with pytest.raises(RuleError, match="registered twice"):
+        register("plan", "arch", lambda facts, want: True)
+
+
+def test_plan_conditions_are_an_and_over_the_facts():
+    assert evaluate(None, FACTS, "plan") and evaluate({}, FACTS, "plan")
+    assert evaluate({"arch": ["sm90", "sm100"], "moe": True}, FACTS, "plan")
+    assert not evaluate({"arch": ["sm90"], "moe": False}, FACTS, "plan")
+    assert not evaluate({"attention": ["gqa"]}, FACTS, "plan")
+    assert evaluate({"spec": False, "model_type": ["deepseek_v3"]}, FACTS, "plan")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ckptinspect", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_a_condition_typo_in_a_family_file_fails_rules_validate(tmp_path):
+    rule = tmp_path / "toy_typo.yaml"
+    rule.write_text(textwrap.dedent("""\
+        schema_version: 1
+        id: toy_typo
+        name: Toy with a condition typo
+        extends: mtp_common
+        match: {architectures: [ToyTypoForCausalLM]}
+        mtp: {prefixes: ["model.layers.{L+k}."], base: "model.layers.{L+k}."}
+        checks:
+          - code: toy-check
+            when: {mtp_presnet: true}
+            message: "typo"
+        """))
+    res = _cli("rules", "validate", str(rule))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert str(rule) in res.stderr and "mtp_presnet" in res.stderr
