@@ -9,7 +9,9 @@ import jsonschema
 import pytest
 
 from ckptinspect.errors import PlanError
-from ckptinspect.plan import make_plan, render_plan_markdown, render_plan_text
+from ckptinspect.plan import make_plan
+from ckptinspect.render.plan_json import plan_json
+from ckptinspect.render.plan_text import render_plan_markdown, render_plan_text
 from ckptinspect.plan.rules import engine_rules
 from plan_checkpoints import deepseek_v3_fp8, glm_4_5_fp8, mtp_ready
 
@@ -166,7 +168,7 @@ def test_smaller_context_raises_running_capacity() -> None:
 def test_json_matches_schema_and_text_renders(qwen35) -> None:
     ck, mtp = qwen35
     plan = make_plan(ck, mtp, gpu="rtx-pro-6000", gpus=8)
-    data = plan.to_json()
+    data = plan_json(plan)
     jsonschema.validate(data, SCHEMA)
     json.dumps(data)
     assert data["parallel"] == {"tp": 8, "ep": 8, "reason": plan.parallel_reason}

@@ -21,10 +21,6 @@ class Choice:
     reason: str
     source: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"setting": self.setting, "flag": self.flag, "value": self.value, "reason": self.reason,
-                "source": self.source}
-
 
 @dataclass(frozen=True)
 class Avoid:
@@ -32,9 +28,6 @@ class Avoid:
     value: str
     reason: str
     source: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"flag": self.flag, "value": self.value, "reason": self.reason, "source": self.source}
 
 
 def arch_class(engine: str, arch: str) -> str:

@@ -24,9 +24,6 @@ class CheckResult:
     fix: str | None  # "ep" when --ep-size = tp fixes it
     source: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "ok": self.ok, "message": self.message, "fix": self.fix, "source": self.source}
-
 
 def _moe_tp(tp: int, ep: int) -> int:
     # SGLang splits each expert over tp / ep ranks (SG:layers/moe: moe_tp_size = tp_size // ep_size).

@@ -211,16 +211,6 @@ class KvCapacity:
     miss_bytes: int  # > 0: bytes short of one full-context request
     model: str = "gqa"
 
-    def to_json(self, gib: int) -> dict[str, Any]:
-        return {
-            "kv_cache_dtype": self.kv_dtype, "budget_gib_per_gpu": round(self.budget_bytes / gib, 2),
-            "bytes_per_token_per_gpu": round(self.bytes_per_token, 1),
-            "state_mib_per_request": round(self.state_bytes_per_request / 2**20, 2),
-            "context": self.context, "tokens": self.tokens,
-            "full_context_requests": self.tokens // self.context if self.context else 0,
-            "max_running_requests": self.max_running_requests, "kv_model": self.model,
-        }
-
 
 def kv_capacity(budget_bytes: int, cost: KvCost, context: int, target_requests: int, kv_dtype: str) -> KvCapacity:
     """Pool tokens after reserving per-request fixed bytes for the running requests.

@@ -89,14 +89,6 @@ class WeightMemory:
     def total_bytes_per_rank(self) -> int:
         return self.main_bytes_per_rank + self.mtp_bytes_per_rank
 
-    def to_json(self, gib: int) -> dict[str, Any]:
-        return {
-            "tp": self.tp, "ep": self.ep,
-            "weights_gib_per_gpu": round(self.main_bytes_per_rank / gib, 2),
-            "mtp_gib_per_gpu": round(self.mtp_bytes_per_rank / gib, 2),
-            "replicated_gib_per_gpu": round(self.replicated_bytes_per_rank / gib, 2),
-        }
-
 
 def _suffix(group: TensorGroup) -> str:
     return group.module.rsplit(".", 1)[-1] if group.module else ""

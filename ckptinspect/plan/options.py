@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ckptinspect.plan.fit import CheckResult, run_checks
 from ckptinspect.plan.gpus import GpuSpec
@@ -39,11 +38,6 @@ class Option:
                     f"request (weights {self.memory.total_bytes_per_rank / gib:.1f} GiB, static pool "
                     f"{self.mem.value:g} x GPU)")
         return ""
-
-    def to_json(self, gib: int) -> dict[str, Any]:
-        return {**self.memory.to_json(gib), "loads": self.loads, "fits": self.fits,
-                "failed_checks": [c.to_json() for c in self.checks if not c.ok],
-                "kv_tokens": self.kv.tokens, "miss_gib": round(self.kv.miss_bytes / gib, 2)}
 
 
 def evaluate(ck: Checkpoint, gpu: GpuSpec, facts: PlanFacts, tp: int, ep: int, context: int, kv_dtype: str,
