@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROOT, run_cli
 from ckptinspect import api
-from ckptinspect.errors import NotFoundError
+from ckptinspect.errors import NotFoundError, RuleError
 from ckptinspect.render.report import render_report
 
 
@@ -93,3 +93,25 @@ def test_error_gate_is_every_error_finding_of_the_document(name, make_fixture):
     report = api.inspect(str(make_fixture(name)))
     doc = json.loads(render_report(report, "json"))
     assert api.gate(report, "error") == [f["code"] for f in doc["findings"] if f["severity"] == "error"]
+
+
+def test_rule_listing_api_is_what_the_cli_prints(cli):
+    concrete, everything = api.list_rules(), api.list_rules(include_abstract=True)
+    listed = json.loads(cli("rules", "list", "--all", "--format", "json").stdout)["families"]
+    assert [f["id"] for f in listed] == [f.id for f in everything]
+    assert {f.id for f in everything} - {f.id for f in concrete} == {f["id"] for f in listed if f["abstract"]}
+    assert api.family_rule("deepseek_v3").id == "deepseek_v3"
+    with pytest.raises(RuleError, match="unknown family 'deepseek_v9'.*deepseek_v3"):
+        api.family_rule("deepseek_v9")
+
+
+def test_validate_rules_names_each_bad_file_and_passes_good_ones(tmp_path):
+    from ckptinspect.rules.documents import rules_root
+
+    good = rules_root() / "gpus.yaml"
+    bad = tmp_path / "gpus.yaml"
+    bad.write_text(good.read_text(encoding="utf-8").replace("memory_gib: 80", "memory_gib: -80", 1))
+    checks = api.validate_rules([good, bad])
+    assert [c.path for c in checks] == [str(good), str(bad)]
+    assert checks[0].error is None
+    assert checks[1].error.startswith(f"{bad}: $.gpus[0].memory_gib")

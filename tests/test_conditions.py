@@ -91,3 +91,27 @@ def test_a_condition_typo_in_a_family_file_fails_rules_validate(tmp_path):
     res = _cli("rules", "validate", str(rule))
     assert res.returncode == 2, res.stdout + res.stderr
     assert str(rule) in res.stderr and "mtp_presnet" in res.stderr
+
+
+@pytest.mark.parametrize("where", ["pick", "placement"])
+def test_a_condition_typo_in_an_engine_file_fails_rules_validate(tmp_path, where):
+    """Engine rule files (kind engine / common) are checked against engine.schema.json, whose `when`
+    objects allow exactly the registered plan / placement keys."""
+    import yaml
+
+    name = "sglang.yaml" if where == "pick" else "common.yaml"
+    doc = yaml.safe_load((ROOT / "rules" / "engines" / name).read_text(encoding="utf-8"))
+    good = tmp_path / f"good_{name}"
+    good.write_text(yaml.safe_dump(doc, sort_keys=False))
+    if where == "pick":
+        doc["parsers"][0]["when"] = {"model_tpye": ["deepseek_v3"]}
+    else:
+        doc["memory_model"]["placements"][0]["when"] = {"componnet": ["embedding"]}
+    bad = tmp_path / f"bad_{name}"
+    bad.write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = _cli("rules", "validate", str(good), str(bad))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stdout.strip() == f"ok: {good}"
+    typo = "model_tpye" if where == "pick" else "componnet"
+    assert res.stderr.startswith(f"invalid: {bad}: ") and typo in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
