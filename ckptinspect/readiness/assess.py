@@ -33,7 +33,8 @@ class _Quiet(dict):
 _FORMATTER = string.Formatter()
 
 
-def render(template: str, values: Mapping[str, Any]) -> str:
+def fill_template(template: str, values: Mapping[str, Any]) -> str:
+    """A rule message with its {placeholders} filled in from what the conditions found."""
     try:
         return _FORMATTER.vformat(template, (), _Quiet(values))
     except (ValueError, IndexError, AttributeError):
@@ -79,7 +80,7 @@ def assess_mtp(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleS
     for check in facts.rule.checks:
         probe.details.clear()
         if holds(check.when, probe):
-            findings.append(Finding(check.code, check.severity, render(check.message, {**base_values, **probe.details}),
+            findings.append(Finding(check.code, check.severity, fill_template(check.message, {**base_values, **probe.details}),
                                     reference=check.reference, hint=check.remedy,
                                     subject=base_values.get("prefix_hint")))
     verdicts: dict[str, EngineVerdict] = {}
@@ -119,8 +120,8 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
         if not holds(defect.when, probe):
             continue
         values = {**base_values, **probe.details, "version": version, "engine": label}
-        message = render(defect.message, values)
-        remedy = render(defect.remedy, values) if defect.remedy else None
+        message = fill_template(defect.message, values)
+        remedy = fill_template(defect.remedy, values) if defect.remedy else None
         if not current:
             findings.append(Finding(defect.code, "info", f"[{engine.engine} {defect.versions}] {message}",
                                     engine=engine.engine, reference=defect.reference, hint=remedy))
