@@ -216,7 +216,7 @@ def _any_engine(rule: FamilyRule) -> EngineRule:
     for name in ENGINES:
         if name in rule.engines:
             return rule.engines[name]
-    return EngineRule("none", "0", None, None, None, "reuse_first", None)
+    return EngineRule("none", "0", None, None, "reuse_first", None)
 
 
 def _empty_rule() -> FamilyRule:
