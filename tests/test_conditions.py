@@ -115,3 +115,20 @@ def test_a_condition_typo_in_an_engine_file_fails_rules_validate(tmp_path, where
     typo = "model_tpye" if where == "pick" else "componnet"
     assert res.stderr.startswith(f"invalid: {bad}: ") and typo in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_moe_nvfp4", "qwen3_5_moe_mtp_fc_excluded", "deepseek_v3_nvfp4_mtp_fp4",
+                                  "qwen3_5_moe_nvfp4_nomtp"])
+def test_family_verdicts_never_depend_on_the_typed_name(report, name):
+    """The family conditions see config and inventory facts only: the same checkpoint under another
+    reference (a local copy, a renamed repo) gets the same verdicts and findings."""
+    from ckptinspect.readiness import assess_mtp, load_rules
+
+    r = report(name)
+    ruleset = load_rules()
+    family = ruleset.match(r.checkpoint.config)
+    base = assess_mtp(r.checkpoint, family, ruleset)
+    assert base == r.mtp
+    for ref in ("./my-copy", "someone/Renamed-Model-NVFP4", "/models/x"):
+        copy = dataclasses.replace(r.checkpoint, ref=ref, location=ref)
+        assert assess_mtp(copy, family, ruleset) == base, ref
