@@ -132,3 +132,19 @@ def test_family_verdicts_never_depend_on_the_typed_name(report, name):
     for ref in ("./my-copy", "someone/Renamed-Model-NVFP4", "/models/x"):
         copy = dataclasses.replace(r.checkpoint, ref=ref, location=ref)
         assert assess_mtp(copy, family, ruleset) == base, ref
+
+
+def test_an_unknown_plan_condition_names_the_engine_file_it_came_from(monkeypatch):
+    """A `when` key that slipped past the schema (a rule document built in code) is a RuleError naming
+    the engine file, never a pick that silently holds or fails."""
+    import copy
+
+    from ckptinspect.plan import backends
+    from ckptinspect.plan.rules import engine_rules
+
+    broken = copy.deepcopy(engine_rules("vllm"))
+    broken["parsers"][0]["when"] = {"name_regex": "DeepSeek"}
+    monkeypatch.setattr(backends, "engine_rules", lambda name: broken if name == "vllm" else engine_rules(name))
+    with pytest.raises(RuleError, match="unknown plan rule condition 'name_regex'") as err:
+        backends.parsers_for("vllm", FACTS)
+    assert err.value.path == "rules/engines/vllm.yaml"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ckptinspect.errors import RuleError
-from ckptinspect.plan.rules import PlanFacts, engine_rules, first_match, holds
+from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, first_match, holds
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,14 @@ def choose(engine: str, facts: PlanFacts) -> tuple[tuple[Choice, ...], tuple[Avo
     rules = engine_rules(engine)
     cls = arch_class(engine, facts.arch)
     choices, avoid = [], []
+    where = engine_rule_file(engine)
     for name, setting in rules["settings"].items():
-        if not holds(setting.get("applies", {}), facts):
+        if not holds(setting.get("applies", {}), facts, source=where):
             continue
-        pick = first_match(setting["picks"], facts)
+        pick = first_match(setting["picks"], facts, source=where)
         if pick is None:
             continue
-        bad_here = [b for b in setting.get("bad", []) if holds(b["when"], facts)]
+        bad_here = [b for b in setting.get("bad", []) if holds(b["when"], facts, source=where)]
         value = pick["value"]
         _check_pick(engine, name, value, bad_here, setting.get("valid", {}).get(cls))
         choices.append(Choice(name, setting["flag"], value, pick["reason"], pick["source"]))
@@ -67,8 +68,9 @@ def _check_pick(engine: str, name: str, value: Any, bad: list[Mapping[str, Any]]
 def env_for(engine: str, facts: PlanFacts) -> tuple[tuple[str, str, str, str], ...]:
     """(name, value, reason, source) of every environment variable whose rule holds."""
     return tuple((e["name"], e["value"], e["reason"], e["source"])
-                 for e in engine_rules(engine).get("env", []) if holds(e["when"], facts))
+                 for e in engine_rules(engine).get("env", [])
+                 if holds(e["when"], facts, source=engine_rule_file(engine)))
 
 
 def parsers_for(engine: str, facts: PlanFacts) -> Mapping[str, Any] | None:
-    return first_match(engine_rules(engine)["parsers"], facts)
+    return first_match(engine_rules(engine)["parsers"], facts, source=engine_rule_file(engine))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, Mapping
 
-from ckptinspect.plan.rules import PlanFacts, engine_rules, holds
+from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, holds
 from ckptinspect.records import Checkpoint
 
 
@@ -86,7 +86,7 @@ def run_checks(ck: Checkpoint, facts: PlanFacts, tp: int, ep: int) -> tuple[Chec
         quantity = rule["quantity"]
         kind = moe_kind if quantity.startswith("moe_") else dense_kind if quantity.startswith("dense_") else facts.quant
         local = PlanFacts(**{**facts.__dict__, "quant": kind})
-        if not holds(rule["when"], local):
+        if not holds(rule["when"], local, source=engine_rule_file("common")):
             continue
         value = QUANTITIES[quantity](ck, tp, ep)
         if value is None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptinspect.plan.gpus import GpuSpec
-from ckptinspect.plan.rules import PlanFacts, engine_rules, first_match
+from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, first_match
 from ckptinspect.records import Checkpoint
 
 
@@ -56,7 +56,7 @@ def sglang_mem_fraction(gpu: GpuSpec, tp: int, facts: PlanFacts, *, chunked_pref
     if gpu.memory_gib > rules["floor_above_gib"]:
         reserved = max(reserved, rules["floor_mib"])
     formula = round((mem_mib - reserved) / mem_mib, rules["round_digits"])
-    cap = first_match(rules["caps"], facts) if capped else None
+    cap = first_match(rules["caps"], facts, source=engine_rule_file("sglang")) if capped else None
     value, reason = formula, None
     if cap is not None and cap["max_fraction"] < formula:
         value, reason = cap["max_fraction"], f"{cap['reason']} ({cap['source']})"

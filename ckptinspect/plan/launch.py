@@ -9,7 +9,7 @@ from ckptinspect.plan.command import Command, FlagLine, LaunchInputs
 from ckptinspect.plan.kvcache import MemFraction
 from ckptinspect.plan.options import Option
 from ckptinspect.plan.result import Note
-from ckptinspect.plan.rules import PlanFacts, engine_rules, first_match
+from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, first_match
 from ckptinspect.plan.sglang import sglang_command
 from ckptinspect.plan.solver import ContextSolution
 from ckptinspect.plan.speculative import draft_moe_flags, spec_values, tree_draft_attention
@@ -58,7 +58,7 @@ def _mem_flag(engine: str, mem: MemFraction, facts: PlanFacts, solution: Context
             why += f"; max-context solver: {step.risk}"
         return mem.value, why, mem.source
     rules = engine_rules("vllm")["memory"]
-    cap = first_match(rules["caps"], facts)
+    cap = first_match(rules["caps"], facts, source=engine_rule_file("vllm"))
     value = rules["default_utilization"]
     if cap and cap["max_fraction"] < value and not lifted:
         return cap["max_fraction"], f"{cap['reason']}", cap["source"]

@@ -66,14 +66,22 @@ register_all(CONDITION_KIND, {
 })
 
 
+def engine_rule_file(name: str) -> str:
+    """How errors name the engine rule file rules/engines/{name}.yaml."""
+    return f"rules/engines/{name}.yaml"
+
+
 def holds(when: Mapping[str, Any] | None, facts: PlanFacts, *, source: str | None = None) -> bool:
-    """Whether a plan rule's ``when`` holds (an absent one always holds)."""
+    """Whether a plan rule's ``when`` holds (an absent one always holds); ``source`` names the rule file
+    for an unknown condition."""
     return evaluate(when, facts, CONDITION_KIND, source=source)
 
 
-def first_match(entries: list[Mapping[str, Any]], facts: PlanFacts) -> Mapping[str, Any] | None:
-    """The first entry whose `when` holds (rule files order entries most specific first)."""
+def first_match(entries: list[Mapping[str, Any]], facts: PlanFacts, *, source: str | None = None
+                ) -> Mapping[str, Any] | None:
+    """The first entry whose `when` holds (rule files order entries most specific first); ``source``
+    names the rule file for an unknown condition."""
     for entry in entries:
-        if holds(entry.get("when", {}), facts):
+        if holds(entry.get("when", {}), facts, source=source):
             return entry
     return None
