@@ -247,8 +247,8 @@ def validate_rules(paths: Sequence[Path], rules_dirs: Sequence[Path] = ()) -> li
     A family file is checked against the family schema and resolved together with the built-ins and
     ``rules_dirs`` (unknown ``extends``, colliding claims, missing engine sections); a directory is
     schema-checked file by file, then resolved as a whole (its files may extend each other), and its
-    files pass only when both hold. An engine (``kind: engine`` / ``common``) or GPU catalog file is
-    checked against its own schema.
+    files pass only when both hold. An engine (``kind: engine`` / ``common``) or GPU catalog file, or a
+    directory of only such files (rules/engines/), is checked against its own schema.
     """
     from ckptinspect.readiness.loader import load_rules, read_rule_file, rule_files
     from ckptinspect.rules.documents import load_validated, plan_rule_schema
@@ -267,6 +267,11 @@ def validate_rules(paths: Sequence[Path], rules_dirs: Sequence[Path] = ()) -> li
         path = Path(path)
         if path.is_dir():
             files = rule_files(path)
+            schemas = {f: _plan_schema_or_none(f) for f in files}
+            if files and all(schemas.values()):  # a directory of engine / GPU files (rules/engines/)
+                out += [RuleFileCheck(str(f), None) for f in files
+                        if passes(f, lambda f=f: load_validated(f, schemas[f]))]
+                continue
             good = [f for f in files if passes(f, lambda f=f: read_rule_file(f))]
             if len(good) == len(files) and passes(path, lambda: load_rules((*rules_dirs, path))):
                 out += [RuleFileCheck(str(f), None) for f in files]
@@ -282,6 +287,15 @@ def validate_rules(paths: Sequence[Path], rules_dirs: Sequence[Path] = ()) -> li
                 passes(path, lambda: load_rules(rules_dirs, extra_files=[path])):
             out.append(RuleFileCheck(str(path), None))
     return out
+
+
+def _plan_schema_or_none(path: Path) -> str | None:
+    from ckptinspect.rules.documents import plan_rule_schema
+
+    try:
+        return plan_rule_schema(path)
+    except RuleError:
+        return None  # unreadable: the family checks that follow report the error, once
 
 
 # -- what error messages quote ---------------------------------------------------------------------

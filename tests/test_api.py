@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -115,3 +116,16 @@ def test_validate_rules_names_each_bad_file_and_passes_good_ones(tmp_path):
     assert [c.path for c in checks] == [str(good), str(bad)]
     assert checks[0].error is None
     assert checks[1].error.startswith(f"{bad}: $.gpus[0].memory_gib")
+
+
+def test_validate_rules_takes_a_directory_of_engine_files_and_reports_a_bad_family_once(tmp_path):
+    from ckptinspect.rules.documents import rules_root
+
+    engines = [c for c in api.validate_rules([rules_root() / "engines"])]
+    assert sorted(Path(c.path).name for c in engines) == ["common.yaml", "sglang.yaml", "vllm.yaml"]
+    assert all(c.error is None for c in engines)
+    broken = tmp_path / "fams"
+    broken.mkdir()
+    (broken / "bad.yaml").write_text("id: [unclosed\n")
+    checks = api.validate_rules([broken])
+    assert len(checks) == 1 and checks[0].error is not None and "bad.yaml" in checks[0].error
