@@ -390,7 +390,9 @@ def test_mtp_cost_against_raw_headers(report, make_fixture):
     assert ep4.bytes_per_gpu == pytest.approx(mtp_bytes - expert_bytes + expert_bytes / 4, abs=64)
     tp2 = mtp_cost(r.checkpoint, r.mtp, tp=2, ep=2)
     assert tp2.bytes_per_gpu < one.bytes_per_gpu and tp2.total_bytes_per_gpu < one.total_bytes_per_gpu
-    assert json.loads(json.dumps(tp2.to_json()))["tp"] == 2
+    from ckptinspect.render.json_out import mtp_cost_json
+
+    assert json.loads(json.dumps(mtp_cost_json(tp2)))["tp"] == 2
 
 
 def test_mtp_cost_without_mtp_and_bad_parallelism(report):

@@ -16,7 +16,8 @@ import yaml
 from ckptinspect.errors import RuleError
 from ckptinspect.inventory.mtp_prefix import assign_mtp, check_template, compile_prefixes
 from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
-from ckptinspect.readiness.conditions import CONDITIONS
+import ckptinspect.readiness.conditions  # noqa: F401  (registers the family conditions)
+from ckptinspect.rules.conditions import condition_keys
 from ckptinspect.readiness.loader import builtin_dir, schema_path
 from ckptinspect.readiness.versions import in_range, representative
 from toy_inputs import TOY_FAMILY_RULE
@@ -84,7 +85,7 @@ def test_every_builtin_file_passes_the_schema_directly():
 
 def test_schema_condition_vocabulary_matches_the_evaluator():
     schema = json.loads(schema_path().read_text())
-    assert set(schema["$defs"]["condition"]["properties"]) == set(CONDITIONS)
+    assert set(schema["$defs"]["condition"]["properties"]) == condition_keys("family")
 
 
 def test_rules_reference_their_sources():

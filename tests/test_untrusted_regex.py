@@ -183,13 +183,13 @@ def test_plan_rules_have_no_name_regex_to_run():
     import jsonschema
 
     from ckptinspect.errors import RuleError
-    from ckptinspect.plan.rules import Facts, engine_rules, rules_root
+    from ckptinspect.plan.rules import PlanFacts, engine_rules, holds, rules_root
 
-    facts = Facts(arch="x", quant="fp8", attention="mla", moe=True, interconnect="nvlink", spec=False,
+    facts = PlanFacts(arch="x", quant="fp8", attention="mla", moe=True, interconnect="nvlink", spec=False,
                   goal="latency", model_type="x")
     started = time.perf_counter()
     with pytest.raises(RuleError, match="unknown plan rule condition 'name_regex'"):
-        facts.matches({"name_regex": "(a|a)*b"})
+        holds({"name_regex": "(a|a)*b"}, facts)
     assert time.perf_counter() - started < 1.0
     rules = copy.deepcopy(engine_rules("sglang"))
     rules["parsers"][0]["when"]["name_regex"] = "(a|a)*b"
