@@ -99,6 +99,18 @@ def test_report_path_never_imports_torch():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_json_report_loads_no_terminal_code():
+    """`report --format json` (the CI-gate and scripting path) renders without the table and terminal
+    libraries: importing them costs tens of milliseconds on every call."""
+    code = ("import sys; from ckptinspect import api; from ckptinspect.render.report import render_report; "
+            "render_report(api.inspect(sys.argv[1], progress=False), 'json'); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tabulate', 'click', 'torch'));"
+            "print(bad); sys.exit(1 if bad else 0)")
+    example = PACKAGE / "examples" / "qwen3_5_moe_nvfp4_tiny"
+    done = subprocess.run([sys.executable, "-c", code, str(example)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 # -- output layout lives in render/ ------------------------------------------------------------------
 # Modules outside render/ that write JSON for a reason other than a command's output, and why.
 JSON_WRITERS = {

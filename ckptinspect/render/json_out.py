@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptinspect.records import MtpAssessment
 from ckptinspect.render.findings import finding_json
-from ckptinspect.render.plan_out import plan_json
+from ckptinspect.render.plan_json import plan_json  # not plan_out: JSON output needs no table or terminal code
 from ckptinspect.render.summary import bucket_json, by_component, by_scheme, experts_present
 
 if TYPE_CHECKING:
