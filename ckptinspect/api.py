@@ -1,18 +1,22 @@
 """The library API that the CLI and the tests call: ``inspect``, ``plan``, ``diff``, ``snapshot``,
-``probe``, ``gate``.
+``probe``, ``gate``; the rule files (``list_rules``, ``family_rule``, ``validate_rules``); the GPU catalog
+and split checks the CLI validates options with (``gpus``, ``find_gpu``, ``split_problem``); what the
+error messages quote (``hub_endpoint``, ``cached_files``).
 
 Each function takes a model reference (a directory, ``org/name[@revision]`` or a ``.json.gz``
 snapshot) and returns plain records; rendering lives in ``ckptinspect.render``. ``probe`` is the only
 one that imports torch, and only when called, so ``inspect`` (the ``report`` path) stays torch-free.
+The CLI (``ckptinspect/cli``) imports nothing from the package but this module, ``render``, ``cli``
+and ``errors``.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError
+from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError
 from ckptinspect.records import VERDICT_RANK
 
 # `--fail-on LEVEL`: the verdict rank at and above which a gate trips.
@@ -159,3 +163,155 @@ def diff_gate(result: Any, fail_on: str) -> list[str]:
     """``code (severity)`` for each diff finding at or above ``fail_on`` ("warning" or "error")."""
     levels = {"error": ("error",), "warning": ("error", "warning")}[fail_on]
     return [f"{f.code} ({f.severity})" for f in result.findings if f.severity in levels]
+
+
+def read_probe_report(path: Path) -> dict:
+    """A probe JSON file for ``plan(probe_report=...)``: a JSON object whose recommendation's step and
+    token counts, where given, are positive integers; anything else is a PlanError naming the file."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"cannot read probe report: {exc}", path=str(path)) from exc
+    if not isinstance(data, dict):
+        raise PlanError("probe report is not a JSON object", path=str(path))
+    rec = data.get("recommendation")
+    if rec is not None and not isinstance(rec, dict):
+        raise PlanError("probe report 'recommendation' is not an object", path=str(path))
+    for engine, keys in (("sglang", ("num_steps", "eagle_topk", "num_draft_tokens")),
+                         ("vllm", ("num_speculative_tokens",))):
+        values = (rec or {}).get(engine) or {}
+        for key in keys:
+            if key in values and (not isinstance(values[key], int) or values[key] < 1):
+                raise PlanError(f"recommendation.{engine}.{key} must be a positive integer, got {values[key]!r}",
+                                path=str(path))
+    return data
+
+
+# -- GPU catalog and parallel splits (option checks before any checkpoint is read) -----------------
+def gpus() -> tuple[Any, ...]:
+    """Every GPU of rules/gpus.yaml (``plan.GpuSpec``)."""
+    from ckptinspect.plan import load_gpus
+
+    return tuple(load_gpus())
+
+
+def find_gpu(name: str) -> Any:
+    """The catalog GPU named ``name`` (name or alias, case / space / '_' insensitive); PlanError if none."""
+    from ckptinspect.plan import find_gpu as find
+
+    return find(name)
+
+
+def split_problem(tp: int, ep: int | None) -> str:
+    """Why SGLang / vLLM refuse ``--tp tp --ep ep``, or "" when both accept it."""
+    from ckptinspect.plan import split_problem as problem
+
+    return problem(tp, ep)
+
+
+# -- rule files ------------------------------------------------------------------------------------
+def list_rules(rules_dirs: Sequence[Path] = (), *, include_abstract: bool = False) -> tuple[Any, ...]:
+    """The family rules (``readiness.FamilyRule``), built-ins plus ``rules_dirs``; abstract bases only
+    with ``include_abstract``."""
+    from ckptinspect.readiness import load_rules
+
+    ruleset = load_rules(rules_dirs)
+    return tuple(ruleset.families) if include_abstract else ruleset.concrete()
+
+
+def family_rule(family: str, rules_dirs: Sequence[Path] = ()) -> Any:
+    """One family rule with everything it inherits resolved; RuleError naming the known ids if none."""
+    from ckptinspect.readiness import load_rules
+
+    ruleset = load_rules(rules_dirs)
+    fam = ruleset.get(family)
+    if fam is None:
+        known = ", ".join(f.id for f in ruleset.concrete())
+        raise RuleError(f"unknown family {family!r} (known: {known})")
+    return fam
+
+
+@dataclass(frozen=True)
+class RuleFileCheck:
+    """One outcome of ``validate_rules``: ``path`` passed (error None) or the one-line error."""
+
+    path: str
+    error: str | None
+
+
+def validate_rules(paths: Sequence[Path], rules_dirs: Sequence[Path] = ()) -> list[RuleFileCheck]:
+    """Check rule files or directories of them, in order.
+
+    A family file is checked against the family schema and resolved together with the built-ins and
+    ``rules_dirs`` (unknown ``extends``, colliding claims, missing engine sections); a directory is
+    schema-checked file by file, then resolved as a whole (its files may extend each other), and its
+    files pass only when both hold. An engine (``kind: engine`` / ``common``) or GPU catalog file, or a
+    directory of only such files (rules/engines/), is checked against its own schema.
+    """
+    from ckptinspect.readiness.loader import load_rules, read_rule_file, rule_files
+    from ckptinspect.rules.documents import load_validated, plan_rule_schema
+
+    out: list[RuleFileCheck] = []
+
+    def passes(where: Path, action: Any) -> bool:
+        try:
+            action()
+        except RuleError as exc:
+            out.append(RuleFileCheck(str(where), str(exc)))
+            return False
+        return True
+
+    for path in paths:
+        path = Path(path)
+        if path.is_dir():
+            files = rule_files(path)
+            schemas = {f: _plan_schema_or_none(f) for f in files}
+            if files and all(schemas.values()):  # a directory of engine / GPU files (rules/engines/)
+                out += [RuleFileCheck(str(f), None) for f in files
+                        if passes(f, lambda f=f: load_validated(f, schemas[f]))]
+                continue
+            good = [f for f in files if passes(f, lambda f=f: read_rule_file(f))]
+            if len(good) == len(files) and passes(path, lambda: load_rules((*rules_dirs, path))):
+                out += [RuleFileCheck(str(f), None) for f in files]
+            continue
+        found: list[str | None] = []
+        if not passes(path, lambda: found.append(plan_rule_schema(path))):
+            continue
+        schema = found[0]
+        if schema is not None:
+            if passes(path, lambda: load_validated(path, schema)):
+                out.append(RuleFileCheck(str(path), None))
+        elif passes(path, lambda: read_rule_file(path)) and \
+                passes(path, lambda: load_rules(rules_dirs, extra_files=[path])):
+            out.append(RuleFileCheck(str(path), None))
+    return out
+
+
+def _plan_schema_or_none(path: Path) -> str | None:
+    from ckptinspect.rules.documents import plan_rule_schema
+
+    try:
+        return plan_rule_schema(path)
+    except RuleError:
+        return None  # unreadable: the family checks that follow report the error, once
+
+
+# -- what error messages quote ---------------------------------------------------------------------
+def hub_endpoint() -> str:
+    """The Hub endpoint requests go to (HF_ENDPOINT or the default)."""
+    from ckptinspect.sources.hub import hub_endpoint as endpoint
+
+    return endpoint()
+
+
+def cached_files(ref: str) -> tuple[str, Path, list[str]]:
+    """(repo id, HF cache directory, sorted file names the cache's snapshots hold for ``ref``'s repo)."""
+    from ckptinspect.sources import split_repo_ref
+    from ckptinspect.sources.hf_cache import hub_cache_dir, repo_storage
+
+    repo_id, _ = split_repo_ref(ref)
+    snapshots = repo_storage(repo_id) / "snapshots"
+    files = sorted({p.name for p in snapshots.glob("*/*")}) if snapshots.is_dir() else []
+    return repo_id, hub_cache_dir(), files

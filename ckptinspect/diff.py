@@ -73,20 +73,6 @@ class CheckpointDiff:
         return self.b.bytes - self.a.bytes
 
 
-def compact_ranges(values: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    nums = sorted(set(values))
-    parts: list[str] = []
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        parts.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
 def canonical_module(g: TensorGroup) -> str:
     """Routed experts compare as one ``...experts`` container per layer, so per-expert
     (``experts.{}.down_proj``) and grouped (``experts.down_proj``) storage are the same module."""
@@ -145,8 +131,10 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, mtp_a: MtpAssessment | None =
     """Compare ``a`` (reference, e.g. BF16) with ``b`` (e.g. its quant)."""
     sa, sb = module_states(a.inventory.groups), module_states(b.inventory.groups)
     changed = [(k, sa[k], sb[k]) for k in sa.keys() & sb.keys() if sa[k].scheme != sb[k].scheme]
-    removed = [(k, sa[k], None) for k in sa.keys() - sb.keys()]
-    added = [(k, None, sb[k]) for k in sb.keys() - sa.keys()]
+    # Sorted, not set order: the first removed MTP module is quoted in a finding, and set order of
+    # strings changes with PYTHONHASHSEED, so the message changed from run to run.
+    removed = [(k, sa[k], None) for k in sorted(sa.keys() - sb.keys(), key=_module_key)]
+    added = [(k, None, sb[k]) for k in sorted(sb.keys() - sa.keys(), key=_module_key)]
     side_a, side_b = _side(a, mtp_a), _side(b, mtp_b)
     only_a = tuple(e for e in side_a.excludes if e not in set(side_b.excludes))
     only_b = tuple(e for e in side_b.excludes if e not in set(side_a.excludes))
@@ -154,6 +142,10 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, mtp_a: MtpAssessment | None =
     return CheckpointDiff(a=side_a, b=side_b, scheme_changes=tuple(_summarise(changed)),
                           removed=tuple(_summarise(removed)), added=tuple(_summarise(added)),
                           excludes_only_a=only_a, excludes_only_b=only_b, findings=tuple(findings))
+
+
+def _module_key(key: tuple[str, int | None]) -> tuple[str, int]:
+    return key[0], -1 if key[1] is None else key[1]
 
 
 def _findings(a: Side, b: Side, removed: list[Any]) -> list[Finding]:

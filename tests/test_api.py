@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 
 from conftest import ROOT, run_cli
 from ckptinspect import api
-from ckptinspect.errors import NotFoundError
+from ckptinspect.errors import NotFoundError, RuleError
 from ckptinspect.render.report import render_report
 
 
@@ -93,3 +94,38 @@ def test_error_gate_is_every_error_finding_of_the_document(name, make_fixture):
     report = api.inspect(str(make_fixture(name)))
     doc = json.loads(render_report(report, "json"))
     assert api.gate(report, "error") == [f["code"] for f in doc["findings"] if f["severity"] == "error"]
+
+
+def test_rule_listing_api_is_what_the_cli_prints(cli):
+    concrete, everything = api.list_rules(), api.list_rules(include_abstract=True)
+    listed = json.loads(cli("rules", "list", "--all", "--format", "json").stdout)["families"]
+    assert [f["id"] for f in listed] == [f.id for f in everything]
+    assert {f.id for f in everything} - {f.id for f in concrete} == {f["id"] for f in listed if f["abstract"]}
+    assert api.family_rule("deepseek_v3").id == "deepseek_v3"
+    with pytest.raises(RuleError, match="unknown family 'deepseek_v9'.*deepseek_v3"):
+        api.family_rule("deepseek_v9")
+
+
+def test_validate_rules_names_each_bad_file_and_passes_good_ones(tmp_path):
+    from ckptinspect.rules.documents import rules_root
+
+    good = rules_root() / "gpus.yaml"
+    bad = tmp_path / "gpus.yaml"
+    bad.write_text(good.read_text(encoding="utf-8").replace("memory_gib: 80", "memory_gib: -80", 1))
+    checks = api.validate_rules([good, bad])
+    assert [c.path for c in checks] == [str(good), str(bad)]
+    assert checks[0].error is None
+    assert checks[1].error.startswith(f"{bad}: $.gpus[0].memory_gib")
+
+
+def test_validate_rules_takes_a_directory_of_engine_files_and_reports_a_bad_family_once(tmp_path):
+    from ckptinspect.rules.documents import rules_root
+
+    engines = [c for c in api.validate_rules([rules_root() / "engines"])]
+    assert sorted(Path(c.path).name for c in engines) == ["common.yaml", "sglang.yaml", "vllm.yaml"]
+    assert all(c.error is None for c in engines)
+    broken = tmp_path / "fams"
+    broken.mkdir()
+    (broken / "bad.yaml").write_text("id: [unclosed\n")
+    checks = api.validate_rules([broken])
+    assert len(checks) == 1 and checks[0].error is not None and "bad.yaml" in checks[0].error

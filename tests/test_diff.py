@@ -7,7 +7,7 @@ import struct
 from pathlib import Path
 
 from ckptinspect.api import diff as load_and_diff
-from ckptinspect.diff import compact_ranges
+from ckptinspect.render.diff_out import compact_ranges
 
 
 def header_bytes_total(d: Path) -> int:
@@ -86,3 +86,25 @@ def test_cli_text_and_json(make_fixture, cli):
 def test_compact_ranges():
     assert compact_ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert compact_ranges([]) == ""
+
+
+def test_diff_output_does_not_depend_on_the_hash_seed(make_fixture):
+    """The first dropped MTP module quoted in mtp-modules-dropped is the first in sorted order, not in set
+    order (string hashing changes with PYTHONHASHSEED, and so did the message)."""
+    import os
+    import subprocess
+    import sys
+
+    a, b = make_fixture("deepseek_v4_flash"), make_fixture("qwen3_5_moe_nvfp4")
+    outs = set()
+    for seed in ("1", "2", "3"):
+        done = subprocess.run([sys.executable, "-m", "ckptinspect", "diff", str(a), str(b), "--format", "json"],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr
+        outs.add(done.stdout)
+    assert len(outs) == 1
+    doc = json.loads(outs.pop())
+    dropped = [f for f in doc["findings"] if f["code"] == "mtp-modules-dropped"]
+    assert dropped, doc["findings"]
+    mtp_removed = sorted(c["module"] for c in doc["removed"] if c["mtp"])
+    assert f"(e.g. {mtp_removed[0]})" in dropped[0]["message"]

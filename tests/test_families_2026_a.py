@@ -19,6 +19,7 @@ from ckptinspect.inventory.classify import COMPANION_ROLES, component_of, split_
 from ckptinspect.pipeline import build_report
 from ckptinspect.quant.detect import Part, detect_scheme
 from fixtures.families_2026_a import families_2026_a_fixtures
+from toy_inputs import copy_with_config
 
 # fixture -> (SGLang 0.5.23, vLLM 0.33.0)
 EXPECTED = {
@@ -43,13 +44,6 @@ def reasons(mtp, engine: str) -> set[str]:
     return set(mtp.verdicts[engine].reasons)
 
 
-def _copy(src: Path, dst: Path, edit_config=None) -> Path:
-    shutil.copytree(src, dst)
-    if edit_config:
-        cfg = json.loads((dst / "config.json").read_text())
-        edit_config(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
 
 
 def test_every_fixture_of_this_module_has_an_expectation():
@@ -248,7 +242,7 @@ def test_kimi_k3_nested_text_config(report, make_fixture, tmp_path):
     def depth_two(cfg):
         cfg["text_config"]["num_nextn_predict_layers"] = 2
 
-    mtp = build_report(str(_copy(make_fixture("kimi_k3"), tmp_path / "k3", depth_two)), progress=False).mtp
+    mtp = build_report(str(copy_with_config(make_fixture("kimi_k3"), tmp_path / "k3", depth_two)), progress=False).mtp
     assert mtp.verdicts["vllm"].verdict == "unusable" and "mtp-depth-exceeds-tensors" in reasons(mtp, "vllm")
 
 
@@ -270,7 +264,7 @@ def test_interns2_mobius_counts_mtp_experts_from_mtp_num_experts(report, make_fi
     def drop_key(cfg):
         del cfg["text_config"]["mtp_num_experts"]
 
-    mtp = build_report(str(_copy(make_fixture("interns2_mobius"), tmp_path / "m", drop_key)), progress=False).mtp
+    mtp = build_report(str(copy_with_config(make_fixture("interns2_mobius"), tmp_path / "m", drop_key)), progress=False).mtp
     # without the key the trunk's expert count applies and the MTP block looks short
     assert mtp.layers[0].experts_expected == 4 and "mtp-missing-experts" in reasons(mtp, "vllm")
 

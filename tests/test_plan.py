@@ -9,7 +9,9 @@ import jsonschema
 import pytest
 
 from ckptinspect.errors import PlanError
-from ckptinspect.plan import make_plan, render_plan_markdown, render_plan_text
+from ckptinspect.plan import make_plan
+from ckptinspect.render.plan_json import plan_json
+from ckptinspect.render.plan_text import render_plan_markdown, render_plan_text
 from ckptinspect.plan.rules import engine_rules
 from plan_checkpoints import deepseek_v3_fp8, glm_4_5_fp8, mtp_ready
 
@@ -166,7 +168,7 @@ def test_smaller_context_raises_running_capacity() -> None:
 def test_json_matches_schema_and_text_renders(qwen35) -> None:
     ck, mtp = qwen35
     plan = make_plan(ck, mtp, gpu="rtx-pro-6000", gpus=8)
-    data = plan.to_json()
+    data = plan_json(plan)
     jsonschema.validate(data, SCHEMA)
     json.dumps(data)
     assert data["parallel"] == {"tp": 8, "ep": 8, "reason": plan.parallel_reason}
@@ -242,7 +244,7 @@ def test_pick_listed_as_known_bad_is_a_rule_error(monkeypatch: pytest.MonkeyPatc
     broken["settings"]["moe_runner_backend"]["picks"].insert(
         0, {"when": {"arch": ["sm120"]}, "value": "flashinfer_trtllm", "reason": "wrong", "source": "test"})
     monkeypatch.setattr(backends, "engine_rules", lambda name: broken if name == "sglang" else engine_rules(name))
-    facts = backends.Facts(arch="sm120", quant="nvfp4", attention="hybrid_linear", moe=True, interconnect="pcie",
+    facts = backends.PlanFacts(arch="sm120", quant="nvfp4", attention="hybrid_linear", moe=True, interconnect="pcie",
                            spec=True, goal="latency", model_type="qwen3_5_moe")
     with pytest.raises(RuleError, match="known-bad"):
         backends.choose("sglang", facts)

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from ckptinspect.plan import Split, plan_or_failure, split_problem, weight_memory, weights_per_gpu
 from ckptinspect.plan.kvcache import sglang_mem_fraction
 from ckptinspect.plan.options import Option
-from ckptinspect.plan.rules import Facts, engine_rules
+from ckptinspect.plan.rules import PlanFacts, engine_rules
 from ckptinspect.readiness.cost import mtp_cost
 from conftest import report_json
 
@@ -140,7 +140,7 @@ def test_memory_fraction_matches_sglangs_own_code_within_2_percent() -> None:
     for gpu in load_gpus():
         for tp in (1, 2, 4, 8):
             for attention in ("mla", "gqa"):
-                facts = Facts(arch=gpu.arch, quant="bf16", attention=attention, moe=True,
+                facts = PlanFacts(arch=gpu.arch, quant="bf16", attention=attention, moe=True,
                               interconnect=gpu.interconnect, spec=False, goal="latency", model_type="x")
                 mine = sglang_mem_fraction(gpu, tp, facts, capped=False)
                 cases.append({"gpu_mib": gpu.memory_gib * 1024, "tp": tp, "mla": attention == "mla"})

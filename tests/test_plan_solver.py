@@ -17,6 +17,7 @@ from ckptinspect.plan.backends import arch_class
 from ckptinspect.plan.kvcache import kv_cost
 from ckptinspect.plan.rules import engine_rules
 from ckptinspect.plan.solver import longest_context
+from ckptinspect.render.plan_json import plan_json
 from ckptinspect.plan.speculative import draft_expert_kind
 from plan_checkpoints import GLM_5, deepseek_v3_fp8, glm_4_5_fp8, glm_5_fp8, mtp_ready, qwen3_next_80b
 
@@ -45,7 +46,7 @@ def matrix(layouts) -> dict:
 
 def test_every_full_scale_layout_gets_a_command_or_numbers_showing_weights_do_not_fit(matrix, layouts) -> None:
     for (name, gpu), result in matrix.items():
-        jsonschema.validate(result.to_json(), SCHEMA)
+        jsonschema.validate(plan_json(result), SCHEMA)
         if isinstance(result, PlanFailure):
             # The explanation carries the numbers: weights per GPU above the largest static pool.
             weights, pool = map(float, re.search(r"weights take ([\d.]+) GiB .* is ([\d.]+) GiB", result.reason).groups())

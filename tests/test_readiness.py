@@ -14,6 +14,7 @@ from ckptinspect.pipeline import build_report
 from ckptinspect.readiness import assess_mtp, load_rules
 from ckptinspect.readiness.cost import mtp_cost
 from ckptinspect.records import VERDICTS
+from toy_inputs import copy_with_config
 
 # fixture -> (SGLang 0.5.23, vLLM 0.33.0) verdicts; reasons are checked in the situation tests.
 EXPECTED = {
@@ -211,20 +212,13 @@ def test_kimi_k2_depth_zero_is_absent(report):
     assert mtp.findings == () or all(f.severity != "error" for f in mtp.findings)
 
 
-def _copy(src: Path, dst: Path, edit_config=None) -> Path:
-    shutil.copytree(src, dst)
-    if edit_config:
-        cfg = json.loads((dst / "config.json").read_text())
-        edit_config(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
 
 
 def test_bf16_mtp_not_in_ignore_list_compressed_tensors(make_fixture, tmp_path):
     def drop_mtp_ignore(cfg):
         cfg["quantization_config"]["ignore"] = [e for e in cfg["quantization_config"]["ignore"] if "mtp" not in e]
 
-    path = _copy(make_fixture("qwen3_5_moe_ct_nvfp4"), tmp_path / "ct_no_mtp_ignore", drop_mtp_ignore)
+    path = copy_with_config(make_fixture("qwen3_5_moe_ct_nvfp4"), tmp_path / "ct_no_mtp_ignore", drop_mtp_ignore)
     mtp = build_report(str(path), progress=False).mtp
     for engine in ("sglang", "vllm"):
         assert mtp.verdicts[engine].verdict == "unusable"
@@ -245,7 +239,7 @@ def test_unknown_family_generic_scan(make_fixture, tmp_path):
     def rename(cfg):
         cfg["architectures"], cfg["model_type"] = ["MysteryMoeForCausalLM"], "mystery_moe"
 
-    path = _copy(make_fixture("deepseek_v3_fp8"), tmp_path / "mystery", rename)
+    path = copy_with_config(make_fixture("deepseek_v3_fp8"), tmp_path / "mystery", rename)
     r = build_report(str(path), progress=False)
     mtp = r.mtp
     assert r.checkpoint.family is None and mtp.family is None
@@ -256,7 +250,7 @@ def test_unknown_family_generic_scan(make_fixture, tmp_path):
     for v in mtp.verdicts.values():
         assert v.verdict == "degraded" and v.reasons == ("unknown-family-mtp",) and v.draft_architecture is None
     # an unknown family without MTP tensors: absent, still flagged as unknown
-    plain = _copy(make_fixture("llama_bf16"), tmp_path / "plain", rename)
+    plain = copy_with_config(make_fixture("llama_bf16"), tmp_path / "plain", rename)
     m = build_report(str(plain), progress=False).mtp
     assert m.family is None and m.present_layers == 0 and "unknown-family" in codes(m, None)
     assert {v.verdict for v in m.verdicts.values()} == {"absent"}
@@ -396,7 +390,9 @@ def test_mtp_cost_against_raw_headers(report, make_fixture):
     assert ep4.bytes_per_gpu == pytest.approx(mtp_bytes - expert_bytes + expert_bytes / 4, abs=64)
     tp2 = mtp_cost(r.checkpoint, r.mtp, tp=2, ep=2)
     assert tp2.bytes_per_gpu < one.bytes_per_gpu and tp2.total_bytes_per_gpu < one.total_bytes_per_gpu
-    assert json.loads(json.dumps(tp2.to_json()))["tp"] == 2
+    from ckptinspect.render.json_out import mtp_cost_json
+
+    assert json.loads(json.dumps(mtp_cost_json(tp2)))["tp"] == 2
 
 
 def test_mtp_cost_without_mtp_and_bad_parallelism(report):
@@ -444,7 +440,7 @@ def test_deepseek_bf16_mtp_without_exclude_entry_differs_per_engine(make_fixture
     unquantized under modelopt_fp4 whatever the list says (ready); vLLM builds NVFP4 parameters for
     the BF16 tensors (unusable, D6)."""
     src = make_fixture("deepseek_v3_nvfp4")
-    dst = _copy(src, tmp_path / "ds_no_mtp_exclude")
+    dst = copy_with_config(src, tmp_path / "ds_no_mtp_exclude")
     L = json.loads((dst / "config.json").read_text())["num_hidden_layers"]
     hq = json.loads((dst / "hf_quant_config.json").read_text())
     hq["quantization"]["exclude_modules"] = [e for e in hq["quantization"]["exclude_modules"]
@@ -475,7 +471,7 @@ def test_modelopt_mixed_precision_decides_sglang_draft_quant(make_fixture, tmp_p
             q["quantized_layers"] = listed
             q.pop("ignore", None)
 
-        dst = _copy(src, tmp_path / label, mixed)
+        dst = copy_with_config(src, tmp_path / label, mixed)
         (dst / "hf_quant_config.json").unlink()
         outcomes[label] = build_report(str(dst), progress=False).mtp
     listed_sg = outcomes["mtp_listed"].verdicts["sglang"]

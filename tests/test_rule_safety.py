@@ -16,16 +16,10 @@ import yaml
 from ckptinspect.errors import RuleError
 from ckptinspect.readiness.loader import ValidationCache, load_rules, read_rule_file
 from ckptinspect.safe_yaml import MAX_DEPTH, MAX_RULE_FILE_BYTES, load_rule_yaml
+from toy_inputs import TOY_FAMILY_RULE
 
 REPO = Path(__file__).resolve().parent.parent
-TOY = {
-    "schema_version": 1, "id": "toy", "name": "Toy", "extends": "mtp_common",
-    "match": {"architectures": ["ToyForCausalLM"], "model_types": ["toy"]},
-    "mtp": {"depth": {"keys": ["num_nextn_predict_layers"]}, "prefixes": ["model.layers.{L+k}."],
-            "base": "model.layers.{L+k}.", "required": ["enorm", "hnorm", "eh_proj"]},
-    "engines": {"sglang": {"draft_architecture": "ToyNextN", "method": "NEXTN"},
-                "vllm": {"draft_architecture": "ToyMTP", "method": "mtp"}},
-}
+TOY = TOY_FAMILY_RULE
 
 
 @pytest.fixture(autouse=True)

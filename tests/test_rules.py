@@ -16,9 +16,11 @@ import yaml
 from ckptinspect.errors import RuleError
 from ckptinspect.inventory.mtp_prefix import assign_mtp, check_template, compile_prefixes
 from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
-from ckptinspect.readiness.conditions import CONDITIONS
+import ckptinspect.readiness.conditions  # noqa: F401  (registers the family conditions)
+from ckptinspect.rules.conditions import condition_keys
 from ckptinspect.readiness.loader import builtin_dir, schema_path
 from ckptinspect.readiness.versions import in_range, representative
+from toy_inputs import TOY_FAMILY_RULE
 
 REPO = Path(__file__).resolve().parent.parent
 FAMILIES = {
@@ -31,14 +33,7 @@ FAMILIES = {
 # issue 10 §3, part B (tests/test_families_2026_b.py)
 FAMILIES |= {"hy_v3", "hy_v4", "minimax_m3", "exaone_moe", "exaone4_5", "pangu_ultra_moe", "dots3_note", "inkling",
              "gemma4", "gemma4_assistant", "mimo_v2_omni", "nemotron_h_omni", "bailing_moe_v3", "longcat_flash_ngram"}
-MINIMAL = {
-    "schema_version": 1, "id": "toy", "name": "Toy", "extends": "mtp_common",
-    "match": {"architectures": ["ToyForCausalLM"], "model_types": ["toy"]},
-    "mtp": {"depth": {"keys": ["num_nextn_predict_layers"]}, "prefixes": ["model.layers.{L+k}."],
-            "base": "model.layers.{L+k}.", "required": ["enorm", "hnorm", "eh_proj"]},
-    "engines": {"sglang": {"draft_architecture": "ToyNextN", "method": "NEXTN"},
-                "vllm": {"draft_architecture": "ToyMTP", "method": "mtp"}},
-}
+MINIMAL = TOY_FAMILY_RULE
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
@@ -90,7 +85,7 @@ def test_every_builtin_file_passes_the_schema_directly():
 
 def test_schema_condition_vocabulary_matches_the_evaluator():
     schema = json.loads(schema_path().read_text())
-    assert set(schema["$defs"]["condition"]["properties"]) == set(CONDITIONS)
+    assert set(schema["$defs"]["condition"]["properties"]) == condition_keys("family")
 
 
 def test_rules_reference_their_sources():

@@ -183,13 +183,13 @@ def test_plan_rules_have_no_name_regex_to_run():
     import jsonschema
 
     from ckptinspect.errors import RuleError
-    from ckptinspect.plan.rules import Facts, engine_rules, rules_root
+    from ckptinspect.plan.rules import PlanFacts, engine_rules, holds, rules_root
 
-    facts = Facts(arch="x", quant="fp8", attention="mla", moe=True, interconnect="nvlink", spec=False,
+    facts = PlanFacts(arch="x", quant="fp8", attention="mla", moe=True, interconnect="nvlink", spec=False,
                   goal="latency", model_type="x")
     started = time.perf_counter()
     with pytest.raises(RuleError, match="unknown plan rule condition 'name_regex'"):
-        facts.matches({"name_regex": "(a|a)*b"})
+        holds({"name_regex": "(a|a)*b"}, facts)
     assert time.perf_counter() - started < 1.0
     rules = copy.deepcopy(engine_rules("sglang"))
     rules["parsers"][0]["when"]["name_regex"] = "(a|a)*b"
@@ -227,3 +227,38 @@ def test_rule_schema_patterns_on_re2_give_jsonschemas_errors():
     assert any(errors(stock, d) for d in broken)
     for doc in docs + broken:
         assert errors(ours, doc) == errors(stock, doc)
+
+
+def _entrywise_reference(ignore: list[str]) -> tuple[list[str], object]:
+    """The obviously-correct way: translate and compile every entry alone, keep those RE2 accepts."""
+    skipped, kept = [], []
+    for entry in ignore:
+        try:
+            part = f"(?:{translate(entry[3:])})"
+            compile_re2(part)
+        except UnsupportedPattern:
+            skipped.append(entry)
+            continue
+        kept.append(part)
+    return skipped, compile_re2("|".join(kept)) if kept else None
+
+
+_ENTRY_POOL = ["re:.*lm_head", "re:model\\.layers\\.[0-9]+\\.mlp\\.gate$", "re:a{1001}", "re:(a{1000}){1000}",
+               "re:(unclosed", r"re:(a+)\1", "re:.*mtp.*", "re:visual\\..*", "re:x{2,1000}y", "re:(?=x)y"]
+_NAMES = ["model.lm_head", "model.layers.3.mlp.gate", "mtp.layers.0.fc", "visual.blocks.0.attn", "a" * 1001,
+          "xxy", "y", "model.layers.3.mlp.gate.weight"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(_ENTRY_POOL), max_size=8))
+def test_union_first_compilation_equals_compiling_each_entry_alone(ignore):
+    """ExcludeMatcher compiles the union of a list's entries once and only falls back to one compilation
+    per entry when RE2 refuses the union; the skipped entries and every answer must be those of the
+    entry-by-entry reference."""
+    m = _matcher(ignore)
+    skipped, reference = _entrywise_reference(ignore)
+    got_skipped = [f.message.split("entry ", 1)[1].split(" not evaluated")[0] for f in m.findings]
+    assert got_skipped == [repr(e[:80]) for e in skipped]
+    for name in _NAMES:
+        want = reference is not None and reference.match(name) is not None
+        assert m.is_excluded(name) is want, (ignore, name)

@@ -40,7 +40,7 @@ def _root_cause(exc: BaseException) -> BaseException | None:
 
 
 def _network(exc: NetworkError, text: str) -> str:
-    from ckptinspect.sources.hub import hub_endpoint
+    from ckptinspect.api import hub_endpoint
 
     extra = []
     endpoint = hub_endpoint()
@@ -56,17 +56,13 @@ def _network(exc: NetworkError, text: str) -> str:
 
 
 def _offline(ref: str, text: str) -> str:
-    from ckptinspect.sources import split_repo_ref
-    from ckptinspect.sources.hf_cache import hub_cache_dir, repo_storage
+    from ckptinspect.api import cached_files
 
-    repo_id, revision = split_repo_ref(ref)
-    storage = repo_storage(repo_id)
-    snapshots = storage / "snapshots"
-    files = sorted({p.name for p in snapshots.glob("*/*")}) if snapshots.is_dir() else []
+    repo_id, cache_dir, files = cached_files(ref)
     if files:
         shown = ", ".join(files[:6]) + (f" and {len(files) - 6} more" if len(files) > 6 else "")
-        cached = f"the HF cache at {hub_cache_dir()} holds for {repo_id}: {shown}"
+        cached = f"the HF cache at {cache_dir} holds for {repo_id}: {shown}"
     else:
-        cached = f"the HF cache at {hub_cache_dir()} holds nothing for {repo_id}"
+        cached = f"the HF cache at {cache_dir} holds nothing for {repo_id}"
     hint = SNAPSHOT_HINT.format(repo=ref, name=repo_id.replace("/", "--"))
     return f"{text}; {cached}; {hint}"

@@ -70,9 +70,9 @@ def _key(text: str) -> str:  # the normalisation find_gpu (plan/gpus.py) applies
 
 def gpu_names() -> list[tuple[str, tuple[str, ...]]]:
     """(catalog name, aliases) for every GPU of rules/gpus.yaml."""
-    from ckptinspect.plan import load_gpus
+    from ckptinspect.api import gpus
 
-    return [(g.name, g.aliases) for g in load_gpus()]
+    return [(g.name, g.aliases) for g in gpus()]
 
 
 def gpu_catalog_help() -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -43,35 +42,16 @@ def plan(model: str, gpu: str, gpus: int, context: int | None, max_context: bool
     """Plan MODEL on GPUS x GPU: TP/EP that loads, memory, KV capacity, launch commands with reasons."""
     from ckptinspect import api
     from ckptinspect.cli.options import output_width, progress_enabled
-    from ckptinspect.plan import PlanFailure
     from ckptinspect.render.plan_out import render_plan
 
-    probe = _read_probe(probe_report) if probe_report else None
+    probe = api.read_probe_report(probe_report) if probe_report else None
     result = api.plan(model, gpu=gpu, gpus=gpus, context=context, goal=goal, engine=engine, probe_report=probe,
                       max_context=max_context, concurrency=concurrency, rules_dirs=rules_dirs, revision=revision,
                       token=token, progress=progress_enabled(quiet))
-    if isinstance(result, PlanFailure):
+    if not result.ok:
         # Nothing runs: the JSON document still says why (status failed) for machines; exit 2 as before.
         if fmt == "json":
             click.echo(render_plan(result, "json"), nl=False)
         raise PlanError(result.message, hint=result.hint)
     click.echo(render_plan(result, fmt, width=output_width(fmt, wide)), nl=False)
 
-
-def _read_probe(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"cannot read probe report: {exc}", path=str(path)) from exc
-    if not isinstance(data, dict):
-        raise PlanError("probe report is not a JSON object", path=str(path))
-    rec = data.get("recommendation")
-    if rec is not None and not isinstance(rec, dict):
-        raise PlanError("probe report 'recommendation' is not an object", path=str(path))
-    for engine, keys in (("sglang", ("num_steps", "eagle_topk", "num_draft_tokens")), ("vllm", ("num_speculative_tokens",))):
-        values = (rec or {}).get(engine) or {}
-        for key in keys:
-            if key in values and (not isinstance(values[key], int) or values[key] < 1):
-                raise PlanError(f"recommendation.{engine}.{key} must be a positive integer, got {values[key]!r}",
-                                path=str(path))
-    return data

@@ -100,6 +100,6 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
     else:
         click.echo(text)
     if plot:
-        from ckptinspect.probe.plot import write_plot
+        from ckptinspect.render.probe_out import write_probe_plot
 
-        write_plot(result, plot)
+        write_probe_plot(result, plot)

@@ -75,15 +75,13 @@ def _check_parallel_options(tp: int | None, ep: int | None, gpu: str | None, gpu
     """Refuse what the engines refuse before reading the checkpoint (usage error, exit 2)."""
     if ep is not None and tp is None:
         raise click.UsageError("--ep needs --tp: the expert-parallel size splits the --tp ranks")
-    if tp is not None:
-        from ckptinspect.plan import split_problem
+    from ckptinspect import api
 
-        problem = split_problem(tp, ep)
+    if tp is not None:
+        problem = api.split_problem(tp, ep)
         if problem:
             raise click.UsageError(problem)
     if (gpu is None) != (gpus is None):
         raise click.UsageError("--gpu and --gpus go together")
     if gpu is not None:
-        from ckptinspect.plan import find_gpu
-
-        find_gpu(gpu)  # a bad GPU name is an input error, not a failed plan
+        api.find_gpu(gpu)  # a bad GPU name is an input error, not a failed plan

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -24,51 +22,17 @@ def rules(ctx: click.Context, rules_dirs: tuple[Path, ...]) -> None:
     ctx.obj["rules_dirs"] = rules_dirs
 
 
-def _ruleset(ctx: click.Context) -> Any:
-    from ckptinspect.readiness import load_rules
-
-    return load_rules(ctx.obj.get("rules_dirs", ()))
-
-
-def _origin(fam: Any) -> str:
-    return "built-in" if fam.origin == 0 else fam.source
-
-
 @rules.command("list", epilog="\b\nExamples:\n  ckptinspect rules list\n  ckptinspect rules list --all --format json")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="Include abstract base rules.")
 @click.pass_context
 def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
     """One line per family: what it matches, where its MTP layer lives, each engine's draft model."""
-    ruleset = _ruleset(ctx)
-    families = ruleset.families if show_all else ruleset.concrete()
-    rows = []
-    for fam in families:
-        mtp = fam.mtp
-        rows.append({
-            "id": fam.id, "name": fam.name, "abstract": fam.abstract,
-            "architectures": list(fam.architectures), "model_types": list(fam.model_types),
-            "mtp": mtp.supported, "prefixes": list(fam.mtp_prefixes), "depth_keys": list(mtp.depth_keys),
-            "sglang": fam.engines["sglang"].draft_architecture if "sglang" in fam.engines else None,
-            "vllm": fam.engines["vllm"].draft_architecture if "vllm" in fam.engines else None,
-            "source": _origin(fam),
-        })
-    if fmt == "json":
-        click.echo(json.dumps({"families": rows}, indent=2))
-        return
-    from tabulate import tabulate
+    from ckptinspect import api
+    from ckptinspect.render.rules_out import render_rules_list
 
-    def archs(names: list[str]) -> str:
-        return "-" if not names else names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else "")
-
-    # Every model_type is listed (not abbreviated like architectures): it is what users grep
-    # config.json for, and a family matched only by text_config.model_type must be findable here.
-    table = [[r["id"], archs(r["architectures"]), ", ".join(r["model_types"]) or "-",
-              r["prefixes"][0] if r["prefixes"] else "-", r["depth_keys"][0] if r["depth_keys"] else "-",
-              r["sglang"] or "-", r["vllm"] or "-", r["source"]] for r in rows]
-    # A listing stays one line per family at any width (like `pip list`): it is what people grep.
-    click.echo(tabulate(table, headers=["family", "architectures", "model types", "MTP prefix", "depth key",
-                                        "SGLang draft", "vLLM draft", "source"]))
+    families = api.list_rules(ctx.obj.get("rules_dirs", ()), include_abstract=show_all)
+    click.echo(render_rules_list(families, fmt))
 
 
 @rules.command("show", epilog="\b\nExamples:\n  ckptinspect rules show qwen3_5_moe\n"
@@ -78,25 +42,10 @@ def list_cmd(ctx: click.Context, fmt: str, show_all: bool) -> None:
 @click.pass_context
 def show_cmd(ctx: click.Context, family: str, fmt: str) -> None:
     """Print FAMILY's rule with everything it inherits (``extends``) resolved."""
-    from ckptinspect.errors import RuleError
+    from ckptinspect import api
+    from ckptinspect.render.rules_out import render_family_rule
 
-    ruleset = _ruleset(ctx)
-    fam = ruleset.get(family)
-    if fam is None:
-        known = ", ".join(f.id for f in ruleset.concrete())
-        raise RuleError(f"unknown family {family!r} (known: {known})")
-    doc = {k: v for k, v in fam.document.items() if k != "extends"}
-    doc["id"], doc["name"] = fam.id, fam.name
-    if fmt == "json":
-        click.echo(json.dumps({"source": fam.source, "extends": fam.extends, "rule": doc}, indent=2))
-        return
-    import yaml
-
-    head = f"# {fam.id}: {fam.source}"
-    if fam.extends:
-        head += f"\n# extends {fam.extends} (inherited entries merged below)"
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    click.echo(head + "\n" + yaml.dump(doc, Dumper=dumper, sort_keys=False, width=110, allow_unicode=True))
+    click.echo(render_family_rule(api.family_rule(family, ctx.obj.get("rules_dirs", ())), fmt))
 
 
 @rules.command("validate", epilog="\b\nExamples:\n  ckptinspect rules validate rules/families/\n"
@@ -104,39 +53,17 @@ def show_cmd(ctx: click.Context, family: str, fmt: str) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.pass_context
 def validate_cmd(ctx: click.Context, paths: tuple[Path, ...]) -> None:
-    """Check rule files (or directories of them) against the schema and the built-in rules.
+    """Check rule files (or directories of them) against their schema and the built-in rules.
 
-    Prints one line per file; exits 2 when any file is invalid, naming the file, the path inside the
+    Family files are resolved with the built-ins; engine (rules/engines/*.yaml) and GPU catalog
+    (rules/gpus.yaml) files are checked against their own schema. Prints one line per file; exits 2 when any file is invalid, naming the file, the path inside the
     document and the schema message.
     """
-    from ckptinspect.errors import RuleError
-    from ckptinspect.readiness.loader import load_rules, read_rule_file, rule_files
+    from ckptinspect import api
+    from ckptinspect.render.rules_out import rule_check_line
 
-    failures = 0
-    extra_dirs = ctx.obj.get("rules_dirs", ())
-
-    def check(action) -> bool:  # type: ignore[no-untyped-def]
-        nonlocal failures
-        try:
-            action()
-        except RuleError as exc:
-            failures += 1
-            click.echo(f"invalid: {exc}", err=True)
-            return False
-        return True
-
-    for path in paths:
-        if path.is_dir():
-            # Schema per file, then the directory resolved as a whole (files may extend each other).
-            files = rule_files(path)
-            good = [f for f in files if check(lambda f=f: read_rule_file(f))]
-            if len(good) == len(files) and check(lambda: load_rules((*extra_dirs, path))):
-                for file in files:
-                    click.echo(f"ok: {file}")
-            continue
-        # A single file is resolved together with the built-ins (and any --rules-dir): catches an
-        # unknown `extends`, claims that collide inside one layer, a family without engines.
-        if check(lambda: read_rule_file(path)) and check(lambda: load_rules(extra_dirs, extra_files=[path])):
-            click.echo(f"ok: {path}")
-    if failures:
+    checks = api.validate_rules(paths, ctx.obj.get("rules_dirs", ()))
+    for check in checks:
+        click.echo(rule_check_line(check), err=check.error is not None)
+    if any(check.error is not None for check in checks):
         sys.exit(2)

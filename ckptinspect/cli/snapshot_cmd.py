@@ -32,16 +32,12 @@ def snapshot(model: str, output: Path, revision: str | None, token: str | None, 
     """
     from ckptinspect import api
     from ckptinspect.cli.options import progress_enabled
+    from ckptinspect.render.snapshot_out import snapshot_stats, snapshot_summary
 
     if not str(output).endswith(".json.gz"):
         raise click.BadParameter("the snapshot file name must end with .json.gz", param_hint="--output")
     raw = api.snapshot(model, output, revision=revision, token=token, progress=progress_enabled(quiet))
     if verbose:
-        stats = raw.stats
-        click.echo(f"source: {raw.kind} {raw.location}; requests: {stats.get('requests', 0)}, "
-                   f"bytes fetched: {stats.get('bytes_fetched', 0):,}, retries: {stats.get('retries', 0)}, "
-                   f"wall: {stats.get('wall_s', 0)} s", err=True)
+        click.echo(snapshot_stats(raw), err=True)
     if not quiet:
-        size = output.stat().st_size
-        click.echo(f"wrote {output} ({len(raw.headers)} shard headers, {len(raw.json_files)} JSON files, "
-                   f"{size:,} bytes)")
+        click.echo(snapshot_summary(raw, output, output.stat().st_size))

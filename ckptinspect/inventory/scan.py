@@ -109,17 +109,20 @@ def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> Shar
             for i in members:
                 _add(groups, (pattern, None), [i], header, None)
             continue
-        first_at = itemgetter(slice(*spans[0]))
-        firsts = list(map(int, map(first_at, member_names)))
+        # The first index is usually one layer for the whole bucket: compare the digit strings (C speed;
+        # canonical decimals, so equal strings are equal numbers) before converting any of them.
+        first_texts = list(map(itemgetter(slice(*spans[0])), member_names))
+        same_first = first_texts.count(first_texts[0]) == len(first_texts)
         if len(spans) == 1:
             subs = None
         elif len(spans) == 2:
             subs = list(map(int, map(itemgetter(slice(*spans[1])), member_names)))
         else:
             subs = [tuple(int(n[b:e]) for b, e in spans[1:]) for n in member_names]
-        if firsts.count(firsts[0]) == len(firsts):
-            _add(groups, (pattern, firsts[0]), members, header, subs)
+        if same_first:
+            _add(groups, (pattern, int(first_texts[0])), members, header, subs)
             continue
+        firsts = list(map(int, first_texts))
         by_first = sorted(range(len(members)), key=firsts.__getitem__)
         for first, run in groupby(by_first, key=firsts.__getitem__):
             positions = list(run)
@@ -176,6 +179,9 @@ def _split_by_pattern(names: list[str], buckets: list[list[int]], zeros: bool):
                     for n in member_names]
         else:
             keys = list(map(itemgetter(*embedded), member_names))
+            if keys.count(keys[0]) == len(keys):  # the usual case (weight_scale_2, fc1): one run, C speed
+                yield members, member_names, pattern, spans
+                continue
         runs: dict[object, list[int]] = {}
         for i, key in zip(members, keys):
             run = runs.get(key)

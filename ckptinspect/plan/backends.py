@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ckptinspect.errors import RuleError
-from ckptinspect.plan.rules import Facts, engine_rules, first_match
+from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, first_match, holds
 
 
 @dataclass(frozen=True)
@@ -21,10 +21,6 @@ class Choice:
     reason: str
     source: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"setting": self.setting, "flag": self.flag, "value": self.value, "reason": self.reason,
-                "source": self.source}
-
 
 @dataclass(frozen=True)
 class Avoid:
@@ -32,9 +28,6 @@ class Avoid:
     value: str
     reason: str
     source: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"flag": self.flag, "value": self.value, "reason": self.reason, "source": self.source}
 
 
 def arch_class(engine: str, arch: str) -> str:
@@ -44,17 +37,18 @@ def arch_class(engine: str, arch: str) -> str:
     return classes[arch]
 
 
-def choose(engine: str, facts: Facts) -> tuple[tuple[Choice, ...], tuple[Avoid, ...]]:
+def choose(engine: str, facts: PlanFacts) -> tuple[tuple[Choice, ...], tuple[Avoid, ...]]:
     rules = engine_rules(engine)
     cls = arch_class(engine, facts.arch)
     choices, avoid = [], []
+    where = engine_rule_file(engine)
     for name, setting in rules["settings"].items():
-        if not facts.matches(setting.get("applies", {})):
+        if not holds(setting.get("applies", {}), facts, source=where):
             continue
-        pick = first_match(setting["picks"], facts)
+        pick = first_match(setting["picks"], facts, source=where)
         if pick is None:
             continue
-        bad_here = [b for b in setting.get("bad", []) if facts.matches(b["when"])]
+        bad_here = [b for b in setting.get("bad", []) if holds(b["when"], facts, source=where)]
         value = pick["value"]
         _check_pick(engine, name, value, bad_here, setting.get("valid", {}).get(cls))
         choices.append(Choice(name, setting["flag"], value, pick["reason"], pick["source"]))
@@ -71,11 +65,12 @@ def _check_pick(engine: str, name: str, value: Any, bad: list[Mapping[str, Any]]
         raise RuleError(f"{name}: pick {value!r} is not in the valid list {valid}", path=f"rules/engines/{engine}.yaml")
 
 
-def env_for(engine: str, facts: Facts) -> tuple[tuple[str, str, str, str], ...]:
+def env_for(engine: str, facts: PlanFacts) -> tuple[tuple[str, str, str, str], ...]:
     """(name, value, reason, source) of every environment variable whose rule holds."""
     return tuple((e["name"], e["value"], e["reason"], e["source"])
-                 for e in engine_rules(engine).get("env", []) if facts.matches(e["when"]))
+                 for e in engine_rules(engine).get("env", [])
+                 if holds(e["when"], facts, source=engine_rule_file(engine)))
 
 
-def parsers_for(engine: str, facts: Facts) -> Mapping[str, Any] | None:
-    return first_match(engine_rules(engine)["parsers"], facts)
+def parsers_for(engine: str, facts: PlanFacts) -> Mapping[str, Any] | None:
+    return first_match(engine_rules(engine)["parsers"], facts, source=engine_rule_file(engine))

@@ -19,9 +19,6 @@ class FlagLine:
     def args(self) -> list[str]:
         return [self.flag] if self.value is None else [self.flag, self.value]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"flag": self.flag, "value": self.value, "reason": self.reason, "source": self.source}
-
 
 @dataclass(frozen=True)
 class EnvLine:
@@ -55,16 +52,6 @@ class Command:
                          *(shlex.quote(p) for p in self.positional)])
         lines = [head] + ["  " + " ".join(shlex.quote(a) for a in f.args()) for f in self.flags]
         return " \\\n".join(lines)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "engine": self.engine, "version": self.version, "shell": self.shell(),
-            "argv": [*self.launcher, *self.args()],
-            "env": [{"name": e.name, "value": e.value, "reason": e.reason, "source": e.source} for e in self.env],
-            "flags": [f.to_json() for f in self.flags],
-            "avoid": [a.to_json() for a in self.avoid],
-            "caveats": list(self.caveats),
-        }
 
 
 @dataclass(frozen=True)

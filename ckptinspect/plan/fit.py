@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, Mapping
 
-from ckptinspect.plan.rules import Facts, engine_rules
+from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, holds
 from ckptinspect.records import Checkpoint
 
 
@@ -23,9 +23,6 @@ class CheckResult:
     message: str  # empty when ok
     fix: str | None  # "ep" when --ep-size = tp fixes it
     source: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "ok": self.ok, "message": self.message, "fix": self.fix, "source": self.source}
 
 
 def _moe_tp(tp: int, ep: int) -> int:
@@ -80,7 +77,7 @@ def _multiple(rule: Mapping[str, Any], ck: Checkpoint) -> int | None:
     return value
 
 
-def run_checks(ck: Checkpoint, facts: Facts, tp: int, ep: int) -> tuple[CheckResult, ...]:
+def run_checks(ck: Checkpoint, facts: PlanFacts, tp: int, ep: int) -> tuple[CheckResult, ...]:
     """Every applicable divisibility rule for (tp, ep); failed ones carry the rule's message."""
     results = []
     moe_kind = component_quant(ck, ("routed_expert",), facts.quant)
@@ -88,8 +85,8 @@ def run_checks(ck: Checkpoint, facts: Facts, tp: int, ep: int) -> tuple[CheckRes
     for rule in engine_rules("common")["divisibility"]:
         quantity = rule["quantity"]
         kind = moe_kind if quantity.startswith("moe_") else dense_kind if quantity.startswith("dense_") else facts.quant
-        local = Facts(**{**facts.__dict__, "quant": kind})
-        if not local.matches(rule["when"]):
+        local = PlanFacts(**{**facts.__dict__, "quant": kind})
+        if not holds(rule["when"], local, source=engine_rule_file("common")):
             continue
         value = QUANTITIES[quantity](ck, tp, ep)
         if value is None:

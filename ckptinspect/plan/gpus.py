@@ -26,14 +26,6 @@ class GpuSpec:
     interconnect_detail: str
     source: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "arch": self.arch, "compute_capability": self.compute_capability,
-            "memory_gib": self.memory_gib, "bandwidth_tbps": self.bandwidth_tbps,
-            "tflops": {"bf16": self.tflops_bf16, "fp8": self.tflops_fp8, "fp4": self.tflops_fp4},
-            "interconnect": self.interconnect, "source": self.source,
-        }
-
 
 def _spec(entry: Mapping[str, Any]) -> GpuSpec:
     tf = entry["tflops"]

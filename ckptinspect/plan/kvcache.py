@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptinspect.plan.gpus import GpuSpec
-from ckptinspect.plan.rules import Facts, engine_rules, first_match
+from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, first_match
 from ckptinspect.records import Checkpoint
 
 
@@ -37,7 +37,7 @@ def _prefill_graph_sizes(limit: int, ranges: list[list[int]]) -> int:
     return sum(1 for start, stop, step in ranges for s in range(start, stop + 1, step) if s <= limit)
 
 
-def sglang_mem_fraction(gpu: GpuSpec, tp: int, facts: Facts, *, chunked_prefill: int | None = None,
+def sglang_mem_fraction(gpu: GpuSpec, tp: int, facts: PlanFacts, *, chunked_prefill: int | None = None,
                         capped: bool = True) -> MemFraction:
     """SGLang's auto --mem-fraction-static for this GPU / TP (at ``chunked_prefill`` when given), then the caps."""
     rules = engine_rules("sglang")["memory"]
@@ -56,7 +56,7 @@ def sglang_mem_fraction(gpu: GpuSpec, tp: int, facts: Facts, *, chunked_prefill:
     if gpu.memory_gib > rules["floor_above_gib"]:
         reserved = max(reserved, rules["floor_mib"])
     formula = round((mem_mib - reserved) / mem_mib, rules["round_digits"])
-    cap = first_match(rules["caps"], facts) if capped else None
+    cap = first_match(rules["caps"], facts, source=engine_rule_file("sglang")) if capped else None
     value, reason = formula, None
     if cap is not None and cap["max_fraction"] < formula:
         value, reason = cap["max_fraction"], f"{cap['reason']} ({cap['source']})"
@@ -210,16 +210,6 @@ class KvCapacity:
     fits_one_request: bool
     miss_bytes: int  # > 0: bytes short of one full-context request
     model: str = "gqa"
-
-    def to_json(self, gib: int) -> dict[str, Any]:
-        return {
-            "kv_cache_dtype": self.kv_dtype, "budget_gib_per_gpu": round(self.budget_bytes / gib, 2),
-            "bytes_per_token_per_gpu": round(self.bytes_per_token, 1),
-            "state_mib_per_request": round(self.state_bytes_per_request / 2**20, 2),
-            "context": self.context, "tokens": self.tokens,
-            "full_context_requests": self.tokens // self.context if self.context else 0,
-            "max_running_requests": self.max_running_requests, "kv_model": self.model,
-        }
 
 
 def kv_capacity(budget_bytes: int, cost: KvCost, context: int, target_requests: int, kv_dtype: str) -> KvCapacity:

@@ -9,7 +9,7 @@ from ckptinspect.plan.command import Command, FlagLine, LaunchInputs
 from ckptinspect.plan.kvcache import MemFraction
 from ckptinspect.plan.options import Option
 from ckptinspect.plan.result import Note
-from ckptinspect.plan.rules import Facts, engine_rules, first_match
+from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, first_match
 from ckptinspect.plan.sglang import sglang_command
 from ckptinspect.plan.solver import ContextSolution
 from ckptinspect.plan.speculative import draft_moe_flags, spec_values, tree_draft_attention
@@ -47,7 +47,7 @@ def _solver_choices(engine: str, choices: tuple[Choice, ...], solution: ContextS
     return tuple(out)
 
 
-def _mem_flag(engine: str, mem: MemFraction, facts: Facts, solution: ContextSolution | None) -> tuple[float, str, str]:
+def _mem_flag(engine: str, mem: MemFraction, facts: PlanFacts, solution: ContextSolution | None) -> tuple[float, str, str]:
     lifted = solution is not None and solution.chosen.mem.value > solution.steps[0].mem.value
     if engine == "sglang":
         why = f"SGLang's rule gives {mem.formula:g} (reserve {mem.reserved_mib / 1024:.1f} GiB for activations + graphs)"
@@ -58,7 +58,7 @@ def _mem_flag(engine: str, mem: MemFraction, facts: Facts, solution: ContextSolu
             why += f"; max-context solver: {step.risk}"
         return mem.value, why, mem.source
     rules = engine_rules("vllm")["memory"]
-    cap = first_match(rules["caps"], facts)
+    cap = first_match(rules["caps"], facts, source=engine_rule_file("vllm"))
     value = rules["default_utilization"]
     if cap and cap["max_fraction"] < value and not lifted:
         return cap["max_fraction"], f"{cap['reason']}", cap["source"]
@@ -68,7 +68,7 @@ def _mem_flag(engine: str, mem: MemFraction, facts: Facts, solution: ContextSolu
     return value, "vLLM default share of GPU memory for weights + KV", rules["source"]
 
 
-def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: Facts, engines: tuple[str, ...], chosen: Option,
+def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: PlanFacts, engines: tuple[str, ...], chosen: Option,
                    *, context: int, goal: str, probe_report: dict | None, running: int, running_reason: str,
                    solution: ContextSolution | None) -> tuple[dict[str, Any], dict[str, Command], list[Note]]:
     cfg = ck.config
@@ -78,7 +78,7 @@ def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: Facts, engi
     notes: list[Note] = []
     for name in engines:
         on = _spec_on(mtp, name) and not draft_off
-        efacts = Facts(**{**facts.__dict__, "spec": on})
+        efacts = PlanFacts(**{**facts.__dict__, "spec": on})
         choices, avoid = choose(name, efacts)
         values, reason = spec_values(name, mtp, goal, probe_report) if on else ({}, "")
         if name == "sglang" and values.get("eagle_topk", 1) > 1:

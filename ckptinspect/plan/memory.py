@@ -5,7 +5,8 @@ Where each stored tensor group lives for a parallel split is data: rules/engines
 vocab-parallel (vocab padded, then divided over the attention TP ranks), routed experts whole per
 EP rank and sliced over MoE-TP, KV projections replicated once TP exceeds the KV heads, MLA
 down-projections replicated, and the MTP layer's own embedding / head copies not loaded because the
-engines hand the draft the target's. This module only evaluates those rules.
+engines hand the draft the target's. This module registers the placement conditions and
+applies those rules.
 
     split = Split.sglang(tp=8, ep=8)
     weight_memory(checkpoint, split, with_mtp=True).total_bytes_per_rank
@@ -20,6 +21,7 @@ from typing import Any, Mapping
 from ckptinspect.errors import PlanError
 from ckptinspect.plan.rules import engine_rules
 from ckptinspect.records import Checkpoint, TensorGroup
+from ckptinspect.rules.conditions import evaluate, register_all
 
 
 @dataclass(frozen=True)
@@ -87,36 +89,27 @@ class WeightMemory:
     def total_bytes_per_rank(self) -> int:
         return self.main_bytes_per_rank + self.mtp_bytes_per_rank
 
-    def to_json(self, gib: int) -> dict[str, Any]:
-        return {
-            "tp": self.tp, "ep": self.ep,
-            "weights_gib_per_gpu": round(self.main_bytes_per_rank / gib, 2),
-            "mtp_gib_per_gpu": round(self.mtp_bytes_per_rank / gib, 2),
-            "replicated_gib_per_gpu": round(self.replicated_bytes_per_rank / gib, 2),
-        }
-
 
 def _suffix(group: TensorGroup) -> str:
     return group.module.rsplit(".", 1)[-1] if group.module else ""
 
 
-def _matches(when: Mapping[str, Any], group: TensorGroup) -> bool:
-    for key, want in when.items():
-        if key == "mtp" and (group.mtp_layer is not None) != want:
-            return False
-        if key == "component" and group.component not in want:
-            return False
-        if key == "module_suffix" and _suffix(group) not in want:
-            return False
-        if key == "max_ndim" and len(group.shape) > want:
-            return False
-    return True
+# Placement conditions (kind ``placement`` of the one registry, ckptinspect/rules/conditions.py): over
+# one stored tensor group.
+PLACEMENT_KIND = "placement"
+register_all(PLACEMENT_KIND, {
+    "mtp": lambda group, want: (group.mtp_layer is not None) == want,
+    "component": lambda group, want: group.component in want,
+    "module_suffix": lambda group, want: _suffix(group) in want,
+    "max_ndim": lambda group, want: len(group.shape) <= want,
+})
+_PLACEMENT_SOURCE = "rules/engines/common.yaml memory_model.placements"
 
 
 def placement_of(group: TensorGroup) -> Mapping[str, Any]:
     """The first `memory_model.placements` rule that matches ``group`` (the last one matches all)."""
     for rule in engine_rules("common")["memory_model"]["placements"]:
-        if _matches(rule["when"], group):
+        if evaluate(rule["when"], group, PLACEMENT_KIND, source=_PLACEMENT_SOURCE):
             return rule
     raise PlanError(f"no memory placement rule matches {group.pattern} (rules/engines/common.yaml memory_model)")
 

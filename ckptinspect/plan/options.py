@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ckptinspect.plan.fit import CheckResult, run_checks
 from ckptinspect.plan.gpus import GpuSpec
 from ckptinspect.plan.kvcache import KvCapacity, MemFraction, kv_capacity, kv_cost, sglang_mem_fraction
 from ckptinspect.plan.memory import Split, WeightMemory, weight_memory
-from ckptinspect.plan.rules import Facts, engine_rules
+from ckptinspect.plan.rules import PlanFacts, engine_rules
 from ckptinspect.records import Checkpoint
 
 
@@ -40,13 +39,8 @@ class Option:
                     f"{self.mem.value:g} x GPU)")
         return ""
 
-    def to_json(self, gib: int) -> dict[str, Any]:
-        return {**self.memory.to_json(gib), "loads": self.loads, "fits": self.fits,
-                "failed_checks": [c.to_json() for c in self.checks if not c.ok],
-                "kv_tokens": self.kv.tokens, "miss_gib": round(self.kv.miss_bytes / gib, 2)}
 
-
-def evaluate(ck: Checkpoint, gpu: GpuSpec, facts: Facts, tp: int, ep: int, context: int, kv_dtype: str,
+def evaluate(ck: Checkpoint, gpu: GpuSpec, facts: PlanFacts, tp: int, ep: int, context: int, kv_dtype: str,
              target: int, mtp_layers: int) -> Option:
     mem = sglang_mem_fraction(gpu, tp, facts)
     wm = weight_memory(ck, Split.sglang(tp, ep), with_mtp=facts.spec)

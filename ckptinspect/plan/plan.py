@@ -20,7 +20,7 @@ from ckptinspect.plan.launch import build_commands
 from ckptinspect.plan.memory import Split, mtp_dtypes
 from ckptinspect.plan.options import Option, closeness, ep_order, evaluate
 from ckptinspect.plan.result import Note, Plan, PlanFailure
-from ckptinspect.plan.rules import Facts, engine_rules
+from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, holds
 from ckptinspect.plan.solver import ContextSolution, solve_max_context
 from ckptinspect.records import Checkpoint, MtpAssessment
 
@@ -85,7 +85,7 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
     engines = ("sglang", "vllm") if engine == "both" else (engine,)
     lead = engines[0]
     moe = bool(cfg.routed_experts)
-    facts = Facts(arch=spec_gpu.arch, quant=quant_kind_of(ck), attention=cfg.attention_kind, moe=moe,
+    facts = PlanFacts(arch=spec_gpu.arch, quant=quant_kind_of(ck), attention=cfg.attention_kind, moe=moe,
                   interconnect=spec_gpu.interconnect, spec=spec_on(mtp, lead), goal=goal, model_type=cfg.model_type)
     sg_choices, _ = choose("sglang", facts)
     kv_dtype = next((c.value for c in sg_choices if c.setting == "kv_cache_dtype"), None) or "auto"
@@ -146,7 +146,7 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
                       f"goal {goal}: target {target} running requests"
                       + ("" if chosen.kv.max_running_requests == target else
                          f", lowered so the KV pool still holds one {context}-token request"))
-    notes = [Note(n["severity"], n["message"], n["source"]) for n in common.get("notes", []) if facts.matches(n["when"])]
+    notes = [Note(n["severity"], n["message"], n["source"]) for n in common.get("notes", []) if holds(n["when"], facts, source=engine_rule_file("common"))]
     if idle_reason:
         notes.append(Note("warning", idle_reason, "ckptinspect plan: divisibility checks (rules/engines/common.yaml)"))
         replicas = next((n for n in counts if n < gpus and gpus % n == 0 and works(n)), None)

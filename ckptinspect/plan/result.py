@@ -1,4 +1,5 @@
-"""Plan records: a plan that runs (Plan) and one that cannot be made (PlanFailure), with their JSON."""
+"""Plan records: a plan that runs (Plan) and one that cannot be made (PlanFailure); plain data, rendered by
+ckptinspect/render/plan_out.py."""
 
 from __future__ import annotations
 
@@ -16,9 +17,6 @@ class Note:
     severity: str
     message: str
     source: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"severity": self.severity, "message": self.message, "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -51,37 +49,6 @@ class Plan:
 
     ok = True
 
-    def to_json(self) -> dict[str, Any]:
-        g, c = self.gib, self.chosen
-        return {
-            "schema_version": 1, "status": "ok",
-            "model": self.model, "gpu": self.gpu.to_json(), "gpus": self.gpus, "context": self.context,
-            "requested_context": self.requested_context or self.context,
-            "gpus_used": self.gpus_used or self.gpus, "idle_reason": self.idle_reason or None,
-            "goal": self.goal, "engines": list(self.engines),
-            "quantization": {"kind": self.quant_kind, "label": self.quant_label},
-            "attention_kind": self.attention_kind, "moe": self.moe,
-            "parallel": {"tp": c.memory.tp, "ep": c.memory.ep, "reason": self.parallel_reason},
-            "memory": {
-                **c.memory.to_json(g),
-                "mtp_dtypes_gib": {k: round(v / g, 3) for k, v in self.mtp_dtypes.items()},
-                "gpu_memory_gib": self.gpu.memory_gib,
-                "mem_fraction_static": c.mem.value, "mem_fraction_formula": c.mem.formula,
-                "mem_fraction_cap": c.mem.cap_reason, "reserved_mib": round(c.mem.reserved_mib),
-                "static_pool_gib_per_gpu": round(self.gpu.memory_gib * c.mem.value, 2),
-                "by_placement_gib": {k: round(v / g, 3) for k, v in c.memory.by_placement.items()},
-            },
-            "kv_cache": c.kv.to_json(g),
-            "checks": [x.to_json() for x in c.checks],
-            "options": [o.to_json(g) for o in self.options],
-            "min_gpus": {"count": self.min_gpus, "why_smaller_fails": self.min_gpus_reason or None},
-            "max_context": self.solution.to_json(g) if self.solution else None,
-            "mtp": dict(self.mtp_verdicts),
-            "speculative": dict(self.speculative),
-            "commands": {k: v.to_json() for k, v in self.commands.items()},
-            "notes": [n.to_json() for n in self.notes],
-        }
-
 
 @dataclass(frozen=True)
 class PlanFailure:
@@ -102,10 +69,3 @@ class PlanFailure:
     @property
     def message(self) -> str:
         return f"{self.model} does not run on {self.gpus}x {self.gpu.name}: {self.reason}"
-
-    def to_json(self) -> dict[str, Any]:
-        g = self.gib
-        return {"schema_version": 1, "status": "failed", "model": self.model, "gpu": self.gpu.to_json(),
-                "gpus": self.gpus, "context": self.context, "reason": self.reason, "hint": self.hint,
-                "options": [o.to_json(g) for o in self.options],
-                "max_context": self.solution.to_json(g) if self.solution else None}

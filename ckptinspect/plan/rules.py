@@ -1,16 +1,19 @@
 """The plan rule files (rules/gpus.yaml, rules/engines/*.yaml) and their `when` conditions.
 
 Rules are data: files are read and schema-checked by ckptinspect/rules (the one loader and validator of
-every rule file); this module holds the plan's view of them and evaluates `when` conditions.
+every rule file); this module holds the plan's view of them and registers the plan's `when`
+conditions (kind ``plan``) in the one condition registry, ckptinspect/rules/conditions.py, which
+evaluates them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ckptinspect.errors import RuleError
+from ckptinspect.rules.conditions import evaluate, register_all
 from ckptinspect.rules.documents import load_validated, rules_root
 
 
@@ -29,8 +32,12 @@ def engine_rules(name: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Facts:
-    """What `when` conditions are evaluated against."""
+class PlanFacts:
+    """What the `when` conditions of plan rule files are evaluated against (condition kind ``plan``).
+
+    Config / inventory / GPU facts only, never the name the user typed: a local copy and the Hub repo
+    of one checkpoint must get the same plan.
+    """
 
     arch: str
     quant: str
@@ -41,27 +48,40 @@ class Facts:
     goal: str
     model_type: str
 
-    def matches(self, when: Mapping[str, Any]) -> bool:
-        # Conditions are over config / inventory / GPU facts only, never over the name the user typed:
-        # a local copy and the Hub repo of one checkpoint must get the same plan.
-        for key, want in when.items():
-            if key not in _CONDITION_KEYS:
-                raise RuleError(f"unknown plan rule condition {key!r}; conditions are {', '.join(_CONDITION_KEYS)}",
-                                path="rules/engines")
-            if key in ("moe", "spec"):
-                if getattr(self, key) != want:
-                    return False
-            elif getattr(self, key) not in want:
-                return False
-        return True
+
+CONDITION_KIND = "plan"
 
 
-_CONDITION_KEYS = ("arch", "quant", "attention", "moe", "interconnect", "spec", "goal", "model_type")
+def _member_of(field: str) -> Callable[[PlanFacts, Any], bool]:
+    return lambda facts, want: getattr(facts, field) in want
 
 
-def first_match(entries: list[Mapping[str, Any]], facts: Facts) -> Mapping[str, Any] | None:
-    """The first entry whose `when` holds (rule files order entries most specific first)."""
+def _equals(field: str) -> Callable[[PlanFacts, Any], bool]:
+    return lambda facts, want: getattr(facts, field) == want
+
+
+register_all(CONDITION_KIND, {
+    **{field: _member_of(field) for field in ("arch", "quant", "attention", "interconnect", "goal", "model_type")},
+    **{field: _equals(field) for field in ("moe", "spec")},
+})
+
+
+def engine_rule_file(name: str) -> str:
+    """How errors name the engine rule file rules/engines/{name}.yaml."""
+    return f"rules/engines/{name}.yaml"
+
+
+def holds(when: Mapping[str, Any] | None, facts: PlanFacts, *, source: str | None = None) -> bool:
+    """Whether a plan rule's ``when`` holds (an absent one always holds); ``source`` names the rule file
+    for an unknown condition."""
+    return evaluate(when, facts, CONDITION_KIND, source=source)
+
+
+def first_match(entries: list[Mapping[str, Any]], facts: PlanFacts, *, source: str | None = None
+                ) -> Mapping[str, Any] | None:
+    """The first entry whose `when` holds (rule files order entries most specific first); ``source``
+    names the rule file for an unknown condition."""
     for entry in entries:
-        if facts.matches(entry.get("when", {})):
+        if holds(entry.get("when", {}), facts, source=source):
             return entry
     return None

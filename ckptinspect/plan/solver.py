@@ -9,13 +9,12 @@ evaluates them against the one memory model (plan/memory.py) and the KV models (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ckptinspect.plan.backends import arch_class
 from ckptinspect.plan.gpus import GpuSpec
 from ckptinspect.plan.kvcache import KvCost, MemFraction, kv_cost, sglang_mem_fraction
 from ckptinspect.plan.memory import Split, WeightMemory, weight_memory
-from ckptinspect.plan.rules import Facts, engine_rules
+from ckptinspect.plan.rules import PlanFacts, engine_rules
 from ckptinspect.records import Checkpoint
 
 
@@ -34,13 +33,6 @@ class SolverStep:
     skipped: str = ""  # why a candidate did not apply here
     last_resort: bool = False  # considered only when no other step runs
 
-    def to_json(self, gib: int) -> dict[str, Any]:
-        return {"id": self.id, "risk": self.risk or None, "source": self.source, "kv_cache_dtype": self.kv_dtype,
-                "mem_fraction_static": self.mem.value, "chunked_prefill_size": self.mem.chunked_prefill_size,
-                "speculative": self.spec, "weights_gib_per_gpu": round(self.weights.total_bytes_per_rank / gib, 2),
-                "kv_budget_gib_per_gpu": round(self.budget_bytes / gib, 2), "max_context": self.max_context,
-                "skipped": self.skipped or None, "last_resort": self.last_resort}
-
 
 @dataclass(frozen=True)
 class ContextSolution:
@@ -58,13 +50,6 @@ class ContextSolution:
         need = self.concurrency * best.cost.request_bytes(self.min_context)
         return max(int(need - best.budget_bytes), 0)
 
-    def to_json(self, gib: int) -> dict[str, Any]:
-        return {"concurrency": self.concurrency, "requested_context": self.requested,
-                "min_context": self.min_context, "chosen": self.chosen.id if self.chosen else None,
-                "max_context": self.chosen.max_context if self.chosen else 0,
-                "shortfall_gib_per_gpu": None if self.chosen else round(self.shortfall_bytes / gib, 2),
-                "steps": [s.to_json(gib) for s in self.steps]}
-
 
 def longest_context(budget: int, cost: KvCost, concurrency: int, limit: int) -> int:
     """Largest L <= limit with concurrency x request_bytes(L) <= budget (0 when even L = 1 does not fit)."""
@@ -80,7 +65,7 @@ def longest_context(budget: int, cost: KvCost, concurrency: int, limit: int) -> 
     return lo
 
 
-def fp8_kv_supported(facts: Facts, attention_backend: str | None) -> str:
+def fp8_kv_supported(facts: PlanFacts, attention_backend: str | None) -> str:
     """"" when this GPU and attention backend read an FP8 KV cache, else why not."""
     rules = engine_rules("sglang")
     valid = rules["settings"]["kv_cache_dtype"]["valid"].get(arch_class("sglang", facts.arch), [])
@@ -93,7 +78,7 @@ def fp8_kv_supported(facts: Facts, attention_backend: str | None) -> str:
     return ""
 
 
-def solve_max_context(ck: Checkpoint, gpu: GpuSpec, facts: Facts, split: Split, *, kv_dtype: str,
+def solve_max_context(ck: Checkpoint, gpu: GpuSpec, facts: PlanFacts, split: Split, *, kv_dtype: str,
                       attention_backend: str | None, mtp_layers: int, concurrency: int,
                       requested: int) -> ContextSolution:
     rules = engine_rules("sglang")["max_context"]

@@ -11,7 +11,7 @@ from collections import Counter
 
 from ckptinspect.plan.backends import Choice, arch_class
 from ckptinspect.plan.command import FlagLine
-from ckptinspect.plan.rules import Facts, engine_rules
+from ckptinspect.plan.rules import PlanFacts, engine_rules
 from ckptinspect.records import Checkpoint, MtpAssessment
 
 
@@ -27,7 +27,7 @@ def draft_expert_kind(ck: Checkpoint) -> str | None:
     return next((k["id"] for k in engine_rules("common")["quant_kinds"] if scheme in k["schemes"]), scheme)
 
 
-def draft_moe_flags(ck: Checkpoint, facts: Facts, target_kind: str, choices: tuple[Choice, ...]) -> tuple[FlagLine, ...]:
+def draft_moe_flags(ck: Checkpoint, facts: PlanFacts, target_kind: str, choices: tuple[Choice, ...]) -> tuple[FlagLine, ...]:
     """--speculative-moe-runner-backend when the target's runner cannot run the draft's expert kind here."""
     draft = draft_expert_kind(ck)
     if draft is None or draft == target_kind:
@@ -48,7 +48,7 @@ def draft_moe_flags(ck: Checkpoint, facts: Facts, target_kind: str, choices: tup
                      f"{rules['source']}; {rules['runner_default_source']}"),)
 
 
-def tree_draft_attention(choices: tuple[Choice, ...], facts: Facts) -> tuple[Choice, ...]:
+def tree_draft_attention(choices: tuple[Choice, ...], facts: PlanFacts) -> tuple[Choice, ...]:
     """Swap the attention backend for one that supports --speculative-eagle-topk > 1."""
     rules = engine_rules("sglang")
     allowed = rules["speculative"]["topk_gt1_backends"]

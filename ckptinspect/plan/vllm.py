@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 from ckptinspect.plan.backends import env_for
-from ckptinspect.plan.rules import Facts
+from ckptinspect.plan.rules import PlanFacts
 from ckptinspect.plan.command import Command, EnvLine, FlagLine, LaunchInputs, choice_lines
 from ckptinspect.plan.rules import engine_rules
 
 ARGS = "VL:engine/arg_utils.py"
 
 
-def vllm_command(inp: LaunchInputs, facts: Facts) -> Command:
+def vllm_command(inp: LaunchInputs, facts: PlanFacts) -> Command:
     rules = engine_rules("vllm")
     flags = [FlagLine("--tensor-parallel-size", str(inp.tp), f"tensor parallel over {inp.tp} GPUs", ARGS)]
     if inp.ep > 1:

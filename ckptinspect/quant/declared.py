@@ -178,8 +178,10 @@ class ExcludeMatcher:
             self._regexes.append(self._compile(lst))
 
     def _compile(self, lst: ExcludeList) -> tuple[ExcludeList, Any, Any]:
-        parts, exact = [], []
-        for entry in lst.entries:
+        parts: list[tuple[int, str, str]] = []  # (position, entry, its RE2 part)
+        refused: list[tuple[int, str, str]] = []  # (position, entry, why): findings in entry order
+        exact = []
+        for position, entry in enumerate(lst.entries):
             try:
                 if lst.semantics in ("ct_regex", "gptq_dynamic") and (entry.startswith("re:")
                                                                       or lst.semantics == "gptq_dynamic"):
@@ -194,18 +196,42 @@ class ExcludeMatcher:
                 else:
                     exact.append(entry)
                     continue
-                compile_re2(part)  # each entry alone, so one bad entry does not hide the others
             except UnsupportedPattern as exc:
-                self._unsafe(lst, entry, str(exc))
+                refused.append((position, entry, str(exc)))
                 continue
-            parts.append(part)
+            parts.append((position, entry, part))
         regex = None
         if parts:
             try:
-                regex = compile_re2("|".join(parts))
-            except UnsupportedPattern as exc:  # the entries fit RE2's memory cap alone, not together
-                self._unsafe(lst, f"{len(parts)} entries", str(exc))
+                # One compilation of the union. Each part is a whole regex on its own (translate() has
+                # Python's parser accept it, globs are escaped by translate_glob), so no part can close
+                # another's group, and RE2 compiles a union only when it compiles every part: success
+                # here means every entry is evaluated, as compiling each alone would have shown.
+                regex = compile_re2("|".join(part for _, _, part in parts))
+            except UnsupportedPattern:
+                regex = self._compile_entrywise(lst, parts, refused)
+        for _, entry, why in sorted(refused):
+            self._unsafe(lst, entry, why)
         return lst, regex, frozenset(exact) if lst.semantics == "include_map" else tuple(exact)
+
+    def _compile_entrywise(self, lst: ExcludeList, parts: list[tuple[int, str, str]],
+                           refused: list[tuple[int, str, str]]) -> Any:
+        """The union of the parts RE2 accepts alone; each refused one is added to ``refused``."""
+        kept = []
+        for position, entry, part in parts:
+            try:
+                compile_re2(part)
+            except UnsupportedPattern as exc:
+                refused.append((position, entry, str(exc)))
+                continue
+            kept.append(part)
+        if not kept:
+            return None
+        try:
+            return compile_re2("|".join(kept))
+        except UnsupportedPattern as exc:  # the entries fit RE2's memory cap alone, not together
+            refused.append((len(lst.entries), f"{len(kept)} entries", str(exc)))
+            return None
 
     def _unsafe(self, lst: ExcludeList, entry: str, why: str) -> None:
         self.findings.append(Finding("exclude-entry-skipped", "warning",

@@ -13,7 +13,7 @@ import string
 from typing import Any, Mapping
 
 from ckptinspect.readiness import conditions as _registers  # noqa: F401  (fills the condition registry)
-from ckptinspect.readiness.context import EngineContext, Facts, evaluate
+from ckptinspect.readiness.context import EngineContext, Facts, holds
 from ckptinspect.readiness.draft_build import build_plan, summary as draft_summary
 from ckptinspect.readiness.layout import scan_layers
 from ckptinspect.readiness.model import ENGINES, EngineRule, FamilyRule, RuleSet
@@ -33,7 +33,8 @@ class _Quiet(dict):
 _FORMATTER = string.Formatter()
 
 
-def render(template: str, values: Mapping[str, Any]) -> str:
+def fill_template(template: str, values: Mapping[str, Any]) -> str:
+    """A rule message with its {placeholders} filled in from what the conditions found."""
     try:
         return _FORMATTER.vformat(template, (), _Quiet(values))
     except (ValueError, IndexError, AttributeError):
@@ -78,8 +79,8 @@ def assess_mtp(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleS
     probe = EngineContext(facts, _any_engine(facts.rule), "0")
     for check in facts.rule.checks:
         probe.details.clear()
-        if evaluate(check.when, probe):
-            findings.append(Finding(check.code, check.severity, render(check.message, {**base_values, **probe.details}),
+        if holds(check.when, probe):
+            findings.append(Finding(check.code, check.severity, fill_template(check.message, {**base_values, **probe.details}),
                                     reference=check.reference, hint=check.remedy,
                                     subject=base_values.get("prefix_hint")))
     verdicts: dict[str, EngineVerdict] = {}
@@ -96,7 +97,7 @@ def assess_mtp(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleS
 
 def _context_at(facts: Facts, engine: EngineRule, version: str) -> EngineContext:
     ctx = EngineContext(facts, engine, version)
-    ctx.draft_quant = next((q.result for q in engine.draft_quant if evaluate(q.when, ctx)), "inherit")
+    ctx.draft_quant = next((q.result for q in engine.draft_quant if holds(q.when, ctx)), "inherit")
     return ctx
 
 
@@ -116,11 +117,11 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
         # (forced-unquantized modules and draft rules differ by version) and reported as info.
         probe = ctx if current else _context_at(facts, engine, representative(defect.versions or ""))
         probe.details.clear()
-        if not evaluate(defect.when, probe):
+        if not holds(defect.when, probe):
             continue
         values = {**base_values, **probe.details, "version": version, "engine": label}
-        message = render(defect.message, values)
-        remedy = render(defect.remedy, values) if defect.remedy else None
+        message = fill_template(defect.message, values)
+        remedy = fill_template(defect.remedy, values) if defect.remedy else None
         if not current:
             findings.append(Finding(defect.code, "info", f"[{engine.engine} {defect.versions}] {message}",
                                     engine=engine.engine, reference=defect.reference, hint=remedy))
@@ -215,7 +216,7 @@ def _any_engine(rule: FamilyRule) -> EngineRule:
     for name in ENGINES:
         if name in rule.engines:
             return rule.engines[name]
-    return EngineRule("none", "0", None, None, None, "reuse_first", None)
+    return EngineRule("none", "0", None, None, "reuse_first", None)
 
 
 def _empty_rule() -> FamilyRule:

@@ -1,4 +1,5 @@
-"""The condition vocabulary of rule files, evaluated by generic code.
+"""The structural condition vocabulary of family rule files, registered as kind ``family`` in the one
+condition registry (ckptinspect/rules/conditions.py), which evaluates them.
 
 A ``when`` mapping holds condition names (keys) and their arguments; every entry must hold (AND).
 ``not`` negates a nested mapping, ``any`` is an OR over a list of mappings. Conditions compute their
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ckptinspect.readiness.context import CONDITIONS, EngineContext, Facts, evaluate, listed_sample
+from ckptinspect.inventory.mtp_prefix import concrete_prefix
+from ckptinspect.readiness.context import CONDITION_KIND, EngineContext, Facts, holds, listed_sample
 from ckptinspect.readiness.draft_build import UNQUANTIZED, build_plan, is_linear_weight
 from ckptinspect.readiness.quant_conditions import QUANT_CONDITIONS
-from ckptinspect.inventory.mtp_prefix import concrete_prefix
+from ckptinspect.rules.conditions import register_all
 
 _PARTIAL_COMPONENTS = ("attention", "routed_expert", "mlp")
 
@@ -182,14 +184,14 @@ def _error_findings(ctx: EngineContext, arg: Any) -> bool:
 
 
 def _not(ctx: EngineContext, arg: Any) -> bool:
-    return not evaluate(arg, ctx)
+    return not holds(arg, ctx)
 
 
 def _any(ctx: EngineContext, arg: Any) -> bool:
-    return any(evaluate(item, ctx) for item in arg)
+    return any(holds(item, ctx) for item in arg)
 
 
-CONDITIONS.update({
+register_all(CONDITION_KIND, {
     "mtp_present": lambda ctx, arg: (ctx.facts.present > 0) == bool(arg),
     "mtp_absent": lambda ctx, arg: _flag(ctx.facts.present == 0, arg),
     "declared_but_absent": _declared_but_absent,
@@ -214,6 +216,6 @@ CONDITIONS.update({
     "not": _not,
     "any": _any,
 })
-CONDITIONS.update(QUANT_CONDITIONS)
+register_all(CONDITION_KIND, QUANT_CONDITIONS)
 
-__all__ = ["CONDITIONS", "EngineContext", "Facts", "evaluate", "mtp_subject", "uncovered_bf16"]
+__all__ = ["EngineContext", "Facts", "holds", "mtp_subject", "uncovered_bf16"]

@@ -1,20 +1,24 @@
-"""What rule conditions are evaluated against, and the one registry they are evaluated from.
+"""What family rule conditions are evaluated against.
 
 ``Facts`` are engine-independent (computed once per checkpoint), an ``EngineContext`` is one engine at
-one version. Condition functions register themselves in ``CONDITIONS`` (readiness/conditions.py, the
-structural ones; readiness/quant_conditions.py, the quantization ones); ``evaluate`` runs a rule's
-``when`` mapping through the registry. Modules that decide what an engine builds (draft_build.py) use
-``evaluate`` from here, so they need not import the conditions themselves.
+one version. The conditions themselves (readiness/conditions.py, the structural ones;
+readiness/quant_conditions.py, the quantization ones) are registered under kind ``family`` in the one
+condition registry, ckptinspect/rules/conditions.py; ``holds`` asks it about a family rule's ``when``.
+Modules that decide what an engine builds (draft_build.py) use ``holds`` from here, so they need not
+import the conditions themselves.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from ckptinspect.readiness.layout import LayerScan
 from ckptinspect.readiness.model import EngineRule, FamilyRule
 from ckptinspect.records import Checkpoint, TensorGroup
+from ckptinspect.rules.conditions import evaluate
+
+CONDITION_KIND = "family"  # the registry's name for the conditions of rules/families/*.yaml
 
 
 @dataclass
@@ -63,15 +67,7 @@ def listed_sample(items: list[str], limit: int = 6) -> str:
     return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
-# condition name -> function(ctx, argument); filled by the condition modules when readiness is imported
-CONDITIONS: dict[str, Callable[[EngineContext, Any], bool]] = {}
-
-
-def evaluate(when: Mapping[str, Any] | None, ctx: EngineContext) -> bool:
-    """True when every condition of ``when`` holds (an absent ``when`` always holds)."""
-    if not when:
-        return True
-    for name, arg in when.items():
-        if not CONDITIONS[name](ctx, arg):
-            return False
-    return True
+def holds(when: Mapping[str, Any] | None, ctx: EngineContext) -> bool:
+    """Whether a family rule's ``when`` holds for ``ctx`` (an absent ``when`` always holds); an unknown
+    condition is a RuleError naming the family's rule file."""
+    return evaluate(when, ctx, CONDITION_KIND, source=ctx.facts.rule.source)

@@ -9,8 +9,6 @@ counted as stored but not as loaded: both engines hand the draft the target's em
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 from typing import TYPE_CHECKING
 
 from ckptinspect.errors import PlanError
@@ -31,12 +29,6 @@ class MtpCost:
     bytes_per_gpu: int  # MTP bytes one GPU holds
     total_bytes_per_gpu: int  # all weights (target + loaded MTP) one GPU holds
     share_per_gpu: float  # bytes_per_gpu / total_bytes_per_gpu
-
-    def to_json(self) -> dict[str, Any]:
-        return {"tp": self.tp, "ep": self.ep, "params": self.params, "bytes": self.bytes,
-                "loaded_bytes": self.loaded_bytes, "expert_bytes": self.expert_bytes,
-                "bytes_per_gpu": self.bytes_per_gpu, "total_bytes_per_gpu": self.total_bytes_per_gpu,
-                "share_per_gpu": round(self.share_per_gpu, 6)}
 
 
 def split_for(tp: int, ep: int) -> "Split":

@@ -28,7 +28,7 @@ from ckptinspect.inventory.mtp_prefix import concrete_prefix
 from ckptinspect.quant.crosscheck import NOT_LINEAR as CROSSCHECK_NOT_LINEAR
 from ckptinspect.quant.detect import UNQUANTIZED
 from ckptinspect.quant.members import members_to_ask, module_names
-from ckptinspect.readiness.context import evaluate
+from ckptinspect.readiness.context import holds
 from ckptinspect.readiness.versions import in_range
 from ckptinspect.records import TensorGroup
 
@@ -94,7 +94,7 @@ def forced_modules(ctx: "EngineContext") -> list[str]:
     """Relative modules the engine's model code builds unquantized at ``ctx.version``."""
     out: list[str] = []
     for entry in ctx.engine.forced_unquantized:
-        if (entry.versions is None or in_range(ctx.version, entry.versions)) and evaluate(entry.when, ctx):
+        if (entry.versions is None or in_range(ctx.version, entry.versions)) and holds(entry.when, ctx):
             out.extend(entry.modules)
     return out
 

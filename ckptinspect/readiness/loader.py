@@ -291,7 +291,6 @@ def _engine(name: str, raw: Mapping[str, Any]) -> EngineRule:
         version=str(raw.get("version", "0")),
         draft_architecture=raw.get("draft_architecture"),
         method=raw.get("method"),
-        flags=raw.get("flags"),
         layer_use=raw.get("layer_use", "reuse_first"),
         source=raw.get("source"),
         runtime_names=tuple(RuntimeName(r["from"], r["to"]) for r in raw.get("runtime_names", ())),

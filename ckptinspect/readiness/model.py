@@ -75,7 +75,6 @@ class EngineRule:
     version: str
     draft_architecture: str | None
     method: str | None
-    flags: str | None
     layer_use: str  # reuse_first | per_step
     source: str | None
     runtime_names: tuple[RuntimeName, ...] = ()

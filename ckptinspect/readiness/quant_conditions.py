@@ -1,7 +1,8 @@
 """Rule conditions about how the MTP layer is quantized relative to the declaration and the trunk.
 
-Registered into the one condition registry (readiness/context.py ``CONDITIONS``) by readiness/conditions.py; each takes (EngineContext, argument) and
-puts what it found into ``ctx.details`` for the message. All work on inventory groups (a few
+Registered as kind ``family`` in the one condition registry (ckptinspect/rules/conditions.py) by
+readiness/conditions.py; each takes (EngineContext, argument) and puts what it found into
+``ctx.details`` for the message. All work on inventory groups (a few
 hundred), never per tensor.
 """
 

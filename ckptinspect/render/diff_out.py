@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterable
 
-from ckptinspect.diff import CheckpointDiff, PatternChange, Side, compact_ranges
+from ckptinspect.diff import CheckpointDiff, PatternChange, Side
 from ckptinspect.render import terminal
 from ckptinspect.render.findings import finding_json
 
 SCHEMA_VERSION = 1  # keys of schema_version 1 are stable; a removed or renamed key bumps it
+
+
+def compact_ranges(values: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    nums = sorted(set(values))
+    parts: list[str] = []
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        parts.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ",".join(parts)
 
 
 def _change_json(c: PatternChange) -> dict[str, Any]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptinspect.records import MtpAssessment
 from ckptinspect.render.findings import finding_json
-from ckptinspect.render.plan_out import plan_json
+from ckptinspect.render.plan_json import plan_json  # not plan_out: JSON output needs no table or terminal code
 from ckptinspect.render.summary import bucket_json, by_component, by_scheme, experts_present
+
+if TYPE_CHECKING:
+    from ckptinspect.readiness.cost import MtpCost
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
@@ -58,7 +61,7 @@ def report_to_json(report: Any) -> dict[str, Any]:
         "findings": [finding_json(f) for f in findings],
     }
     if report.mtp_costs:
-        doc["mtp"]["cost"] = [c.to_json() for c in report.mtp_costs]
+        doc["mtp"]["cost"] = [mtp_cost_json(c) for c in report.mtp_costs]
     if report.plan is not None:
         doc["plan"] = plan_json(report.plan)
     if ck.stats:
@@ -86,6 +89,14 @@ def mtp_to_json(mtp: MtpAssessment | None) -> dict[str, Any]:
             "experts_present": layer.experts_present, "experts_expected": layer.experts_expected,
             "shards": list(layer.shards)} for layer in mtp.layers],
     }
+
+
+def mtp_cost_json(cost: MtpCost) -> dict[str, Any]:
+    """One `report --tp/--ep` MTP cost (readiness/cost.py MtpCost)."""
+    return {"tp": cost.tp, "ep": cost.ep, "params": cost.params, "bytes": cost.bytes,
+            "loaded_bytes": cost.loaded_bytes, "expert_bytes": cost.expert_bytes,
+            "bytes_per_gpu": cost.bytes_per_gpu, "total_bytes_per_gpu": cost.total_bytes_per_gpu,
+            "share_per_gpu": round(cost.share_per_gpu, 6)}
 
 
 def _count(items: tuple[str, ...]) -> dict[str, int]:

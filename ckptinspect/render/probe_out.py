@@ -18,3 +18,10 @@ def render_probe(result: Any, fmt: str, *, width: int | None = None) -> str:
     from ckptinspect.probe.result import render_text
 
     return wrap_text(render_text(result), width)
+
+
+def write_probe_plot(result: Any, path: str) -> None:
+    """`probe --plot`: acceptance per depth and projected speedup as a PNG (matplotlib, optional)."""
+    from ckptinspect.probe.plot import write_plot
+
+    write_plot(result, path)

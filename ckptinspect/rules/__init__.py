@@ -5,9 +5,10 @@ Every rule file — families (``rules/families/*.yaml``), engines (``rules/engin
 (``ckptinspect/safe_yaml.py``: no anchors or aliases, size and depth caps) and checked against its JSON
 Schema by one validator, with one error form (``RuleError``: the file, the path inside the document, the
 problem). ``readiness/loader.py`` builds the typed family rules on top of it, ``plan/rules.py`` the
-engine and GPU rules.
+engine and GPU rules. Every rule file's ``when:`` conditions are evaluated by one registry and
+evaluator, ``ckptinspect/rules/conditions.py``, into which readiness and plan register theirs.
 """
 
-from ckptinspect.rules.documents import load_validated, rules_root, schema_path, validate_document
+from ckptinspect.rules.documents import load_validated, plan_rule_schema, rules_root, schema_path, validate_document
 
-__all__ = ["load_validated", "rules_root", "schema_path", "validate_document"]
+__all__ = ["load_validated", "plan_rule_schema", "rules_root", "schema_path", "validate_document"]

@@ -1,9 +1,13 @@
-"""Plan -> text (terminal) and Markdown (report section)."""
+"""A plan (or a plan that cannot be made) as terminal text and as Markdown (the `plan` command and the
+report's plan section)."""
 
 from __future__ import annotations
 
-from ckptinspect.plan.result import Plan, PlanFailure
-from ckptinspect.plan.solver import ContextSolution
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # types only (see plan_json.py)
+    from ckptinspect.plan.result import Plan, PlanFailure
+    from ckptinspect.plan.solver import ContextSolution
 
 
 def _summary(plan: Plan) -> list[str]:
@@ -72,7 +76,7 @@ def _options(plan: Plan) -> list[str]:
 
 
 def render_plan_text(plan: Plan | PlanFailure) -> str:
-    if isinstance(plan, PlanFailure):
+    if not plan.ok:
         return "\n".join(["Deployment plan", "==============="] + _failure_lines(plan)) + "\n"
     lines = ["Deployment plan", "==============="] + _summary(plan) + ["", "TP / EP options:"]
     lines += ["  " + x for x in _options(plan)]
@@ -92,7 +96,7 @@ def render_plan_text(plan: Plan | PlanFailure) -> str:
 
 
 def render_plan_markdown(plan: Plan | PlanFailure) -> str:
-    if isinstance(plan, PlanFailure):
+    if not plan.ok:
         lines = ["## Deployment plan", "", f"- **no plan**: {plan.message}", f"- hint: {plan.hint}"]
         lines += ["", "| TP | EP | weights GiB/GPU | MTP GiB/GPU | status |", "|---|---|---|---|---|"]
         lines += [f"| {o.memory.tp} | {o.memory.ep} | {o.memory.main_bytes_per_rank / plan.gib:.2f} | "
