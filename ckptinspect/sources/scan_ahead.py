@@ -95,7 +95,7 @@ class ScanAhead:
             offset, self._end = self._end, self._end + length
             slot = len(self._slots)
             try:
-                if os.pwritev(self._spool, [head, header], offset) != length:  # (no copy of the header)
+                if _write_at(self._spool, head, header, offset) != length:
                     raise OSError("short write")
                 # under PIPE_BUF bytes: written whole or not at all
                 os.write(self._pipe_w, _MESSAGE.pack(slot, offset, len(head), len(header)))
@@ -214,6 +214,14 @@ def _helper(scan: ScanFn, spool: int, pipe_r: int, pipe_w: int, send: Any, claim
                 break
     send.send_bytes(pickle.dumps(scans, protocol=pickle.HIGHEST_PROTOCOL))
     send.close()
+
+
+def _write_at(fd: int, head: bytes, header: bytes, offset: int) -> int:
+    """Write ``head`` then ``header`` at ``offset``: one vectored write where the OS has it (no copy of
+    the header), else one write of the two joined."""
+    if hasattr(os, "pwritev"):
+        return os.pwritev(fd, [head, header], offset)
+    return os.pwrite(fd, head + header, offset)
 
 
 def _open_spool() -> int:
