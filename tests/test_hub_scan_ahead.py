@@ -220,3 +220,18 @@ def test_no_helper_while_other_threads_run_or_when_disabled(monkeypatch):
         worker.join()
     monkeypatch.setenv(DISABLE_ENV, "0")
     assert ScanAhead.start(lambda *a: None) is None
+
+
+@pytest.mark.parametrize("vectored", [True, False])
+def test_a_record_reads_back_whole_with_or_without_pwritev(monkeypatch, vectored):
+    from ckptinspect.sources import scan_ahead
+
+    if not vectored:
+        monkeypatch.delattr(os, "pwritev", raising=False)
+    fd = scan_ahead._open_spool()
+    try:
+        assert scan_ahead._write_at(fd, b"head", b"x" * 70_000, 10) == 70_004
+        assert scan_ahead._write_at(fd, b"h2", b"yz", 70_014) == 4
+        assert os.pread(fd, 70_008, 10) == b"head" + b"x" * 70_000 + b"h2yz"
+    finally:
+        os.close(fd)
