@@ -10,6 +10,13 @@ replica of nvidia/Qwen3.5-397B-A17B-NVFP4. In one run, alternating tools per rou
 - theirs: ``HfApi.get_safetensors_metadata`` (subprocess too, so both pay interpreter start-up).
 
     python benchmarks/bench_hub_servers.py [--replica DIR] [--latency-ms 20] [--runs 3] [--workers N] [--timeline]
+                                           [--base DIR] [--wait-idle CPUS]
+
+``--base DIR`` also runs the ``report`` of another checkout (``git worktree add DIR COMMIT``) in every
+round, so a change is measured against the code before it in the same minutes; ``--wait-idle 1.7``
+starts each round only once the machine shows that many idle CPUs (``/proc/stat`` over one second,
+waiting at most a minute), and says how many rounds started so. The order of the tools alternates
+from round to round.
 
 ``--timeline`` adds one traced ``report`` run per server: a timestamp (from the benchmark's start of
 the subprocess) at the start and end of each stage of the command, in every process it forks (the
@@ -46,20 +53,21 @@ class _Served:
         self.proc.wait(timeout=10)
 
 
-def _env(url: str, home: str, workers: int | None) -> dict[str, str]:
+def _env(url: str, home: str, workers: int | None, root: Path = ROOT) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_HUB_OFFLINE")}
-    env.update(HF_ENDPOINT=url, HF_HOME=home, PYTHONPATH=str(ROOT))
+    env.update(HF_ENDPOINT=url, HF_HOME=home, PYTHONPATH=str(root))
     if workers:
         env["CKPTINSPECT_MAX_WORKERS"] = str(workers)
     return env
 
 
-def _report(url: str, workers: int | None) -> tuple[float, dict[str, str]]:
+def _report(url: str, workers: int | None, root: Path = ROOT) -> tuple[float, dict[str, str]]:
     home = tempfile.mkdtemp(prefix="bench_hf_")
     try:
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "ckptinspect", "report", REPO, "--format", "json", "--quiet",
-                               "--verbose"], capture_output=True, text=True, env=_env(url, home, workers), timeout=600)
+                               "--verbose"], capture_output=True, text=True, env=_env(url, home, workers, root),
+                              timeout=600, cwd=str(root))
         wall = time.perf_counter() - t0
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -82,6 +90,29 @@ def _theirs(url: str) -> float:
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr.strip()[-300:])
     return wall
+
+
+def _idle_cpus(seconds: float = 1.0) -> float:
+    """CPUs idle over the next ``seconds`` (from /proc/stat; the CPU count where it cannot be read)."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # idle + iowait
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except OSError:
+        return float(os.cpu_count() or 1)
+    return (os.cpu_count() or 1) * (idle1 - idle0) / max(1, total1 - total0)
+
+
+def _wait_idle(cpus: float, limit_s: float = 60.0) -> bool:
+    ends = time.monotonic() + limit_s
+    while time.monotonic() < ends:
+        if _idle_cpus() >= cpus:
+            return True
+    return False
 
 
 # (module, attribute, class or None, label): the stages the timeline marks (wrapped in the traced run).
@@ -182,6 +213,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=None, help="CKPTINSPECT_MAX_WORKERS for report")
     ap.add_argument("--timeline", action="store_true", help="one traced report run per server (see above)")
+    ap.add_argument("--base", type=Path, default=None, help="another checkout whose report runs in every round too")
+    ap.add_argument("--wait-idle", type=float, default=None, metavar="CPUS",
+                    help="start each round once this many CPUs are idle (at most a minute's wait)")
     args = ap.parse_args()
     replica = args.replica
     if replica is None:
@@ -201,12 +235,18 @@ def main() -> int:
         served = _Served(cmd)
         try:
             _report(served.url, args.workers), _theirs(served.url)  # warm-up: page cache, imports
-            ours, phases, theirs = [], [], []
-            for _ in range(args.runs):
-                wall, stats = _report(served.url, args.workers)
-                ours.append(wall)
-                phases.append(stats)
-                theirs.append(_theirs(served.url))
+            ours, phases, theirs, base, idle = [], [], [], [], 0
+            tools = [("ours", lambda: _report(served.url, args.workers)), ("theirs", lambda: (_theirs(served.url), {}))]
+            if args.base is not None:
+                tools.append(("base", lambda: _report(served.url, args.workers, args.base.resolve())))
+            for round_no in range(args.runs):
+                if args.wait_idle is not None:
+                    idle += _wait_idle(args.wait_idle)
+                for tool, run in (tools if round_no % 2 == 0 else tools[::-1]):
+                    wall, stats = run()
+                    {"ours": ours, "theirs": theirs, "base": base}[tool].append(wall)
+                    if tool == "ours":
+                        phases.append(stats)
             trace = _timeline(served.url, args.workers) if args.timeline else ""
         finally:
             served.close()
@@ -219,6 +259,12 @@ def main() -> int:
               f"{med['headers_s']:.3f} s, scan after the fetch {med['scan_rest_s']:.3f} s; "
               f"{phases[-1].get('headers_before_index', 0)} headers asked for before the index; "
               f"requests {phases[-1]['requests']}, bytes {int(phases[-1]['bytes_fetched']):,}")
+        if base:
+            b = statistics.median(base)
+            print(f"  base ({args.base}): report {b:.3f} s (runs {', '.join(f'{w:.2f}' for w in base)}): "
+                  f"{b / t:.2f}x; this checkout / base {o / b:.2f}")
+        if args.wait_idle is not None:
+            print(f"  {idle} of {args.runs} rounds started with >= {args.wait_idle:g} idle CPUs")
         if trace:
             print(f"timeline of one more report run ({name}):\n{trace}", end="")
     print(f"load average {os.getloadavg()[0]:.1f} at end")
