@@ -8,6 +8,7 @@ Hub prefetch process) keeps the 370k-entry dict out of the main process.
 
 from __future__ import annotations
 
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,26 @@ def summarize_index(index: Any, *, source: str) -> IndexSummary:
     """Summarize a parsed index (validates shard names: no paths escaping the checkpoint)."""
     shards = shard_names_from_index(index, source=source)
     acc: dict[str, list[int]] = {shard: [0, 0, 0] for shard in shards}
-    for name, shard in index["weight_map"].items():
-        entry = acc[shard]
-        entry[0] += 1
-        entry[1] += len(name)  # names are ASCII in practice; JSON escapes are covered by the read margin
-        entry[2] += hash(name)
+    weight_map = index["weight_map"]
+    # An index lists its names sorted, so a shard's names come in runs (4,504 runs for the 371k names of
+    # the Qwen3.5-397B replica): per run, counting, lengths and hashes are C-level maps over a slice.
+    runs = [(shard, len(list(run))) for shard, run in groupby(weight_map.values())]
+    if len(runs) * 4 > len(weight_map):  # mostly interleaved: one name at a time is cheaper
+        for name, shard in weight_map.items():
+            entry = acc[shard]
+            entry[0] += 1
+            entry[1] += len(name)  # names are ASCII in practice; JSON escapes are covered by the read margin
+            entry[2] += hash(name)
+    else:
+        names = list(weight_map)
+        start = 0
+        for shard, count in runs:
+            chunk = names[start:start + count]
+            start += count
+            entry = acc[shard]
+            entry[0] += count
+            entry[1] += sum(map(len, chunk))
+            entry[2] += sum(map(hash, chunk))
     metadata = index.get("metadata")
     total = metadata.get("total_size") if isinstance(metadata, dict) else None
     return IndexSummary(
