@@ -212,8 +212,12 @@ def _helper(scan: ScanFn, spool: int, pipe_r: int, pipe_w: int, send: Any, claim
                 scans[shard] = scan(shard, header, None if size < 0 else size)
             except Exception:  # noqa: BLE001 - not swallowed: the parent scans this shard again and raises
                 break
-    send.send_bytes(pickle.dumps(scans, protocol=pickle.HIGHEST_PROTOCOL))
-    send.close()
+    try:
+        send.send_bytes(pickle.dumps(scans, protocol=pickle.HIGHEST_PROTOCOL))
+    except OSError:  # the parent is gone or stopped listening: nobody is left to tell
+        pass
+    finally:
+        send.close()
 
 
 def _write_at(fd: int, head: bytes, header: bytes, offset: int) -> int:
