@@ -73,15 +73,20 @@ def _check_code(config: dict, spec: HeadSpec | None, trust_remote_code: bool, mo
 
 def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = None, prompts: str | None = None,
               max_new_tokens: int = 128, steps: int = 3, mode: str = "greedy", temperature: float = 1.0,
-              gpu: str = "H200", trust_remote_code: bool = False, batch_size: int = 8,
+              gpu: str = "H200", trust_remote_code: bool = False, batch_size: int | None = None,
               dtype: str | None = None, progress: bool = True, main_url: str | None = None,
               max_prompts: int | None = None, head_factory: Callable | None = None,
               corpus: str | None = None, continuations: str | None = None,
               save_continuations_to: str | None = None, max_gpu_memory: float | None = None,
-              stream_chunk_tokens: int = 32768, cost_calibration: str | None = None) -> ProbeResult:
-    """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md."""
+              stream_chunk_tokens: int = 32768, cost_calibration: str | None = None,
+              categories: Seq[str] | None = None, experts_implementation: str = "auto") -> ProbeResult:
+    """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md. ``batch_size`` None: greedy
+    mode batches the most prompts whose memory estimate fits (``auto_batch``), teacher mode 8."""
     if mode not in MODES:
         raise ProbeError(f"unknown mode {mode!r} (greedy or teacher)")
+    if experts_implementation not in loader.EXPERTS_IMPLEMENTATIONS:
+        raise ProbeError(f"unknown experts implementation {experts_implementation!r} "
+                         f"(one of {', '.join(loader.EXPERTS_IMPLEMENTATIONS)})")
     if not 1 <= steps <= 16:
         raise ProbeError("--steps must be between 1 and 16")
     if (corpus or continuations) and mode != "teacher":
@@ -108,7 +113,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                    "fp32": torch.float32, "float32": torch.float32}.get(dtype or "", None)
     if torch_dtype is None:
         torch_dtype = torch.bfloat16 if primary.startswith("cuda") else torch.float32
-    prompt_list = load_prompts(prompts)
+    prompt_list = select_categories(load_prompts(prompts), categories, prompts or "the built-in prompt set")
     if max_prompts:
         prompt_list = prompt_list[:max_prompts]
     common = dict(ref=model, probe_ckpt=probe_ckpt, spec=spec, steps=steps, temperature=temperature, gpu=gpu,
@@ -131,9 +136,17 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
         sequences = teacher_sequences(tok, prompt_list, corpus, continuations, vocab, model_dir)
         longest, count = max(len(s.tokens) for s in sequences), len(sequences)
     cfg = probe_ckpt.checkpoint.config
-    need = estimate_bytes(metas, torch_dtype, batch=min(batch_size, count), seq=longest, vocab=vocab or 0,
-                          hidden=cfg.hidden_size, steps=steps)
     limit = int(max_gpu_memory * 2**30) if max_gpu_memory is not None else _free_bytes(names)
+
+    def need_at(batch: int) -> int:
+        return estimate_bytes(metas, torch_dtype, batch=min(batch, count), seq=longest, vocab=vocab or 0,
+                              hidden=cfg.hidden_size, steps=steps)
+
+    batch_source = "given"
+    if batch_size is None:
+        batch_size, batch_source = (auto_batch(need_at, count, limit) if mode == "greedy"
+                                    else (TEACHER_BATCH, "teacher-mode default"))
+    need = need_at(batch_size)
     if need > limit:
         if mode != "teacher" or len(names) > 1:
             raise ProbeError(f"needs about {need / 2**30:.1f} GiB ({loader.logical_params(metas) / 1e9:.2f} B params "
@@ -145,13 +158,18 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
 
         return run_streamed(model_dir, probe_ckpt, spec, sequences, tok, common=common, mode=mode, device=primary,
                             dtype=torch_dtype, batch_size=batch_size, progress=progress, need=need, limit=limit,
-                            chunk_tokens=stream_chunk_tokens, timings=timings, trust_remote_code=trust_remote_code)
+                            chunk_tokens=stream_chunk_tokens, timings=timings, trust_remote_code=trust_remote_code,
+                            experts_implementation=experts_implementation,
+                            batch_info={"batch_size": batch_size, "batch_size_source": batch_source})
 
     t0 = time.perf_counter()
     load_dir, tmp = loader.prepare_loadable_dir(model_dir, metas, torch_dtype if torch_dtype != torch.float32 else torch.bfloat16, progress)
     try:
         main = loader.load_main_model(load_dir, config, main_model_type=spec.main_model_type, device_map=device_map,
                                       dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        # before the head is built: a fusion head copies the main config, experts implementation included
+        experts = loader.set_experts_implementation(main, experts_implementation,
+                                                    decode_on_gpu=primary.startswith("cuda") and mode == "greedy")
         head = (head_factory(spec, main, load_dir) if head_factory else
                 build_head(spec, main, load_dir, model_dir, None if spec.kind == "transformers" else metas))
     finally:
@@ -172,6 +190,37 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
     return build_result(**common, mode=mode, tallies=tallies, devices=names,
                         dtype=str(torch_dtype).replace("torch.", ""), main_source="in-process transformers",
                         dequantized=tmp is not None, timings=timings,
-                        extra={"tokens_scored": sum(len(s.tokens) for s in sequences), "memory_estimate_bytes": need})
+                        extra={"tokens_scored": sum(len(s.tokens) for s in sequences), "memory_estimate_bytes": need,
+                               "batch_size": batch_size, "batch_size_source": batch_source,
+                               "experts_implementation": experts})
+
+
+TEACHER_BATCH = 8
+AUTO_BATCH_FRACTION = 0.9  # of the free (or allowed) memory: measured peaks ran up to 1.04x the estimate
+
+
+def auto_batch(need_at: Callable[[int], int], count: int, limit: int) -> tuple[int, str]:
+    """The largest batch (<= the number of sequences) whose estimate fits AUTO_BATCH_FRACTION of
+    ``limit``; 1 when none does (the caller's memory check then reports it). The estimate grows
+    with the batch, so a bisection finds it."""
+    budget = int(limit * AUTO_BATCH_FRACTION)
+    lo, hi = 1, max(count, 1)
+    if need_at(hi) <= budget:
+        lo = hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need_at(mid) <= budget else (lo, mid - 1)
+    return lo, f"auto: largest batch whose estimate fits {AUTO_BATCH_FRACTION:.0%} of {limit / 2**30:.1f} GiB"
+
+
+def select_categories(prompts: list, categories: Seq[str] | None, source: str) -> list:
+    """The prompts of the named categories (all when None); an unknown category is an error."""
+    if not categories:
+        return prompts
+    known = sorted({p.category for p in prompts})
+    unknown = [c for c in categories if c not in known]
+    if unknown:
+        raise ProbeError(f"no prompts of category {', '.join(unknown)} in {source} (categories: {', '.join(known)})")
+    return [p for p in prompts if p.category in set(categories)]
 
 

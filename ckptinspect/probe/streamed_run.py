@@ -23,7 +23,8 @@ def hf_config(model_dir: str, config: dict, spec, trust_remote_code: bool):
 
 def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], tok, *, common: dict, mode: str,
                  device: str, dtype: torch.dtype, batch_size: int, progress: bool, need: int, limit: int,
-                 chunk_tokens: int, timings: dict[str, float], trust_remote_code: bool = False):
+                 chunk_tokens: int, timings: dict[str, float], trust_remote_code: bool = False,
+                 experts_implementation: str = "auto", batch_info: dict | None = None):
     from ckptinspect.probe.result import build_result
     from ckptinspect.probe.heads.build import build_head
     from ckptinspect.probe.scoring import score_all, scoring_bytes
@@ -48,6 +49,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     config = hf_config(model_dir, dict(probe_ckpt.checkpoint.config.raw), spec, trust_remote_code)
     streamed = StreamedMain(model_dir, probe_ckpt, config, dtype=dtype, device=device, chunk_tokens=chunk_tokens)
     main = streamed.model
+    experts = loader.set_experts_implementation(main, experts_implementation, decode_on_gpu=False)
     head = build_head(spec, main, model_dir, model_dir, probe_ckpt.metas)
     timings["load"] = time.perf_counter() - t0
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -77,4 +79,5 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
                         dequantized=any(loader.quant_kind(n, probe_ckpt.metas) in loader.DEQUANTIZERS
                                         for n in probe_ckpt.metas),
                         timings=timings, extra={"tokens_scored": sum(len(s.tokens) for s in sequences),
-                                                "streaming": stream_json})
+                                                "streaming": stream_json, **(batch_info or {}),
+                                                "experts_implementation": experts})

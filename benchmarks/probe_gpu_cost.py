@@ -1,0 +1,136 @@
+"""Sections ``cost`` and ``prefill`` of benchmarks/probe_gpu.py. ``cost``: the decode forward at batch
+1..64 and the K+1-token verify step of the same model, timed on the GPU, against the roofline of ckptinspect/probe/cost.py
+(default efficiencies, then efficiencies and a per-forward overhead fitted to these points).
+
+Timing: each point is ``REPS`` forwards, each bracketed by CUDA events after ``WARM`` warm-up
+forwards; the median is the figure, p10 / p90 / min / max the spread (issue 12 item 2: the earlier
+median of 10 moved by up to 50% between neighbouring batch sizes). Experts: ``grouped_mm`` (one
+grouped GEMM over the touched experts, each expert's weights read once: the byte count the roofline
+assumes) for the calibration; ``batched_mm`` (what ``generate`` decodes with on a GPU; it gathers a
+copy of the expert weights per token) is measured and fitted the same way as a second section.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import torch
+
+REPS, WARM = 60, 10
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def event_times(fn, reps: int = REPS, warm: int = WARM) -> list[float]:
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / 1e3)
+    return out
+
+
+def spread(times: list[float]) -> dict:
+    q = statistics.quantiles(times, n=10)
+    return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "min_s": min(times),
+            "max_s": max(times), "n": len(times)}
+
+
+def _forward(m, gpu, tokens, eff):
+    from ckptinspect.probe import cost
+
+    return cost.forward_time(gpu, m.dense_bytes + m.head_bytes, m.dense_params + m.head_params, m.expert_bytes,
+                             m.expert_params, m.num_experts, m.top_k, tokens, eff)
+
+
+def cost_check(path: str, dev: str, model_cost, k: int = 3, experts: str = "grouped_mm") -> dict:
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from ckptinspect.probe import cost
+
+    main = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, experts_implementation=experts)
+    main = main.to(dev).eval()
+    m = model_cost
+    gpu = cost.resolve_gpu("H200", "bf16")
+    rows = []
+    for batch in BATCHES:
+        ids = torch.randint(0, 272, (batch, 256), device=dev)
+        with torch.no_grad():
+            cache = DynamicCache(config=main.config)
+            main(input_ids=ids, past_key_values=cache, use_cache=True)
+            base = cache.get_seq_length()
+
+            def step(tokens):
+                def fn():
+                    main(input_ids=ids[:, :tokens], past_key_values=cache, use_cache=True)
+                    cache.crop(base)
+                return fn
+
+            t1, tv = spread(event_times(step(1))), spread(event_times(step(k + 1)))
+        p1, pv, _ = cost.step_times(m, gpu, batch, k)
+        rows.append({"batch": batch, "measured_target_s": t1["median_s"], "measured_verify_s": tv["median_s"],
+                     "target_spread": t1, "verify_spread": tv, "roofline_target_s": p1, "roofline_verify_s": pv})
+    impl = main.get_experts_implementation()
+    del main
+    torch.cuda.empty_cache()
+    # Calibration: the efficiencies and per-forward overhead that make the roofline match the
+    # measured medians best (least squares on log time, grid search), then the error left at each point.
+    points = [(r["batch"] * t, r[f"measured_{key}_s"]) for r in rows for key, t in (("target", 1), ("verify", k + 1))]
+    top = max(t for _, t in points)
+    best = None
+    for bw in [x / 20 for x in range(1, 21)]:
+        for fl in [x / 20 for x in range(1, 21)]:
+            for oh in [top * i / 400 for i in range(401)]:
+                eff = cost.Efficiency(bw, fl, oh)
+                err = sum(math.log(_forward(m, gpu, tokens, eff) / t) ** 2 for tokens, t in points)
+                if best is None or err < best[0]:
+                    best = (err, eff)
+    eff = best[1]
+    worst = 0.0
+    for r in rows:
+        r["calibrated_target_s"] = _forward(m, gpu, r["batch"], eff)
+        r["calibrated_verify_s"] = _forward(m, gpu, r["batch"] * (k + 1), eff)
+        for key in ("target", "verify"):
+            r[f"error_default_{key}"] = r[f"roofline_{key}_s"] / r[f"measured_{key}_s"] - 1
+            r[f"error_calibrated_{key}"] = r[f"calibrated_{key}_s"] / r[f"measured_{key}_s"] - 1
+            worst = max(worst, abs(r[f"error_calibrated_{key}"]))
+    calibration = {"bandwidth_efficiency": eff.bandwidth, "flop_efficiency": eff.flops, "overhead_s": eff.overhead_s,
+                   "gpu": torch.cuda.get_device_name(0),
+                   "engine": f"transformers forward with a KV cache, experts {impl['']}",
+                   "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    return {"rows": rows, "default": cost.DEFAULT_EFFICIENCY.to_json(), "calibrated": calibration,
+            "worst_calibrated_error": worst, "within_25pct": sum(abs(r[f"error_calibrated_{key}"]) <= 0.25
+                                                                 for r in rows for key in ("target", "verify")),
+            "points": 2 * len(rows), "reps": REPS, "warm": WARM, "experts_implementation": impl}
+
+
+def prefill(path: str, dev: str, ceiling_tflops: float, flops_tok: float) -> dict:
+    """Section ``prefill``: a plain batched forward with hidden states (32 x 1024 tokens), tokens/s and
+    MFU against the measured bf16 matmul ceiling, once per experts implementation."""
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    ids = torch.randint(0, 272, (32, 1024), device=dev)
+    for experts in ("grouped_mm", "eager"):
+        main = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, experts_implementation=experts)
+        main = main.to(dev).eval()
+        with torch.no_grad():
+            t = spread(event_times(lambda: main.get_decoder()(input_ids=ids, use_cache=False), reps=10, warm=2))
+        cfg = main.config
+        attn = (4 * cfg.num_hidden_layers * 1024 / 2 * cfg.num_attention_heads
+                * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim))
+        tokens = ids.numel()
+        achieved = tokens * (flops_tok + attn) / t["median_s"]
+        del main
+        torch.cuda.empty_cache()
+        out[experts] = {"tokens_per_s": tokens / t["median_s"], "seconds": t["median_s"], "spread": t,
+                        "flops_per_token": flops_tok + attn, "achieved_tflops": achieved / 1e12,
+                        "mfu_vs_measured_ceiling": achieved / (ceiling_tflops * 1e12)}
+    return out

@@ -1,0 +1,99 @@
+"""The built-in prompt set, its category subsets, the default (memory-sized) greedy batch, and
+transformers' MoE experts implementations, which must give the eager numbers (CPU, fp32)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from probe_helpers import fixture, load_main, torch, write_prompts
+
+from ckptinspect.errors import ProbeError
+from ckptinspect.probe.evaluate import target_hidden
+from ckptinspect.probe.prompts import builtin_prompts
+from ckptinspect.probe.runner import AUTO_BATCH_FRACTION, auto_batch, run_probe, select_categories
+from ckptinspect.render.probe_out import probe_json
+
+CATEGORIES = {"chat", "code", "math", "reasoning", "summarisation", "multilingual"}
+
+
+def test_builtin_prompt_set_is_large_distinct_and_covers_every_category():
+    prompts = builtin_prompts()
+    texts = [p.text for p in prompts]
+    assert len(texts) >= 128 and len(set(texts)) == len(texts)
+    counts = {c: sum(p.category == c for p in prompts) for c in CATEGORIES}
+    assert set(p.category for p in prompts) == CATEGORIES and min(counts.values()) >= 16, counts
+    code_math = select_categories(prompts, ["code", "math"], "builtin")
+    assert {p.category for p in code_math} == {"code", "math"}
+    assert len(code_math) == counts["code"] + counts["math"]
+    assert select_categories(prompts, None, "builtin") == prompts
+    with pytest.raises(ProbeError, match="no prompts of category poetry"):
+        select_categories(prompts, ["code", "poetry"], "builtin")
+
+
+@settings(max_examples=200, deadline=None)
+@given(per=st.integers(1, 1000), base=st.integers(0, 10_000), count=st.integers(1, 300), limit=st.integers(1, 400_000))
+def test_auto_batch_is_the_largest_batch_that_fits(per, base, count, limit):
+    def need(b):  # any increasing estimate
+        return base + per * b
+
+    got, why = auto_batch(need, count, limit)
+    fits = [b for b in range(1, count + 1) if need(b) <= int(limit * AUTO_BATCH_FRACTION)]
+    assert got == (max(fits) if fits else 1) and "auto" in why
+
+
+def test_greedy_default_batch_takes_every_prompt_that_fits(tmp_path, monkeypatch):
+    prompts = write_prompts(tmp_path, [f"Say something about the number {i}." for i in range(6)])
+    ample = probe_json(run_probe(fixture("deepseek"), prompts=prompts, steps=1, max_new_tokens=8, progress=False))
+    assert ample["batch_size"] == 6 and ample["batch_size_source"].startswith("auto")
+    given = probe_json(run_probe(fixture("deepseek"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
+                                 batch_size=2))
+    assert given["batch_size"] == 2 and given["batch_size_source"] == "given"
+    # one byte less than batch 6 needs: the default batch shrinks to one that fits, same samples scored
+    limit = int((ample["memory_estimate_bytes"] - 1) / AUTO_BATCH_FRACTION)
+    monkeypatch.setenv("CKPTINSPECT_PROBE_MEMORY_LIMIT", str(limit))
+    small = probe_json(run_probe(fixture("deepseek"), prompts=prompts, steps=1, max_new_tokens=8, progress=False))
+    assert 1 <= small["batch_size"] < 6, small["batch_size_source"]
+    assert small["memory_estimate_bytes"] <= limit * AUTO_BATCH_FRACTION
+    assert small["overall"]["depths"][0]["scored"] == ample["overall"]["depths"][0]["scored"]
+
+
+@pytest.mark.parametrize("kind", ["deepseek", "qwen35moe"])
+def test_experts_implementations_give_the_eager_numbers(tmp_path, kind):
+    """grouped_mm / batched_mm (transformers integrations/moe.py) against the eager per-expert loop:
+    target hidden states within 1e-5 relative (fp32, CPU), and the probe's counts identical."""
+    main, _ = load_main(fixture(kind))
+    ids = torch.randint(0, main.config.get_text_config().vocab_size, (3, 40), generator=torch.Generator().manual_seed(1))
+    hidden = {}
+    for impl in ("eager", "grouped_mm", "batched_mm"):
+        main.set_experts_implementation(impl)
+        assert main.get_experts_implementation()[""] == impl
+        hidden[impl] = target_hidden(main, ids).double()
+    for impl in ("grouped_mm", "batched_mm"):
+        rel = (hidden[impl] - hidden["eager"]).norm() / hidden["eager"].norm()
+        assert rel < 1e-5, (impl, float(rel))
+    prompts = write_prompts(tmp_path, ["Write a Python function that adds two numbers.",
+                                       "Solve for x: 3x + 7 = 2x - 5.", "What are three ways to water a garden?"])
+    runs = {impl: probe_json(run_probe(fixture(kind), prompts=prompts, steps=2, max_new_tokens=24, progress=False,
+                                       experts_implementation=impl))
+            for impl in ("eager", "grouped_mm", "batched_mm")}
+    for impl, doc in runs.items():
+        assert doc["experts_implementation"] == {"requested": impl, "forward": impl, "decode": impl}
+        assert doc["overall"]["histogram"] == runs["eager"]["overall"]["histogram"], impl
+        assert [(d["reached"], d["accepted"], d["scored"]) for d in doc["overall"]["depths"]] == \
+            [(d["reached"], d["accepted"], d["scored"]) for d in runs["eager"]["overall"]["depths"]], impl
+
+
+def test_experts_implementation_on_a_dense_model_is_refused_or_reported_absent(tmp_path):
+    prompts = write_prompts(tmp_path, ["Solve for x: 3x + 7 = 2x - 5."])
+    doc = probe_json(run_probe(fixture("mimo"), prompts=prompts, steps=1, max_new_tokens=8, progress=False))
+    assert doc["experts_implementation"] == {"requested": "auto", "forward": None, "decode": None}
+    with pytest.raises(ProbeError, match="no swappable MoE experts"):
+        run_probe(fixture("mimo"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
+                  experts_implementation="grouped_mm")
+    with pytest.raises(ProbeError, match="unknown experts implementation"):
+        run_probe(fixture("mimo"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
+                  experts_implementation="fast")
