@@ -12,6 +12,8 @@ Sections (``--sections``, default all but ``q397``), each measured in this run:
              prompts as the memory estimate fits), transformers' default experts
   greedy_eager  the same with --experts-implementation eager
   greedy_b24 the earlier setting: 24 prompts in one batch of 24
+  build_wide, hf_mtp_wide, greedy_wide  the same for a wider shape (hidden 4096, 12 layers, ~10 B params;
+             the baseline on 6 prompts x 32 tokens)
   teacher    probe --mode teacher on a >= 64k-token corpus, in memory; peak memory vs estimate
   stream     the same corpus layer-streamed (--max-gpu-memory), shards dropped from the page cache:
              read bandwidth vs the disk's; peak memory vs the streamed estimate
@@ -108,15 +110,21 @@ def ceilings() -> dict:
             "disk_read_gb_s": n / td / 1e9, "disk_bytes": n}
 
 
-def deepseek_config(tok):
+# A wider shape for the greedy sections *_wide (about 10 B params, 20 GB BF16): hidden 4096, 12 layers.
+WIDE = dict(hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1024, num_hidden_layers=12,
+            q_lora_rank=1536, kv_lora_rank=512, num_attention_heads=32, num_key_value_heads=32)
+
+
+def deepseek_config(tok, wide: bool = False):
     from transformers import AutoConfig
 
-    width = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=64, num_hidden_layers=2,
-                 q_lora_rank=64, kv_lora_rank=32) if SMALL else dict(
+    width = WIDE if wide else dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=64, num_hidden_layers=2,
+                                   q_lora_rank=64, kv_lora_rank=32) if SMALL else dict(
         hidden_size=2048, intermediate_size=5632, moe_intermediate_size=704, num_hidden_layers=8, q_lora_rank=768,
         kv_lora_rank=256)
     return AutoConfig.for_model(
-        "deepseek_v3", vocab_size=32768, **width, num_attention_heads=16, num_key_value_heads=16, n_routed_experts=64, n_shared_experts=1,
+        "deepseek_v3", vocab_size=32768, **{"num_attention_heads": 16, "num_key_value_heads": 16, **width},
+        n_routed_experts=64, n_shared_experts=1,
         num_experts_per_tok=6, n_group=1, topk_group=1, first_k_dense_replace=1,
         qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, max_position_embeddings=4096,
         num_nextn_predict_layers=1, routed_scaling_factor=1.0, norm_topk_prob=True, tie_word_embeddings=False,
@@ -124,7 +132,7 @@ def deepseek_config(tok):
         architectures=["DeepseekV3ForCausalLM"])
 
 
-def build_deepseek(path: str) -> dict:
+def build_deepseek(path: str, wide: bool = False) -> dict:
     import build_fixtures as bf
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
@@ -133,7 +141,7 @@ def build_deepseek(path: str) -> dict:
 
     t0 = time.perf_counter()
     tok = bf.make_tokenizer()
-    cfg = deepseek_config(tok)
+    cfg = deepseek_config(tok, wide)
     torch.manual_seed(0)
     with torch.device(DEV):
         main = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -195,7 +203,7 @@ def baseline_prompts(per_category: int = 2):
     return out
 
 
-def hf_mtp(path: str, new: int = 48, experts: str | None = None) -> dict:
+def hf_mtp(path: str, new: int = 48, experts: str | None = None, per_category: int = 2) -> dict:
     """transformers ``generate(..., use_mtp=True)``, batch 1 (its only batch), greedy, on
     ``baseline_prompts()``; ``experts`` None = transformers' default experts implementation."""
     import build_fixtures as bf  # noqa: F401
@@ -217,7 +225,7 @@ def hf_mtp(path: str, new: int = 48, experts: str | None = None) -> dict:
         return original(self, input_ids, scores, num_matches)
 
     cg.MTPCandidateGenerator.update_candidate_strategy = spy
-    prompts = baseline_prompts()
+    prompts = baseline_prompts(per_category)
     ids = [encode_prompt(tok, p, chat=True, vocab_size=None, source=path) for p in prompts]
     with torch.no_grad():
         main.generate(torch.tensor([ids[0]], device=DEV), do_sample=False, max_new_tokens=16, use_mtp=True,
@@ -293,6 +301,7 @@ def main() -> None:
 
     RESULTS["env"]["transformers"] = transformers.__version__
     ds = os.path.join(WORK, "deepseek2b")
+    wide_dir = os.path.join(WORK, "deepseek_wide")
     corpus = corpus_file(4096 if SMALL else 65536)
     for name in sections:
         t0 = time.perf_counter()
@@ -301,6 +310,12 @@ def main() -> None:
                 RESULTS[name] = ceilings()
             elif name == "build":
                 RESULTS[name] = build_deepseek(ds)
+            elif name == "build_wide":
+                RESULTS[name] = build_deepseek(wide_dir, wide=True)
+            elif name == "hf_mtp_wide":  # 6 prompts (one per category) x 32 tokens: a slow baseline
+                RESULTS[name] = hf_mtp(wide_dir, new=32, per_category=1)
+            elif name == "greedy_wide":
+                RESULTS[name] = probe_run(wide_dir, mode="greedy", steps=3, max_new_tokens=256)
             elif name == "hf_mtp":  # transformers' default experts (grouped_mm, batched_mm for decode)
                 RESULTS[name] = hf_mtp(ds)
             elif name == "hf_mtp_eager":
@@ -347,21 +362,22 @@ def main() -> None:
     summary(args.out)
 
 
-def summary(out: str) -> None:  # noqa: C901 - one line per section
+def summary(out: str) -> None:
     r = RESULTS
     lines = [f"probe GPU benchmark {r['env']}"]
     base = r.get("hf_mtp", {}).get("samples_per_s")
-    for name in ("hf_mtp", "hf_mtp_eager"):
+    for name in ("hf_mtp", "hf_mtp_eager", "hf_mtp_wide"):
         s = r.get(name, {})
         if "samples_per_s" in s:
             lines.append(f"{name}: {s['verify_steps']} verify steps in {s['seconds']:.1f}s -> {s['samples_per_s']:.1f}/s "
                          f"(experts {s['experts_implementation_loaded']})")
     eager = r.get("hf_mtp_eager", {}).get("samples_per_s")
-    for name in ("greedy", "greedy_eager", "greedy_b24", "teacher", "stream"):
+    for name in ("greedy", "greedy_eager", "greedy_b24", "teacher", "stream", "greedy_wide"):
         s = r.get(name, {})
         if "samples_per_s" in s:
-            ratio = f" = {s['samples_per_s'] / base:.0f}x transformers" if base else ""
-            ratio += f" ({s['samples_per_s'] / eager:.0f}x its eager-experts run)" if eager else ""
+            ref = r.get("hf_mtp_wide", {}).get("samples_per_s") if name.endswith("_wide") else base
+            ratio = f" = {s['samples_per_s'] / ref:.0f}x transformers" if ref else ""
+            ratio += f" ({s['samples_per_s'] / eager:.0f}x its eager-experts run)" if eager and ref is base else ""
             lines.append(f"{name}: {s['scored']} samples in {s['wall_s']:.1f}s -> {s['samples_per_s']:.0f}/s{ratio}; "
                          f"after load {s['samples_per_s_after_load']:.0f}/s; phases {s['timings_s']}; peak "
                          f"{s['peak_bytes'] / 2**30:.2f} GiB vs estimate {s['estimate_bytes'] / 2**30:.2f} GiB "

@@ -2,12 +2,16 @@
 1..64 and the K+1-token verify step of the same model, timed on the GPU, against the roofline of ckptinspect/probe/cost.py
 (default efficiencies, then efficiencies and a per-forward overhead fitted to these points).
 
-Timing: each point is ``REPS`` forwards, each bracketed by CUDA events after ``WARM`` warm-up
-forwards; the median is the figure, p10 / p90 / min / max the spread (issue 12 item 2: the earlier
-median of 10 moved by up to 50% between neighbouring batch sizes). Experts: ``grouped_mm`` (one
+Timing: 3 s of forwards first (the SM clock idles at 345 MHz and ramps up under load: the first
+points of an earlier run were the slow ones), then two passes over the points, ascending and
+descending batch, each point ``WARM`` warm-up forwards and ``REPS`` forwards bracketed by CUDA
+events; the figure is the median of both passes' samples, p10 / p90 / min / max the spread, and
+each pass's own median shows drift (issue 12 item 2: the earlier median of 10 moved by up to 50%
+between neighbouring batch sizes). Experts: ``grouped_mm`` (one
 grouped GEMM over the touched experts, each expert's weights read once: the byte count the roofline
 assumes) for the calibration; ``batched_mm`` (what ``generate`` decodes with on a GPU; it gathers a
-copy of the expert weights per token) is measured and fitted the same way as a second section.
+copy of the expert weights per token, so the 64 x 256-token prefill runs with grouped_mm, as in
+``generate``) is measured and fitted the same way as a second section.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import time
 
 import torch
 
-REPS, WARM = 60, 10
+REPS, WARM = 100, 10
+CLOCK_WARMUP_S = 3.0
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -55,25 +60,41 @@ def cost_check(path: str, dev: str, model_cost, k: int = 3, experts: str = "grou
 
     from ckptinspect.probe import cost
 
-    main = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, experts_implementation=experts)
+    main = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, experts_implementation="grouped_mm")
     main = main.to(dev).eval()
     m = model_cost
     gpu = cost.resolve_gpu("H200", "bf16")
-    rows = []
-    for batch in BATCHES:
-        ids = torch.randint(0, 272, (batch, 256), device=dev)
-        with torch.no_grad():
+    points = {}
+    with torch.no_grad():
+        for batch in BATCHES:  # prefill every batch's 256-token KV cache once, with grouped_mm
+            ids = torch.randint(0, 272, (batch, 256), device=dev)
             cache = DynamicCache(config=main.config)
             main(input_ids=ids, past_key_values=cache, use_cache=True)
-            base = cache.get_seq_length()
+            points[batch] = (ids, cache)
+        main.set_experts_implementation(experts)
 
-            def step(tokens):
-                def fn():
-                    main(input_ids=ids[:, :tokens], past_key_values=cache, use_cache=True)
-                    cache.crop(base)
-                return fn
+        def step(batch, tokens):
+            ids, cache = points[batch]
 
-            t1, tv = spread(event_times(step(1))), spread(event_times(step(k + 1)))
+            def fn():
+                main(input_ids=ids[:, :tokens], past_key_values=cache, use_cache=True)
+                cache.crop(-tokens)  # back to the 256-token prefix (negative: tokens to drop, 5.17 and 5.24)
+            return fn
+
+        end = time.perf_counter() + CLOCK_WARMUP_S
+        while time.perf_counter() < end:
+            step(BATCHES[-1], k + 1)()
+        torch.cuda.synchronize()
+        samples: dict[tuple[int, int], list[list[float]]] = {}
+        for order in (BATCHES, tuple(reversed(BATCHES))):
+            for batch in order:
+                for tokens in (1, k + 1):
+                    samples.setdefault((batch, tokens), []).append(event_times(step(batch, tokens)))
+    assert all(cache.get_seq_length() == 256 for _, cache in points.values()), "crop left the cache off its prefix"
+    rows = []
+    for batch in BATCHES:
+        t1, tv = ({**spread(sum(samples[batch, t], [])), "pass_medians_s": [statistics.median(x) for x in
+                                                                          samples[batch, t]]} for t in (1, k + 1))
         p1, pv, _ = cost.step_times(m, gpu, batch, k)
         rows.append({"batch": batch, "measured_target_s": t1["median_s"], "measured_verify_s": tv["median_s"],
                      "target_spread": t1, "verify_spread": tv, "roofline_target_s": p1, "roofline_verify_s": pv})
