@@ -260,6 +260,8 @@ def probe_run(path: str, **kw) -> dict:
     result = probe_json(run_probe(path, device=DEV, progress=False, **kw))
     wall = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated(DEV) if cuda else 0
+    if result.get("peak_bytes_by_phase"):  # the probe resets the peak counter at each phase
+        peak = max(result["peak_bytes_by_phase"].values())
     scored = result["overall"]["depths"][0]["scored"]
     timings = result.get("timings_s", {})
     load = timings.get("load", 0.0)
@@ -267,7 +269,8 @@ def probe_run(path: str, **kw) -> dict:
            "samples_per_s_after_load": scored / max(wall - load, 1e-9), "timings_s": timings,
            "tokens_scored": result.get("tokens_scored"), "peak_bytes": peak,
            "histogram": result["overall"]["histogram"], "alpha": [d["conditional"] for d in result["overall"]["depths"]],
-           "main_source": result["main_model"]["source"]}
+           "main_source": result["main_model"]["source"], "peak_bytes_by_phase": result.get("peak_bytes_by_phase"),
+           "batch_size": result.get("batch_size")}
     if "streaming" in result:
         out["streaming"] = result["streaming"]
         out["estimate_bytes"] = result["streaming"]["estimate_bytes"]["total"]

@@ -177,22 +177,29 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
             tmp.cleanup()
     first_device = next(main.parameters()).device
     timings["load"] = time.perf_counter() - t0
+    peaks: dict[str, int] | None = {} if first_device.type == "cuda" else None  # bytes per phase
+    if peaks is not None:
+        peaks["load"] = torch.cuda.max_memory_allocated(first_device)
+        torch.cuda.reset_peak_memory_stats(first_device)
     if mode == "greedy":
         t0 = time.perf_counter()
         sequences = generate_sequences(main, tok, prompt_list, max_new_tokens, batch_size, first_device, progress,
                                        vocab_size=vocab, source=model_dir)
         timings["generate"] = time.perf_counter() - t0
+        if peaks is not None:
+            peaks["generate"] = torch.cuda.max_memory_allocated(first_device)
         if save_continuations_to:
             save_continuations(save_continuations_to, sequences, model_dir=model_dir, max_new_tokens=max_new_tokens)
     tallies = score_all(main, head, sequences, steps, mode=mode, temperature=temperature, batch_size=batch_size,
                         pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, device=first_device,
-                        progress=progress, timings=timings)
+                        progress=progress, timings=timings, peaks=peaks)
     return build_result(**common, mode=mode, tallies=tallies, devices=names,
                         dtype=str(torch_dtype).replace("torch.", ""), main_source="in-process transformers",
                         dequantized=tmp is not None, timings=timings,
                         extra={"tokens_scored": sum(len(s.tokens) for s in sequences), "memory_estimate_bytes": need,
                                "batch_size": batch_size, "batch_size_source": batch_source,
-                               "experts_implementation": experts})
+                               "experts_implementation": experts,
+                               **({"peak_bytes_by_phase": peaks} if peaks is not None else {})})
 
 
 TEACHER_BATCH = 8

@@ -30,7 +30,7 @@ def estimate_bytes(metas, dtype: torch.dtype, *, batch: int = 0, seq: int = 0, v
 
 def score_all(main, head, sequences: list[Sequence], steps: int, *, mode: str, temperature: float,
               batch_size: int, pad_id: int, device, progress: bool, timings: dict[str, float] | None = None,
-              hidden_for: Callable | None = None) -> dict[str, Tally]:
+              hidden_for: Callable | None = None, peaks: dict[str, int] | None = None) -> dict[str, Tally]:
     """Tallies per category. ``hidden_for(indices, width)`` supplies precomputed target hidden
     states for those sequences (streamed main model), else the main model runs per batch."""
     from tqdm import tqdm
@@ -42,6 +42,7 @@ def score_all(main, head, sequences: list[Sequence], steps: int, *, mode: str, t
         batch = [sequences[j] for j in idx]
         hidden = None if hidden_for is None else hidden_for(idx, max(len(s.tokens) for s in batch))
         for cat, t in score_batch(main, head, batch, steps, mode=mode, temperature=temperature,
-                                  pad_id=pad_id, device=device, hidden=hidden, timings=timings).items():
+                                  pad_id=pad_id, device=device, hidden=hidden, timings=timings,
+                                  peaks=peaks).items():
             tallies.setdefault(cat, Tally(steps)).merge(t)
     return tallies
