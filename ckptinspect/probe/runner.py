@@ -17,7 +17,7 @@ from ckptinspect.probe.heads.build import build_head
 from ckptinspect.probe.prompts import encode_prompt, load_prompts, load_tokenizer
 from ckptinspect.probe.readiness_gate import check_mtp_usable
 from ckptinspect.probe.result import ProbeResult, build_result
-from ckptinspect.probe.scoring import estimate_bytes, score_all
+from ckptinspect.probe.scoring import decode_bytes, estimate_bytes, score_all
 from ckptinspect.probe.sequences import generate_sequences, save_continuations, teacher_sequences
 
 __all__ = ["MODES", "build_head", "estimate_bytes", "run_probe"]
@@ -137,10 +137,14 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
         longest, count = max(len(s.tokens) for s in sequences), len(sequences)
     cfg = probe_ckpt.checkpoint.config
     limit = int(max_gpu_memory * 2**30) if max_gpu_memory is not None else _free_bytes(names)
+    expert_params = _params_per_expert(probe_ckpt)
 
     def need_at(batch: int) -> int:
-        return estimate_bytes(metas, torch_dtype, batch=min(batch, count), seq=longest, vocab=vocab or 0,
-                              hidden=cfg.hidden_size, steps=steps)
+        b = min(batch, count)
+        decode = (decode_bytes(b, cfg.experts_per_token or 0, expert_params, torch_dtype)
+                  if mode == "greedy" and primary.startswith("cuda") else 0)
+        return estimate_bytes(metas, torch_dtype, batch=b, seq=longest, vocab=vocab or 0, hidden=cfg.hidden_size,
+                              steps=steps, heads=cfg.num_attention_heads or 0, decode=decode)
 
     batch_source = "given"
     if batch_size is None:
@@ -202,8 +206,19 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                                **({"peak_bytes_by_phase": peaks} if peaks is not None else {})})
 
 
+def _params_per_expert(probe_ckpt) -> int:
+    """One routed expert's weight elements (main model), from the report's inventory: all routed
+    expert params / (experts per layer x layers holding them); 0 for a dense model."""
+    from ckptinspect.probe.result import model_cost
+
+    cost = model_cost(probe_ckpt.inventory, probe_ckpt.checkpoint.config)
+    layers = len({g.layer for g in probe_ckpt.inventory.groups
+                  if g.component == "routed_expert" and g.mtp_layer is None and g.layer is not None})
+    return cost.expert_params // (cost.num_experts * layers) if cost.num_experts and layers else 0
+
+
 TEACHER_BATCH = 8
-AUTO_BATCH_FRACTION = 0.9  # of the free (or allowed) memory: measured peaks ran up to 1.04x the estimate
+AUTO_BATCH_FRACTION = 0.9  # of the free (or allowed) memory: measured peaks ran up to 1.05x the estimate
 
 
 def auto_batch(need_at: Callable[[int], int], count: int, limit: int) -> tuple[int, str]:

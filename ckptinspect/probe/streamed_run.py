@@ -37,7 +37,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     mtp_bytes = loader.logical_params(probe_ckpt.metas, lambda n: n.startswith(prefix)) * per
     tokens = len(sequences) * max(len(s.tokens) for s in sequences)  # padded rows
     scratch = scoring_bytes(min(batch_size, len(sequences)), max(len(s.tokens) for s in sequences),
-                            cfg.vocab_size or 0, cfg.hidden_size, common["steps"], dtype)
+                            cfg.vocab_size or 0, cfg.hidden_size, common["steps"], dtype, cfg.num_attention_heads or 0)
     estimate = dict(stream_estimate(probe_ckpt, dtype, tokens, mtp_bytes, scratch))
     if estimate["total"] > limit:
         raise ProbeError(f"even layer-streamed the probe needs about {estimate['total'] / 2**30:.1f} GiB "
