@@ -97,3 +97,30 @@ def test_experts_implementation_on_a_dense_model_is_refused_or_reported_absent(t
     with pytest.raises(ProbeError, match="unknown experts implementation"):
         run_probe(fixture("mimo"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
                   experts_implementation="fast")
+
+
+@pytest.mark.parametrize("kind", ["deepseek", "qwen35moe"])
+def test_params_per_expert_from_the_inventory_match_the_config(kind):
+    """The batched_mm decode term uses one expert's params from the report's inventory; a routed
+    expert is gate + up + down of hidden x moe_intermediate_size."""
+    from ckptinspect.probe.checkpoint import open_checkpoint
+    from ckptinspect.probe.runner import _params_per_expert
+
+    pc = open_checkpoint(fixture(kind))
+    text = pc.checkpoint.config.text
+    assert _params_per_expert(pc) == 3 * text["hidden_size"] * text["moe_intermediate_size"]
+    assert _params_per_expert(open_checkpoint(fixture("mimo"))) == 0  # dense
+
+
+def test_scoring_estimate_takes_the_larger_phase():
+    from ckptinspect.probe.scoring import decode_bytes, scoring_bytes
+
+    bf16 = torch.bfloat16
+    streams = 4 * 144 * 625 * 2048 * 4 * 2
+    logits = 144 * 625 * 32768 * (2 * 2 + 12)
+    # 16 heads: the attention scores at depth 3 (144 x 16 x 1875^2 x 6 B) outweigh the logits just
+    attention16 = 144 * 16 * (3 * 625) ** 2 * (2 + 4)
+    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=16) == max(logits, attention16) + streams
+    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=0) == logits + streams
+    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=32) == 2 * attention16 + streams
+    assert decode_bytes(144, 6, 3 * 4096 * 1024, bf16) == 144 * 6 * 3 * 4096 * 1024 * 2
