@@ -124,3 +124,27 @@ def test_scoring_estimate_takes_the_larger_phase():
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=0) == logits + streams
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=32) == 2 * attention16 + streams
     assert decode_bytes(144, 6, 3 * 4096 * 1024, bf16) == 144 * 6 * 3 * 4096 * 1024 * 2
+
+
+def test_probe_text_and_json_come_from_one_layout(tmp_path):
+    """render/probe_out.py owns both formats: the JSON text is probe_json's document, and every depth
+    row, the batch and the experts line of the text show the JSON's values; the module is torch-free."""
+    import subprocess
+    import sys
+
+    from ckptinspect.render.probe_out import render_probe
+
+    prompts = write_prompts(tmp_path, ["Solve for x: 3x + 7 = 2x - 5.", "Write a haiku about rain."])
+    result = run_probe(fixture("qwen35moe"), prompts=prompts, steps=2, max_new_tokens=16, progress=False)
+    doc = probe_json(result)
+    assert json.loads(render_probe(result, "json")) == json.loads(json.dumps(doc))
+    text = render_probe(result, "text", width=None)
+    for row in doc["overall"]["depths"]:
+        cond = "-" if row["conditional"] is None else f"{row['conditional']:.3f}"
+        assert any(line.split()[:2] == [str(row["k"]), cond] for line in text.splitlines()), (row, text)
+    assert f"batch size {doc['batch_size']} (auto" in text
+    experts = doc["experts_implementation"]
+    assert f"forward {experts['forward']}, decode {experts['decode']}" in text
+    assert result.alpha1 == doc["overall"]["depths"][0]["conditional"]
+    code = "import sys, ckptinspect.render.probe_out; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], env={**os.environ}).returncode == 0
