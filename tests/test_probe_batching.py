@@ -148,3 +148,22 @@ def test_probe_text_and_json_come_from_one_layout(tmp_path):
     assert result.alpha1 == doc["overall"]["depths"][0]["conditional"]
     code = "import sys, ckptinspect.render.probe_out; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], env={**os.environ}).returncode == 0
+
+
+def test_cli_category_and_experts_errors_are_one_line_exit_2():
+    import subprocess
+    import sys
+
+    from probe_helpers import ROOT
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "ckptinspect", "probe", *args, "--device", "cpu", "-q"],
+                              capture_output=True, text=True, cwd=ROOT, timeout=300,
+                              env={**os.environ, "PYTHONPATH": ROOT})
+
+    proc = cli(fixture("deepseek"), "--categories", "code,poetry")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "no prompts of category poetry" in proc.stderr and "reasoning" in proc.stderr
+    proc = cli(fixture("mimo"), "--experts-implementation", "grouped_mm", "--max-prompts", "1")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "no swappable MoE experts" in proc.stderr
