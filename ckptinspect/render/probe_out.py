@@ -1,7 +1,7 @@
 """`probe` output: the JSON document (ckptinspect/probe/probe.schema.json) and the terminal text of a
 ``probe.result.ProbeResult``. The records stay plain data; every key and line layout is decided here.
 
-Imports nothing from torch: a saved result can be rendered without the probe extra.
+Imports no torch (tests/test_probe_batching.py checks it): rendering is no part of the measurement.
 """
 
 from __future__ import annotations
