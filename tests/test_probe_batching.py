@@ -94,6 +94,9 @@ def test_experts_implementation_on_a_dense_model_is_refused_or_reported_absent(t
     with pytest.raises(ProbeError, match="no swappable MoE experts"):
         run_probe(fixture("mimo"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
                   experts_implementation="grouped_mm")
+    with pytest.raises(ProbeError, match="server runs the main model"):
+        run_probe(fixture("mimo"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
+                  experts_implementation="eager", main_url="http://127.0.0.1:9")
     with pytest.raises(ProbeError, match="unknown experts implementation"):
         run_probe(fixture("mimo"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
                   experts_implementation="fast")

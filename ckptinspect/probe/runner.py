@@ -121,6 +121,9 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
     if main_url:  # the main model lives in the server: no in-process memory check
         if mode != "greedy":
             raise ProbeError("--main-url supports --mode greedy only")
+        if experts_implementation != "auto":
+            raise ProbeError("--experts-implementation chooses in-process kernels; with --main-url the server runs "
+                             "the main model")
         from ckptinspect.probe.server_client import run_remote
 
         return run_remote(main_url, model_dir=model_dir, config=config, probe_ckpt=probe_ckpt, spec=spec,
