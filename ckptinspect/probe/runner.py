@@ -221,7 +221,7 @@ def _params_per_expert(probe_ckpt) -> int:
 
 
 TEACHER_BATCH = 8
-AUTO_BATCH_FRACTION = 0.9  # of the free (or allowed) memory: measured peaks ran up to 1.05x the estimate
+AUTO_BATCH_FRACTION = 0.9  # of the free (or allowed) memory; in-memory peaks ran 0.98-1.02x the estimate (BENCHMARKS.md 6, run 6)
 
 
 def auto_batch(need_at: Callable[[int], int], count: int, limit: int) -> tuple[int, str]:
