@@ -387,19 +387,9 @@ def summary(out: str) -> None:
                          f"after load {s['samples_per_s_after_load']:.0f}/s; phases {s['timings_s']}; peak "
                          f"{s['peak_bytes'] / 2**30:.2f} GiB vs estimate {s['estimate_bytes'] / 2**30:.2f} GiB "
                          f"({s['peak_over_estimate']:.2f})")
-    for name in ("cost", "cost_batched"):
-        c = r.get(name, {})
-        if "rows" in c:
-            cal = c["calibrated"]
-            lines.append(f"{name} ({c['experts_implementation']}): fit bw {cal['bandwidth_efficiency']} fl "
-                         f"{cal['flop_efficiency']} overhead {cal['overhead_s'] * 1e3:.2f} ms; {c['within_25pct']}/"
-                         f"{c['points']} within 25%, worst {c['worst_calibrated_error']:+.1%}")
-            for row in c["rows"]:
-                t, v = row["target_spread"], row["verify_spread"]
-                lines.append(f"  b{row['batch']:>3}: target {t['median_s'] * 1e3:.2f} ms [{t['p10_s'] * 1e3:.2f}, "
-                             f"{t['p90_s'] * 1e3:.2f}] err {row['error_calibrated_target']:+.1%}; verify "
-                             f"{v['median_s'] * 1e3:.2f} ms [{v['p10_s'] * 1e3:.2f}, {v['p90_s'] * 1e3:.2f}] "
-                             f"err {row['error_calibrated_verify']:+.1%}")
+    from probe_gpu_cost import cost_summary
+
+    lines += cost_summary(r)
     text = "\n".join(lines)
     open(os.path.join(out, "probe_gpu.txt"), "w").write(text + "\n")
     print(text)

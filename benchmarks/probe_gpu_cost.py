@@ -155,3 +155,22 @@ def prefill(path: str, dev: str, ceiling_tflops: float, flops_tok: float) -> dic
                         "flops_per_token": flops_tok + attn, "achieved_tflops": achieved / 1e12,
                         "mfu_vs_measured_ceiling": achieved / (ceiling_tflops * 1e12)}
     return out
+
+
+def cost_summary(r: dict) -> list[str]:
+    """The summary lines of the cost sections: fit, points within 25 %, each point's median and p10-p90."""
+    lines = []
+    for name in ("cost", "cost_batched"):
+        c = r.get(name, {})
+        if "rows" in c:
+            cal = c["calibrated"]
+            lines.append(f"{name} ({c['experts_implementation']}): fit bw {cal['bandwidth_efficiency']} fl "
+                         f"{cal['flop_efficiency']} overhead {cal['overhead_s'] * 1e3:.2f} ms; {c['within_25pct']}/"
+                         f"{c['points']} within 25%, worst {c['worst_calibrated_error']:+.1%}")
+            for row in c["rows"]:
+                t, v = row["target_spread"], row["verify_spread"]
+                lines.append(f"  b{row['batch']:>3}: target {t['median_s'] * 1e3:.2f} ms [{t['p10_s'] * 1e3:.2f}, "
+                             f"{t['p90_s'] * 1e3:.2f}] err {row['error_calibrated_target']:+.1%}; verify "
+                             f"{v['median_s'] * 1e3:.2f} ms [{v['p10_s'] * 1e3:.2f}, {v['p90_s'] * 1e3:.2f}] "
+                             f"err {row['error_calibrated_verify']:+.1%}")
+    return lines
