@@ -1,17 +1,19 @@
-"""Sections ``cost`` and ``prefill`` of benchmarks/probe_gpu.py. ``cost``: the decode forward at batch
-1..64 and the K+1-token verify step of the same model, timed on the GPU, against the roofline of ckptinspect/probe/cost.py
-(default efficiencies, then efficiencies and a per-forward overhead fitted to these points).
+"""Sections ``cost`` and ``prefill`` of benchmarks/probe_gpu.py.
 
-Timing: 3 s of forwards first (the SM clock idles at 345 MHz and ramps up under load: the first
-points of an earlier run were the slow ones), then two passes over the points, ascending and
-descending batch, each point ``WARM`` warm-up forwards and ``REPS`` forwards bracketed by CUDA
-events; the figure is the median of both passes' samples, p10 / p90 / min / max the spread, and
-each pass's own median shows drift (issue 12 item 2: the earlier median of 10 moved by up to 50%
-between neighbouring batch sizes). Experts: ``grouped_mm`` (one
-grouped GEMM over the touched experts, each expert's weights read once: the byte count the roofline
-assumes) for the calibration; ``batched_mm`` (what ``generate`` decodes with on a GPU; it gathers a
-copy of the expert weights per token, so the 64 x 256-token prefill runs with grouped_mm, as in
-``generate``) is measured and fitted the same way as a second section.
+``cost``: the decode forward at batch 1..64 and the K+1-token verify step of the same model, timed
+on the GPU, against the roofline of ckptinspect/probe/cost.py (default efficiencies, then the
+efficiencies and per-forward overhead fitted to these points). Timing: 3 s of forwards first (the
+SM clock idles at 345 MHz and ramps up under load; the first points of an earlier run were the
+slow ones), then two passes over the points, ascending and descending batch, each point ``WARM``
+warm-up forwards and ``REPS`` forwards bracketed by CUDA events; the figure is the median of both
+passes' samples, p10 / p90 / min / max the spread, and each pass's own median shows drift (issue 12
+item 2: the earlier median of 10 moved by up to 50% between neighbouring batch sizes). Experts:
+``grouped_mm`` (one grouped GEMM over the touched experts, each expert's weights read once: the
+bytes the roofline counts) for the calibration; ``batched_mm`` (what ``generate`` decodes with on a
+GPU; it copies each selected expert's weights per token, so the 64 x 256-token prefill runs with
+grouped_mm, as in ``generate``) is measured and fitted the same way as a second section.
+
+``prefill``: a plain batched forward with hidden states, tokens/s and MFU, per experts implementation.
 """
 
 from __future__ import annotations
