@@ -170,3 +170,14 @@ def test_cli_category_and_experts_errors_are_one_line_exit_2():
     proc = cli(fixture("mimo"), "--experts-implementation", "grouped_mm", "--max-prompts", "1")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "no swappable MoE experts" in proc.stderr
+
+
+def test_experts_implementation_choices_agree_everywhere():
+    """The CLI's choices (no torch import there), the loader's list and the JSON schema's enum."""
+    from ckptinspect.cli.probe_cmd import probe as probe_command
+    from ckptinspect.probe.loader import EXPERTS_IMPLEMENTATIONS
+
+    option = next(p for p in probe_command.params if p.name == "experts_implementation")
+    schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "ckptinspect", "probe", "probe.schema.json")))
+    enum = schema["properties"]["experts_implementation"]["properties"]["requested"]["enum"]
+    assert tuple(option.type.choices) == EXPERTS_IMPLEMENTATIONS == tuple(enum)

@@ -256,6 +256,7 @@ def set_experts_implementation(model, requested: str, *, decode_on_gpu: bool) ->
             raise ProbeError(f"--experts-implementation {requested}: transformers refused it ({exc})") from exc
     if not swappable:
         return {"requested": requested, "forward": None, "decode": None}
-    forward = model.get_experts_implementation()[""]
+    impls = model.get_experts_implementation()  # {"": top config, sub-config name: ...} (a VLM's text_config)
+    forward = impls.get("") or next((v for v in impls.values() if v), None)
     decode = "batched_mm" if decode_on_gpu and forward == "grouped_mm" else forward
     return {"requested": requested, "forward": forward, "decode": decode}
