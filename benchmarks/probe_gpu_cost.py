@@ -18,6 +18,7 @@ grouped_mm, as in ``generate``) is measured and fitted the same way as a second 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -128,7 +129,7 @@ def cost_check(path: str, dev: str, model_cost, k: int = 3, experts: str = "grou
                    "gpu": torch.cuda.get_device_name(0),
                    "engine": f"transformers forward with a KV cache, experts {impl['']}",
                    "date": time.strftime("%Y-%m-%d", time.gmtime())}
-    return {"rows": rows, "default": cost.DEFAULT_EFFICIENCY.to_json(), "calibrated": calibration,
+    return {"rows": rows, "default": dataclasses.asdict(cost.DEFAULT_EFFICIENCY), "calibrated": calibration,
             "worst_calibrated_error": worst, "within_25pct": sum(abs(r[f"error_calibrated_{key}"]) <= 0.25
                                                                  for r in rows for key in ("target", "verify")),
             "points": 2 * len(rows), "reps": REPS, "warm": WARM, "experts_implementation": impl}

@@ -40,6 +40,17 @@ class CostModel:
 
 
 @dataclass(frozen=True)
+class Streaming:
+    """A layer-streamed run (streamed_run.py): what was read and how fast, and its memory bounds."""
+
+    stats: Any  # stream.StreamStats
+    estimate_bytes: Mapping[str, int]  # stream.stream_estimate parts and total
+    limit_bytes: int
+    in_memory_estimate_bytes: int
+    peak_bytes: int | None  # CUDA only
+
+
+@dataclass(frozen=True)
 class ProbeResult:
     """One probe run, plain data; its JSON (probe.schema.json) and text are built by
     ckptinspect/render/probe_out.py."""
@@ -60,8 +71,9 @@ class ProbeResult:
     recommendation: Mapping[str, Any]
     elapsed_s: float
     timings_s: Mapping[str, float]
-    extra: Mapping[str, Any]  # tokens_scored, memory_estimate_bytes, streaming (JSON-ready, route-specific)
+    extra: Mapping[str, Any]  # tokens_scored, memory_estimate_bytes, batch, experts (JSON-ready, route-specific)
     findings: tuple[Finding, ...] = field(default_factory=tuple)
+    streaming: Streaming | None = None
 
     @property
     def alpha1(self) -> float | None:
@@ -141,7 +153,7 @@ def build_result(*, ref: str, probe_ckpt, spec: HeadSpec, mode: str, steps: int,
                  temperature: float, gpu: str, tallies: dict[str, Tally], readiness, devices, dtype: str,
                  started: float, max_new_tokens: int, main_source: str, dequantized: bool,
                  timings: Mapping[str, float] | None = None, extra: Mapping[str, Any] | None = None,
-                 efficiency: cost.Efficiency = cost.DEFAULT_EFFICIENCY) -> ProbeResult:
+                 efficiency: cost.Efficiency = cost.DEFAULT_EFFICIENCY, streaming: Streaming | None = None) -> ProbeResult:
     overall = Tally(steps)
     for t in tallies.values():
         overall.merge(t)
@@ -163,4 +175,4 @@ def build_result(*, ref: str, probe_ckpt, spec: HeadSpec, mode: str, steps: int,
                              tuple(table)),
         recommendation=recommend(table, steps), elapsed_s=round(time.time() - started, 2),
         timings_s={k: round(v, 3) for k, v in (timings or {}).items()}, extra=dict(extra or {}),
-        findings=tuple(_findings(overall)))
+        findings=tuple(_findings(overall)), streaming=streaming)

@@ -25,7 +25,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
                  device: str, dtype: torch.dtype, batch_size: int, progress: bool, need: int, limit: int,
                  chunk_tokens: int, timings: dict[str, float], trust_remote_code: bool = False,
                  experts_implementation: str = "auto", batch_info: dict | None = None):
-    from ckptinspect.probe.result import build_result
+    from ckptinspect.probe.result import Streaming, build_result
     from ckptinspect.probe.heads.build import build_head
     from ckptinspect.probe.scoring import score_all, scoring_bytes
     from ckptinspect.probe.stream import StreamedMain, stream_estimate
@@ -68,16 +68,12 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     tallies = score_all(main, head, sequences, common["steps"], mode=mode, temperature=common["temperature"],
                         batch_size=batch_size, pad_id=pad, device=first_device, progress=progress,
                         timings=timings, hidden_for=hidden_for)
-    stream_json = streamed.stats.to_json()
-    stream_json["estimate_bytes"] = estimate
-    stream_json["limit_bytes"] = limit
-    stream_json["in_memory_estimate_bytes"] = need
-    if device.startswith("cuda"):
-        stream_json["peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
+    peak = int(torch.cuda.max_memory_allocated(device)) if device.startswith("cuda") else None
+    streaming = Streaming(streamed.stats, estimate, limit, need, peak)
     return build_result(**common, mode=mode, tallies=tallies, devices=[device],
                         dtype=str(dtype).replace("torch.", ""), main_source="layer-streamed transformers",
                         dequantized=any(loader.quant_kind(n, probe_ckpt.metas) in loader.DEQUANTIZERS
                                         for n in probe_ckpt.metas),
-                        timings=timings, extra={"tokens_scored": sum(len(s.tokens) for s in sequences),
-                                                "streaming": stream_json, **(batch_info or {}),
-                                                "experts_implementation": experts})
+                        timings=timings, streaming=streaming,
+                        extra={"tokens_scored": sum(len(s.tokens) for s in sequences), **(batch_info or {}),
+                               "experts_implementation": experts})

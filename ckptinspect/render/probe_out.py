@@ -58,6 +58,20 @@ def tally_json(tally: Any) -> dict[str, Any]:
     }
 
 
+def stream_json(streaming: Any) -> dict[str, Any]:
+    """The ``streaming`` object of a layer-streamed run (``probe.result.Streaming``)."""
+    st = streaming.stats
+    out = {"layers": st.layers, "bytes_read": st.bytes_read, "read_s": round(st.read_s, 3),
+           "compute_s": round(st.compute_s, 3), "max_layer_bytes": st.max_layer_bytes,
+           "read_bandwidth_gb_s": round(st.bytes_read / st.read_s / 1e9, 3) if st.read_s else None,
+           "per_layer": [{k: round(v, 4) for k, v in row.items()} for row in st.per_layer],
+           "estimate_bytes": dict(streaming.estimate_bytes), "limit_bytes": streaming.limit_bytes,
+           "in_memory_estimate_bytes": streaming.in_memory_estimate_bytes}
+    if streaming.peak_bytes is not None:
+        out["peak_bytes"] = streaming.peak_bytes
+    return out
+
+
 def probe_json(result: Any) -> dict[str, Any]:
     """The `probe --format json` document (keys of schema_version 1 are stable)."""
     cm, eff = result.cost_model, result.cost_model.efficiency
@@ -86,6 +100,7 @@ def probe_json(result: Any) -> dict[str, Any]:
         "elapsed_s": result.elapsed_s,
         "timings_s": dict(result.timings_s),
         **result.extra,
+        **({"streaming": stream_json(result.streaming)} if result.streaming is not None else {}),
         "findings": [finding_json(f) for f in result.findings],
     }
 
