@@ -181,3 +181,14 @@ def test_experts_implementation_choices_agree_everywhere():
     schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "ckptinspect", "probe", "probe.schema.json")))
     enum = schema["properties"]["experts_implementation"]["properties"]["requested"]["enum"]
     assert tuple(option.type.choices) == EXPERTS_IMPLEMENTATIONS == tuple(enum)
+
+
+def test_probe_records_do_not_render_themselves():
+    """issue 13 item 5: the probe's records are plain data; render/probe_out.py builds the layout."""
+    from ckptinspect.probe import cost, metrics, result, stream
+
+    for module in (result, metrics, stream, cost):
+        for cls in vars(module).values():
+            if isinstance(cls, type) and cls.__module__ == module.__name__:
+                assert not hasattr(cls, "to_json"), f"{module.__name__}.{cls.__name__} renders itself"
+        assert not any(name.startswith("render") for name in vars(module)), module.__name__
