@@ -4,14 +4,24 @@ Sections (``--sections``, default all but ``q397``), each measured in this run:
   ceilings   bf16 matmul 8192^3 (random data, median of 10), device copy bandwidth, disk read
              bandwidth (8 GiB file, page cache dropped for it with posix_fadvise)
   build      a random DeepSeek-V3-shaped MoE (~2.5B, one MTP layer) written as safetensors
-  hf_mtp     transformers generate(..., use_mtp=True), batch 1: verify steps / s (the baseline)
-  greedy     probe --mode greedy (24 built-in prompts, 256 new tokens, K=3, one batch)
+  hf_mtp     transformers generate(..., use_mtp=True), batch 1 (its only batch), 48 new tokens on 12 of the
+             probe's built-in prompts (2 per category): verify steps / s (the baseline), transformers'
+             default experts (grouped_mm; batched_mm while decoding on a GPU)
+  hf_mtp_eager  the same with experts_implementation="eager" (the per-expert loop)
+  greedy     probe --mode greedy, all 144 built-in prompts, 256 new tokens, K=3, default batch (as many
+             prompts as the memory estimate fits), transformers' default experts
+  greedy_eager  the same with --experts-implementation eager
+  greedy_b24 the earlier setting: 24 prompts in one batch of 24
+  build_wide, hf_mtp_wide, greedy_wide  the same for a wider shape (hidden 4096, 12 layers, ~10 B params;
+             the baseline on 6 prompts x 32 tokens)
   teacher    probe --mode teacher on a >= 64k-token corpus, in memory; peak memory vs estimate
   stream     the same corpus layer-streamed (--max-gpu-memory), shards dropped from the page cache:
              read bandwidth vs the disk's; peak memory vs the streamed estimate
-  prefill    a plain batched forward with hidden states (32 x 1024): tokens/s and MFU vs the ceiling
+  prefill    a plain batched forward with hidden states (32 x 1024): tokens/s and MFU vs the ceiling,
+             grouped_mm and eager experts
   cost       decode forward at batch 1..64 and the K+1 verify step with a KV cache, vs the roofline
              (probe/cost.py) at its default efficiencies and at efficiencies fitted here
+             (benchmarks/probe_gpu_cost.py: median of 60 event-timed forwards, with the spread)
   q397       a truncated nvidia/Qwen3.5-397B-A17B-NVFP4 layout (4 full-width layers: 3 linear + 1 full
              attention, NVFP4 routed experts, BF16 MTP layer with 512 experts), layer-streamed teacher
              run on the corpus; extrapolates the 60-layer end-to-end time from the per-layer timings
@@ -25,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -100,15 +111,21 @@ def ceilings() -> dict:
             "disk_read_gb_s": n / td / 1e9, "disk_bytes": n}
 
 
-def deepseek_config(tok):
+# A wider shape for the greedy sections *_wide (about 10 B params, 20 GB BF16): hidden 4096, 12 layers.
+WIDE = dict(hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1024, num_hidden_layers=12,
+            q_lora_rank=1536, kv_lora_rank=512, num_attention_heads=32, num_key_value_heads=32)
+
+
+def deepseek_config(tok, wide: bool = False):
     from transformers import AutoConfig
 
-    width = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=64, num_hidden_layers=2,
-                 q_lora_rank=64, kv_lora_rank=32) if SMALL else dict(
+    width = WIDE if wide else dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=64, num_hidden_layers=2,
+                                   q_lora_rank=64, kv_lora_rank=32) if SMALL else dict(
         hidden_size=2048, intermediate_size=5632, moe_intermediate_size=704, num_hidden_layers=8, q_lora_rank=768,
         kv_lora_rank=256)
     return AutoConfig.for_model(
-        "deepseek_v3", vocab_size=32768, **width, num_attention_heads=16, num_key_value_heads=16, n_routed_experts=64, n_shared_experts=1,
+        "deepseek_v3", vocab_size=32768, **{"num_attention_heads": 16, "num_key_value_heads": 16, **width},
+        n_routed_experts=64, n_shared_experts=1,
         num_experts_per_tok=6, n_group=1, topk_group=1, first_k_dense_replace=1,
         qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, max_position_embeddings=4096,
         num_nextn_predict_layers=1, routed_scaling_factor=1.0, norm_topk_prob=True, tie_word_embeddings=False,
@@ -116,7 +133,7 @@ def deepseek_config(tok):
         architectures=["DeepseekV3ForCausalLM"])
 
 
-def build_deepseek(path: str) -> dict:
+def build_deepseek(path: str, wide: bool = False) -> dict:
     import build_fixtures as bf
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
@@ -125,7 +142,7 @@ def build_deepseek(path: str) -> dict:
 
     t0 = time.perf_counter()
     tok = bf.make_tokenizer()
-    cfg = deepseek_config(tok)
+    cfg = deepseek_config(tok, wide)
     torch.manual_seed(0)
     with torch.device(DEV):
         main = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -173,27 +190,32 @@ def corpus_file(min_tokens: int = 65536) -> str:
     return path
 
 
-def prompts_x4() -> str:
+def baseline_prompts(per_category: int = 2):
+    """The first ``per_category`` built-in prompts of each category: the baseline's share of the
+    probe's own prompt set (transformers' MTP generate runs one sequence at a time)."""
     from ckptinspect.probe.prompts import builtin_prompts
 
-    path = os.path.join(WORK, "prompts96.jsonl")
-    lead = ("", "Please answer: ", "Question: ", "Briefly, ")
-    with open(path, "w") as fh:
-        for pre in lead:
-            for p in builtin_prompts():
-                fh.write(json.dumps({"category": p.category, "prompt": pre + p.text}) + "\n")
-    return path
+    seen: dict[str, int] = {}
+    out = []
+    for p in builtin_prompts():
+        if seen.get(p.category, 0) < per_category:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            out.append(p)
+    return out
 
 
-def hf_mtp(path: str, prompts: int = 4, new: int = 128) -> dict:
+def hf_mtp(path: str, new: int = 48, experts: str | None = None, per_category: int = 2) -> dict:
+    """transformers ``generate(..., use_mtp=True)``, batch 1 (its only batch), greedy, on
+    ``baseline_prompts()``; ``experts`` None = transformers' default experts implementation."""
     import build_fixtures as bf  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.generation import candidate_generator as cg
 
-    from ckptinspect.probe.prompts import builtin_prompts, encode_prompt
+    from ckptinspect.probe.prompts import encode_prompt
 
     tok = AutoTokenizer.from_pretrained(path)
-    main = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(DEV).eval()
+    kw = {} if experts is None else {"experts_implementation": experts}
+    main = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, **kw).to(DEV).eval()
     main._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{main.config.num_hidden_layers}\..*"]
     main.config.name_or_path = path
     steps = [0]
@@ -204,35 +226,42 @@ def hf_mtp(path: str, prompts: int = 4, new: int = 128) -> dict:
         return original(self, input_ids, scores, num_matches)
 
     cg.MTPCandidateGenerator.update_candidate_strategy = spy
-    ids = [encode_prompt(tok, p, chat=True, vocab_size=None, source=path) for p in builtin_prompts()[:prompts + 1]]
+    prompts = baseline_prompts(per_category)
+    ids = [encode_prompt(tok, p, chat=True, vocab_size=None, source=path) for p in prompts]
     with torch.no_grad():
         main.generate(torch.tensor([ids[0]], device=DEV), do_sample=False, max_new_tokens=16, use_mtp=True,
                       pad_token_id=tok.pad_token_id)  # warm-up (loads the MTP layer)
         steps[0] = 0
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for p in ids[1:]:
+        for p in ids:
             main.generate(torch.tensor([p], device=DEV), do_sample=False, max_new_tokens=new, min_new_tokens=new,
                           use_mtp=True, pad_token_id=tok.pad_token_id)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
     cg.MTPCandidateGenerator.update_candidate_strategy = original
+    impl = main.get_experts_implementation()
     del main
     torch.cuda.empty_cache()
-    return {"verify_steps": steps[0], "seconds": dt, "samples_per_s": steps[0] / dt}
+    return {"verify_steps": steps[0], "seconds": dt, "samples_per_s": steps[0] / dt, "prompts": len(ids),
+            "max_new_tokens": new, "batch": 1, "experts_requested": experts or "default",
+            "experts_implementation_loaded": impl}
 
 
 def probe_run(path: str, **kw) -> dict:
     from ckptinspect.probe.runner import run_probe
+    from ckptinspect.render.probe_out import probe_json
 
     cuda = DEV.startswith("cuda")
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(DEV)
     t0 = time.perf_counter()
-    result = run_probe(path, device=DEV, progress=False, **kw).to_json()
+    result = probe_json(run_probe(path, device=DEV, progress=False, **kw))
     wall = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated(DEV) if cuda else 0
+    if result.get("peak_bytes_by_phase"):  # the probe resets the peak counter at each phase
+        peak = max(result["peak_bytes_by_phase"].values())
     scored = result["overall"]["depths"][0]["scored"]
     timings = result.get("timings_s", {})
     load = timings.get("load", 0.0)
@@ -240,7 +269,8 @@ def probe_run(path: str, **kw) -> dict:
            "samples_per_s_after_load": scored / max(wall - load, 1e-9), "timings_s": timings,
            "tokens_scored": result.get("tokens_scored"), "peak_bytes": peak,
            "histogram": result["overall"]["histogram"], "alpha": [d["conditional"] for d in result["overall"]["depths"]],
-           "main_source": result["main_model"]["source"]}
+           "main_source": result["main_model"]["source"], "peak_bytes_by_phase": result.get("peak_bytes_by_phase"),
+           "batch_size": result.get("batch_size")}
     if "streaming" in result:
         out["streaming"] = result["streaming"]
         out["estimate_bytes"] = result["streaming"]["estimate_bytes"]["total"]
@@ -260,91 +290,11 @@ def active_flops_per_token(path: str) -> tuple[float, object]:
     return 2.0 * active, m
 
 
-def prefill(path: str, ceiling_tflops: float) -> dict:
-    from transformers import AutoModelForCausalLM
-
-    main = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(DEV).eval()
-    ids = torch.randint(0, 272, (32, 1024), device=DEV)
-    with torch.no_grad():
-        t = cuda_time(lambda: main.get_decoder()(input_ids=ids, use_cache=False), reps=5, warm=2)
-    flops_tok, _ = active_flops_per_token(path)
-    cfg = main.config
-    attn = 4 * cfg.num_hidden_layers * 1024 / 2 * cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
-    tokens = ids.numel()
-    achieved = tokens * (flops_tok + attn) / t
-    del main
-    torch.cuda.empty_cache()
-    return {"tokens_per_s": tokens / t, "seconds": t, "flops_per_token": flops_tok + attn,
-            "achieved_tflops": achieved / 1e12, "mfu_vs_measured_ceiling": achieved / (ceiling_tflops * 1e12)}
-
-
-def cost_check(path: str, k: int = 3) -> dict:
-    from transformers import AutoModelForCausalLM, DynamicCache
-
-    from ckptinspect.probe import cost
-
-    main = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(DEV).eval()
-    _, m = active_flops_per_token(path)
-    gpu = cost.resolve_gpu("H200", "bf16")
-    rows = []
-    for batch in (1, 2, 4, 8, 16, 32, 64):
-        ids = torch.randint(0, 272, (batch, 256), device=DEV)
-        with torch.no_grad():
-            cache = DynamicCache(config=main.config)
-            main(input_ids=ids, past_key_values=cache, use_cache=True)
-            base = cache.get_seq_length()
-
-            def step(tokens):
-                def fn():
-                    main(input_ids=ids[:, :tokens], past_key_values=cache, use_cache=True)
-                    cache.crop(base)
-                return fn
-
-            t1 = cuda_time(step(1), reps=10, warm=3)
-            tv = cuda_time(step(k + 1), reps=10, warm=3)
-        p1, pv, _ = cost.step_times(m, gpu, batch, k)
-        rows.append({"batch": batch, "measured_target_s": t1, "measured_verify_s": tv, "roofline_target_s": p1,
-                     "roofline_verify_s": pv})
-    del main
-    torch.cuda.empty_cache()
-    # Calibration: the efficiencies and per-forward overhead that make the roofline match the
-    # measurement best (least squares on log time, grid search), then the error left at each batch.
-    import math
-
-    points = [(r["batch"] * t, r[f"measured_{key}_s"]) for r in rows for key, t in (("target", 1), ("verify", k + 1))]
-    top = max(t for _, t in points)
-    best = None
-    for bw in [x / 20 for x in range(1, 21)]:
-        for fl in [x / 20 for x in range(1, 21)]:
-            for oh in [top * i / 200 for i in range(201)]:
-                eff = cost.Efficiency(bw, fl, oh)
-                err = sum(math.log(_forward(m, gpu, tokens, eff) / t) ** 2 for tokens, t in points)
-                if best is None or err < best[0]:
-                    best = (err, eff)
-    eff = best[1]
-    for r in rows:
-        r["calibrated_target_s"] = _forward(m, gpu, r["batch"], eff)
-        r["calibrated_verify_s"] = _forward(m, gpu, r["batch"] * (k + 1), eff)
-        for key in ("target", "verify"):
-            r[f"error_default_{key}"] = r[f"roofline_{key}_s"] / r[f"measured_{key}_s"] - 1
-            r[f"error_calibrated_{key}"] = r[f"calibrated_{key}_s"] / r[f"measured_{key}_s"] - 1
-    calibration = {"bandwidth_efficiency": eff.bandwidth, "flop_efficiency": eff.flops, "overhead_s": eff.overhead_s,
-                   "gpu": torch.cuda.get_device_name(0), "engine": "transformers eager forward (probe's own path)",
-                   "date": time.strftime("%Y-%m-%d", time.gmtime())}
-    return {"rows": rows, "default": cost.DEFAULT_EFFICIENCY.to_json(), "calibrated": calibration}
-
-
-def _forward(m, gpu, tokens, eff):
-    from ckptinspect.probe import cost
-
-    return cost.forward_time(gpu, m.dense_bytes + m.head_bytes, m.dense_params + m.head_params, m.expert_bytes,
-                             m.expert_params, m.num_experts, m.top_k, tokens, eff)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--sections", default="ceilings,build,hf_mtp,greedy,teacher,stream,prefill,cost")
+    ap.add_argument("--sections", default="ceilings,build,hf_mtp,hf_mtp_eager,greedy,greedy_eager,greedy_b24,teacher,"
+                                          "stream,prefill,cost,cost_batched")
     args = ap.parse_args()
     os.makedirs(WORK, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
@@ -355,6 +305,7 @@ def main() -> None:
 
     RESULTS["env"]["transformers"] = transformers.__version__
     ds = os.path.join(WORK, "deepseek2b")
+    wide_dir = os.path.join(WORK, "deepseek_wide")
     corpus = corpus_file(4096 if SMALL else 65536)
     for name in sections:
         t0 = time.perf_counter()
@@ -363,13 +314,23 @@ def main() -> None:
                 RESULTS[name] = ceilings()
             elif name == "build":
                 RESULTS[name] = build_deepseek(ds)
-            elif name == "hf_mtp":
+            elif name == "build_wide":
+                RESULTS[name] = build_deepseek(wide_dir, wide=True)
+            elif name == "hf_mtp_wide":  # 6 prompts (one per category) x 32 tokens: a slow baseline
+                RESULTS[name] = hf_mtp(wide_dir, new=32, per_category=1)
+            elif name == "greedy_wide":
+                RESULTS[name] = probe_run(wide_dir, mode="greedy", steps=3, max_new_tokens=256)
+            elif name == "hf_mtp":  # transformers' default experts (grouped_mm, batched_mm for decode)
                 RESULTS[name] = hf_mtp(ds)
-            elif name == "greedy":
-                RESULTS[name] = probe_run(ds, mode="greedy", steps=3, max_new_tokens=256, batch_size=24)
-            elif name == "greedy96":  # one batch of 96 prompts: the 24 built-ins in 4 phrasings each
-                RESULTS[name] = probe_run(ds, mode="greedy", steps=3, max_new_tokens=256, batch_size=96,
-                                          prompts=prompts_x4())
+            elif name == "hf_mtp_eager":
+                RESULTS[name] = hf_mtp(ds, experts="eager")
+            elif name == "greedy":  # every built-in prompt, the default batch (as many as fit)
+                RESULTS[name] = probe_run(ds, mode="greedy", steps=3, max_new_tokens=256)
+            elif name == "greedy_eager":
+                RESULTS[name] = probe_run(ds, mode="greedy", steps=3, max_new_tokens=256, experts_implementation="eager")
+            elif name == "greedy_b24":  # the earlier setting: 24 prompts (4 per category) in one batch of 24
+                RESULTS[name] = probe_run(ds, mode="greedy", steps=3, max_new_tokens=256, batch_size=24,
+                                          max_prompts=24)
             elif name == "teacher":
                 RESULTS[name] = probe_run(ds, mode="teacher", corpus=corpus, steps=3, batch_size=32)
             elif name == "stream":
@@ -377,15 +338,25 @@ def main() -> None:
                 RESULTS[name] = probe_run(ds, mode="teacher", corpus=corpus, steps=3, batch_size=32,
                                           max_gpu_memory=0.2 if SMALL else 12.5)
             elif name == "prefill":
-                RESULTS[name] = prefill(ds, RESULTS.get("ceilings", {}).get("matmul_bf16_tflops", 790.0))
+                from probe_gpu_cost import prefill
+
+                RESULTS[name] = prefill(ds, DEV, RESULTS.get("ceilings", {}).get("matmul_bf16_tflops", 790.0),
+                                        active_flops_per_token(ds)[0])
             elif name == "cost":
-                RESULTS[name] = cost_check(ds)
+                from probe_gpu_cost import cost_check
+
+                RESULTS[name] = cost_check(ds, DEV, active_flops_per_token(ds)[1], experts="grouped_mm")
                 with open(os.path.join(args.out, "cost_calibration.json"), "w") as fh:
                     json.dump(RESULTS[name]["calibrated"], fh, indent=1)
+            elif name == "cost_batched":  # the same with batched_mm, what generate decodes with on a GPU
+                from probe_gpu_cost import cost_check
+
+                RESULTS[name] = cost_check(ds, DEV, active_flops_per_token(ds)[1], experts="batched_mm")
             elif name == "q397":
                 from probe_gpu_q397 import run_q397
 
                 RESULTS[name] = run_q397(WORK, corpus, drop_cache, probe_run)
+                shutil.rmtree(os.path.join(WORK, "q397-trunc"), ignore_errors=True)  # 32.8 GB of a 64 GB disk
         except Exception as exc:  # noqa: BLE001 - a benchmark records what failed and goes on
             import traceback
 
@@ -400,14 +371,25 @@ def summary(out: str) -> None:
     r = RESULTS
     lines = [f"probe GPU benchmark {r['env']}"]
     base = r.get("hf_mtp", {}).get("samples_per_s")
-    for name in ("greedy", "greedy96", "teacher", "stream"):
+    for name in ("hf_mtp", "hf_mtp_eager", "hf_mtp_wide"):
         s = r.get(name, {})
         if "samples_per_s" in s:
-            ratio = f" = {s['samples_per_s'] / base:.0f}x transformers" if base else ""
+            lines.append(f"{name}: {s['verify_steps']} verify steps in {s['seconds']:.1f}s -> {s['samples_per_s']:.1f}/s "
+                         f"(experts {s['experts_implementation_loaded']})")
+    eager = r.get("hf_mtp_eager", {}).get("samples_per_s")
+    for name in ("greedy", "greedy_eager", "greedy_b24", "teacher", "stream", "greedy_wide"):
+        s = r.get(name, {})
+        if "samples_per_s" in s:
+            ref = r.get("hf_mtp_wide", {}).get("samples_per_s") if name.endswith("_wide") else base
+            ratio = f" = {s['samples_per_s'] / ref:.0f}x transformers" if ref else ""
+            ratio += f" ({s['samples_per_s'] / eager:.0f}x its eager-experts run)" if eager and ref is base else ""
             lines.append(f"{name}: {s['scored']} samples in {s['wall_s']:.1f}s -> {s['samples_per_s']:.0f}/s{ratio}; "
                          f"after load {s['samples_per_s_after_load']:.0f}/s; phases {s['timings_s']}; peak "
                          f"{s['peak_bytes'] / 2**30:.2f} GiB vs estimate {s['estimate_bytes'] / 2**30:.2f} GiB "
                          f"({s['peak_over_estimate']:.2f})")
+    from probe_gpu_cost import cost_summary
+
+    lines += cost_summary(r)
     text = "\n".join(lines)
     open(os.path.join(out, "probe_gpu.txt"), "w").write(text + "\n")
     print(text)

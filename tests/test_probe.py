@@ -20,6 +20,7 @@ from probe_helpers import ROOT, fixture, load_main, torch, write_prompts
 
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe.result import FLOOR_MISSING
+from ckptinspect.render.probe_out import probe_json
 from ckptinspect.probe.runner import run_probe
 from ckptinspect.probe.prompts import Prompt, encode_prompt
 
@@ -41,7 +42,7 @@ def test_depth1_accepts_equal_transformers_generate_use_mtp(tmp_path):
     path = fixture("deepseek")
     result = run_probe(path, prompts=write_prompts(tmp_path, PROMPTS), steps=1, max_new_tokens=NEW,
                        batch_size=1, progress=False)
-    probe_hist = result.to_json()["overall"]["histogram"]
+    probe_hist = probe_json(result)["overall"]["histogram"]
 
     main, _ = load_main(path)
     # transformers ties the MTP regex to DeepSeek-V3's layer 61; point it at this depth (documented workaround).
@@ -133,7 +134,7 @@ def test_batched_chain_equals_step_by_step_loop(tmp_path, kind):
             if start + k_steps + 2 <= n_total - 1:
                 hist[n] += 1
     assert sum(hist) > 20
-    assert result.to_json()["overall"]["histogram"] == hist
+    assert probe_json(result)["overall"]["histogram"] == hist
     assert hist[0] < sum(hist) and hist[k_steps] < sum(hist)  # informative: neither all nor nothing
 
 
@@ -179,8 +180,8 @@ def test_broken_mtp_layers_fall_below_healthy_and_trip_floor(tmp_path):
 
 def test_nvfp4_copy_dequantizes_and_tracks_bf16(tmp_path):
     prompts = write_prompts(tmp_path, PROMPTS)
-    bf16 = run_probe(fixture("qwen35moe"), prompts=prompts, steps=2, max_new_tokens=NEW, progress=False).to_json()
-    fp4 = run_probe(fixture("qwen35moe_nvfp4"), prompts=prompts, steps=2, max_new_tokens=NEW, progress=False).to_json()
+    bf16 = probe_json(run_probe(fixture("qwen35moe"), prompts=prompts, steps=2, max_new_tokens=NEW, progress=False))
+    fp4 = probe_json(run_probe(fixture("qwen35moe_nvfp4"), prompts=prompts, steps=2, max_new_tokens=NEW, progress=False))
     assert fp4["main_model"]["dequantized"] is True and bf16["main_model"]["dequantized"] is False
     assert fp4["cost_model"]["precision"] in ("fp4", "fp8")
     # a trained, non-degenerate fixture: drafts neither always nor never right, real distributions
@@ -263,7 +264,7 @@ def test_main_url_against_protocol_server_equals_in_process(tmp_path, kind):
     with ProbeTestServer(fixture(kind)) as server:
         remote = run_probe(fixture(kind), prompts=prompts, steps=2, max_new_tokens=NEW, main_url=server.url,
                            progress=False)
-    rj, lj = remote.to_json(), local.to_json()
+    rj, lj = probe_json(remote), probe_json(local)
     assert rj["main_model"]["source"].startswith("SGLang-compatible server")
     assert rj["overall"]["histogram"] == lj["overall"]["histogram"] and sum(lj["overall"]["histogram"]) > 10
     assert lj["overall"]["histogram"][0] < sum(lj["overall"]["histogram"])  # not a degenerate all-accept

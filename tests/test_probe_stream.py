@@ -23,6 +23,7 @@ from probe_helpers import ROOT, fixture, torch, write_prompts
 
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe.runner import run_probe
+from ckptinspect.render.probe_out import probe_json
 
 PROMPTS = ["What are three ways to water a garden?", "Write a Python function that adds two numbers.",
            "Solve for x: 3x + 7 = 2x - 5.", "Traduis en français : le chat dort."]
@@ -47,10 +48,10 @@ def _same_numbers(a: dict, b: dict) -> None:
 @pytest.mark.parametrize("kind", ["qwen35moe", "deepseek", "qwen35moe_nvfp4"])
 def test_streamed_teacher_equals_in_memory(tmp_path, kind):
     prompts = write_prompts(tmp_path, PROMPTS)
-    memory = run_probe(fixture(kind), prompts=prompts, steps=3, mode="teacher", progress=False).to_json()
+    memory = probe_json(run_probe(fixture(kind), prompts=prompts, steps=3, mode="teacher", progress=False))
     # chunks of 16 tokens: one sequence per chunk, so the chunked path really runs
-    streamed = run_probe(fixture(kind), prompts=prompts, steps=3, mode="teacher", progress=False,
-                         max_gpu_memory=FORCE_STREAM_GIB, stream_chunk_tokens=16).to_json()
+    streamed = probe_json(run_probe(fixture(kind), prompts=prompts, steps=3, mode="teacher", progress=False,
+                         max_gpu_memory=FORCE_STREAM_GIB, stream_chunk_tokens=16))
     assert memory["main_model"]["source"] == "in-process transformers"
     assert streamed["main_model"]["source"] == "layer-streamed transformers"
     assert memory["overall"]["depths"][0]["reached"] > 50
@@ -86,16 +87,16 @@ def test_streaming_holds_one_layer_at_a_time(tmp_path, monkeypatch):
 def test_teacher_on_saved_continuations_equals_greedy_depth1(tmp_path):
     prompts = write_prompts(tmp_path, PROMPTS)
     saved = tmp_path / "cont.jsonl"
-    greedy = run_probe(fixture("qwen35moe"), prompts=prompts, steps=3, max_new_tokens=40, progress=False,
-                       save_continuations_to=str(saved)).to_json()
-    teacher = run_probe(fixture("qwen35moe"), prompts=prompts, steps=3, mode="teacher", progress=False,
-                        continuations=str(saved)).to_json()
+    greedy = probe_json(run_probe(fixture("qwen35moe"), prompts=prompts, steps=3, max_new_tokens=40, progress=False,
+                       save_continuations_to=str(saved)))
+    teacher = probe_json(run_probe(fixture("qwen35moe"), prompts=prompts, steps=3, mode="teacher", progress=False,
+                        continuations=str(saved)))
     g, t = greedy["overall"]["depths"][0], teacher["overall"]["depths"][0]
     assert g["reached"] > 50 and 0 < g["accepted"] < g["reached"]
     assert (t["scored"], t["reached"], t["accepted"]) == (g["scored"], g["reached"], g["accepted"])
     assert t["conditional"] == g["conditional"]
-    streamed = run_probe(fixture("qwen35moe"), prompts=prompts, steps=3, mode="teacher", progress=False,
-                         continuations=str(saved), max_gpu_memory=FORCE_STREAM_GIB).to_json()
+    streamed = probe_json(run_probe(fixture("qwen35moe"), prompts=prompts, steps=3, mode="teacher", progress=False,
+                         continuations=str(saved), max_gpu_memory=FORCE_STREAM_GIB))
     assert streamed["overall"]["depths"][0]["accepted"] == g["accepted"]
     rows = saved.read_text().splitlines()
     assert len(rows) == 1 + len(PROMPTS) and json.loads(rows[0])["ckptinspect_continuations"] == 1
@@ -104,7 +105,7 @@ def test_teacher_on_saved_continuations_equals_greedy_depth1(tmp_path):
 def test_corpus_txt_documents_are_scored(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat and looked at the door.\n\nfirst check the chain, then the gears.\n\n")
-    result = run_probe(fixture("mimo"), corpus=str(corpus), steps=2, mode="teacher", progress=False).to_json()
+    result = probe_json(run_probe(fixture("mimo"), corpus=str(corpus), steps=2, mode="teacher", progress=False))
     assert result["overall"]["sequences"] == 2 and set(result["categories"]) == {"corpus"}
     assert result["overall"]["depths"][0]["reached"] > 40
     with pytest.raises(ProbeError, match="--mode teacher"):
@@ -127,9 +128,9 @@ def _indexed_copy_with_stray_shard(src: str, dst) -> str:
 
 def test_probe_reads_only_indexed_shards(tmp_path):
     prompts = write_prompts(tmp_path, PROMPTS)
-    base = run_probe(fixture("deepseek"), prompts=prompts, steps=2, max_new_tokens=24, progress=False).to_json()
+    base = probe_json(run_probe(fixture("deepseek"), prompts=prompts, steps=2, max_new_tokens=24, progress=False))
     path = _indexed_copy_with_stray_shard(fixture("deepseek"), tmp_path / "copy")
-    copy = run_probe(path, prompts=prompts, steps=2, max_new_tokens=24, progress=False).to_json()
+    copy = probe_json(run_probe(path, prompts=prompts, steps=2, max_new_tokens=24, progress=False))
     assert copy["overall"]["histogram"] == base["overall"]["histogram"]
     assert base["overall"]["depths"][0]["accepted"] > 10  # a zeroed eh_proj would accept almost nothing
     from ckptinspect.probe.checkpoint import open_checkpoint
@@ -185,11 +186,11 @@ def test_bundled_example_and_foreign_tokenizer_exit_2(tmp_path):
 def test_cuda_streamed_teacher_equals_in_memory(tmp_path):
     prompts = write_prompts(tmp_path, PROMPTS)
     kw = dict(prompts=prompts, steps=3, mode="teacher", progress=False, device="cuda:0", dtype="fp32")
-    memory = run_probe(fixture("qwen35moe_nvfp4"), **kw).to_json()
+    memory = probe_json(run_probe(fixture("qwen35moe_nvfp4"), **kw))
     gc.collect()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated(0)  # whatever the in-memory run left for the collector
-    streamed = run_probe(fixture("qwen35moe_nvfp4"), max_gpu_memory=FORCE_STREAM_GIB, **kw).to_json()
+    streamed = probe_json(run_probe(fixture("qwen35moe_nvfp4"), max_gpu_memory=FORCE_STREAM_GIB, **kw))
     assert streamed["main_model"]["source"] == "layer-streamed transformers"
     _same_numbers(memory, streamed)
     info = streamed["streaming"]

@@ -14,6 +14,7 @@ from ckptinspect.probe import dequant
 from ckptinspect.probe.chain import stream_mask
 from ckptinspect.probe.metrics import Tally, wilson
 from ckptinspect.probe.walk import leading_accepts, match_matrix, verify_walk
+from ckptinspect.render.probe_out import tally_json
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -230,7 +231,7 @@ def test_walk_and_metrics_arithmetic():
     assert verify_walk(m, prompt_len=2, length=10) == [2, 1]  # t=1 -> 4 -> 6 (stop: 6 + 2 drafts + bonus > 9)
     t = Tally(2)
     t.add_walk([2, 1, 2])
-    j = t.to_json()
+    j = tally_json(t)
     assert j["accept_length_sglang"] == pytest.approx(8 / 3) and j["histogram"] == [0, 1, 2]
     assert j["accept_length_vllm"] == pytest.approx(1 + 5 / 3) and j["accept_rate"] == pytest.approx(5 / 6)
     lo, hi = wilson(8, 10)

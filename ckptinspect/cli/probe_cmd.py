@@ -41,7 +41,14 @@ def _parse_devices(text: str | None) -> list[int] | None:
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Temperature of the sampled-acceptance estimate sum(min(p, q)).")
 @click.option("--gpu", default="H200", show_default=True, help="GPU catalog name for the cost model.")
-@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--batch-size", default=None, type=click.IntRange(1, 4096),
+              help="Sequences per batch (default: greedy mode takes the most prompts whose memory estimate fits "
+              "90% of the free device memory, teacher mode 8).")
+@click.option("--categories", default=None, help="Only prompts of these categories, e.g. code,math (built-in: chat, "
+              "code, math, reasoning, summarisation, multilingual).")
+@click.option("--experts-implementation", type=click.Choice(["auto", "eager", "grouped_mm", "batched_mm"]),
+              default="auto", show_default=True,
+              help="transformers' MoE experts kernels; auto = its default (grouped_mm, batched_mm while decoding on GPU).")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
               help="Compute dtype (default bf16 on GPU, fp32 on CPU).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -64,7 +71,8 @@ def _parse_devices(text: str | None) -> list[int] | None:
               "HF_HUB_DISABLE_PROGRESS_BARS=1).")
 @wide_option
 def probe(model: str, device: str | None, devices: str | None, prompts_file: str | None, max_new_tokens: int,
-          steps: int, mode: str, temperature: float, gpu: str, batch_size: int, dtype: str | None, fmt: str,
+          steps: int, mode: str, temperature: float, gpu: str, batch_size: int | None, categories: str | None,
+          experts_implementation: str, dtype: str | None, fmt: str,
           output: str | None, plot: str | None, main_url: str | None, trust_remote_code: bool,
           max_prompts: int | None, corpus: str | None, save_continuations: str | None, continuations: str | None,
           max_gpu_memory: float | None, cost_calibration: str | None, quiet: bool, wide: bool) -> None:
@@ -92,7 +100,9 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
                        trust_remote_code=trust_remote_code, batch_size=batch_size, dtype=dtype,
                        progress=progress, main_url=main_url, max_prompts=max_prompts, corpus=corpus,
                        continuations=continuations, save_continuations_to=save_continuations,
-                       max_gpu_memory=max_gpu_memory, cost_calibration=cost_calibration)
+                       max_gpu_memory=max_gpu_memory, cost_calibration=cost_calibration,
+                       categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
+                       experts_implementation=experts_implementation)
     text = render_probe(result, fmt, width=None if output else output_width(fmt, wide))
     if output:
         with open(output, "w", encoding="utf-8") as fh:

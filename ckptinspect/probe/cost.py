@@ -34,10 +34,6 @@ class Efficiency:
     overhead_s: float = 0.0  # added to every forward
     source: str = "assumed defaults"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"bandwidth_efficiency": self.bandwidth, "flop_efficiency": self.flops, "overhead_s": self.overhead_s,
-                "source": self.source}
-
 
 DEFAULT_EFFICIENCY = Efficiency()
 

@@ -31,15 +31,16 @@ def target_hidden(main, tokens: torch.Tensor) -> torch.Tensor:
 
 def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode: str, temperature: float,
                 pad_id: int, device, hidden: torch.Tensor | None = None, with_target: bool = True,
-                timings: dict[str, float] | None = None) -> dict[str, Tally]:
+                timings: dict[str, float] | None = None, peaks: dict[str, int] | None = None) -> dict[str, Tally]:
     """Counts per category for one batch of sequences (tallies are merged by the caller).
 
     ``hidden``: target hidden states supplied from outside (``--main-url``, streamed layers);
     ``with_target`` False when the main model's logits are not available (no sampled-acceptance
     estimate, greedy mode only). ``timings`` accumulates seconds per phase (hidden_forward,
-    mtp_chain, walk), the device synchronized at each boundary.
+    mtp_chain, walk), the device synchronized at each boundary; ``peaks`` the highest device memory
+    allocated in each phase (CUDA only).
     """
-    clock = _Clock(timings, device)
+    clock = _Clock(timings, device, peaks)
     n = max(len(s.tokens) for s in batch)
     ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
     for i, s in enumerate(batch):
@@ -72,15 +73,21 @@ def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode:
 
 
 class _Clock:
-    """Adds wall seconds since the last lap to ``timings[phase]`` (no-op without a dict)."""
+    """Adds wall seconds since the last lap to ``timings[phase]`` (no-op without a dict), and on CUDA
+    the phase's peak allocated bytes to ``peaks[phase]`` (the maximum over batches)."""
 
-    def __init__(self, timings: dict[str, float] | None, device) -> None:
+    def __init__(self, timings: dict[str, float] | None, device, peaks: dict[str, int] | None = None) -> None:
         import time
 
-        self.timings, self.device, self._time = timings, torch.device(device), time.perf_counter
+        self.timings, self.device, self._time, self.peaks = timings, torch.device(device), time.perf_counter, peaks
         self.last = self._time()
+        if peaks is not None and self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def lap(self, phase: str) -> None:
+        if self.peaks is not None and self.device.type == "cuda":
+            self.peaks[phase] = max(self.peaks.get(phase, 0), torch.cuda.max_memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
         if self.timings is None:
             return
         if self.device.type == "cuda":

@@ -232,3 +232,31 @@ def load_main_model(load_dir: str, config: Mapping[str, Any], *, main_model_type
         model.to(device_map[""])
     model.eval()
     return model
+
+
+EXPERTS_IMPLEMENTATIONS = ("auto", "eager", "grouped_mm", "batched_mm")
+
+
+def set_experts_implementation(model, requested: str, *, decode_on_gpu: bool) -> dict[str, str | None]:
+    """Run the MoE experts with transformers' ``requested`` implementation (integrations/moe.py);
+    "auto" keeps transformers' own choice: ``grouped_mm`` where the class supports it, which
+    ``generate`` switches to ``batched_mm`` while decoding on a GPU (generation/utils.py
+    ``_optimize_model_for_decode``). Returns what the forward and the decode steps run with; None
+    for a model without swappable experts (dense, or a class without ``@use_experts_implementation``)."""
+    if requested not in EXPERTS_IMPLEMENTATIONS:
+        raise ProbeError(f"unknown experts implementation {requested!r} (one of {', '.join(EXPERTS_IMPLEMENTATIONS)})")
+    swappable = model._can_set_experts_implementation()
+    if requested != "auto":
+        if not swappable and requested != "eager":
+            raise ProbeError(f"--experts-implementation {requested}: {type(model).__name__} has no swappable MoE "
+                             "experts in this transformers (only 'auto' or 'eager' apply)")
+        try:
+            model.set_experts_implementation(requested)
+        except (ValueError, ImportError) as exc:  # transformers' own refusal, e.g. no grouped_mm kernel
+            raise ProbeError(f"--experts-implementation {requested}: transformers refused it ({exc})") from exc
+    if not swappable:
+        return {"requested": requested, "forward": None, "decode": None}
+    impls = model.get_experts_implementation()  # {"": top config, sub-config name: ...} (a VLM's text_config)
+    forward = impls.get("") or next((v for v in impls.values() if v), None)
+    decode = "batched_mm" if decode_on_gpu and forward == "grouped_mm" else forward
+    return {"requested": requested, "forward": forward, "decode": decode}

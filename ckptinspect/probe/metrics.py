@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 
 def wilson(successes: int, trials: int, z: float = 1.96) -> tuple[float, float] | None:
@@ -78,40 +78,26 @@ class Tally:
             tau += prod
         return tau
 
-    def to_json(self) -> dict[str, Any]:
-        verify_steps = sum(self.histogram)
-        accepted = sum(n * h for n, h in enumerate(self.histogram))
-        depths = []
-        for j, d in enumerate(self.depth, start=1):
-            walk_reached = sum(self.histogram[j - 1:])
-            walk_acc = sum(self.histogram[j:])
-            depths.append({
-                "k": j,
-                "conditional": _ratio(d.accepted, d.reached),
-                "conditional_ci95": wilson(d.accepted, d.reached),
-                "unconditional": _ratio(d.accepted, d.total),
-                "unconditional_ci95": wilson(d.accepted, d.total),
-                "reached": d.reached, "accepted": d.accepted, "scored": d.total,
-                "walk_conditional": _ratio(walk_acc, walk_reached),
-                "walk_unconditional": _ratio(walk_acc, verify_steps),
-                "sampled_acceptance": (d.min_pq_sum / d.min_pq_n) if d.min_pq_n else None,
-            })
-        tau = (accepted + verify_steps) / verify_steps if verify_steps else None
-        return {
-            "sequences": self.sequences,
-            "generated_tokens": self.generated_tokens,
-            "verify_steps": verify_steps,
-            "accepted_drafts": accepted,
-            "histogram": list(self.histogram),
-            # SGLang: generated tokens / verify steps (bonus included), metrics_reporter.py
-            "accept_length_sglang": tau,
-            # vLLM: 1 + accepted / drafts (one draft proposal per verify step), v1/spec_decode/metrics.py
-            "accept_length_vllm": (1 + accepted / verify_steps) if verify_steps else None,
-            "mean_accepted": (accepted / verify_steps) if verify_steps else None,
-            "accept_rate": (accepted / (verify_steps * self.steps)) if verify_steps else None,
-            "accept_length_by_steps": {str(k): self.accept_length_from_rates(k) for k in range(1, self.steps + 1)},
-            "depths": depths,
-        }
+    def verify_steps(self) -> int:
+        return sum(self.histogram)
+
+    def accepted_drafts(self) -> int:
+        return sum(n * h for n, h in enumerate(self.histogram))
+
+    def accept_length_sglang(self) -> float | None:
+        """SGLang: generated tokens / verify steps, the bonus token included (metrics_reporter.py)."""
+        steps = self.verify_steps()
+        return (self.accepted_drafts() + steps) / steps if steps else None
+
+    def accept_length_vllm(self) -> float | None:
+        """vLLM: 1 + accepted / drafts, one draft proposal per verify step (v1/spec_decode/metrics.py)."""
+        steps = self.verify_steps()
+        return 1 + self.accepted_drafts() / steps if steps else None
+
+    def walk_rates(self, j: int) -> tuple[float | None, float | None]:
+        """Depth ``j``'s acceptance in the replayed verify walk: (given depth j was reached, per step)."""
+        reached, accepted = sum(self.histogram[j - 1:]), sum(self.histogram[j:])
+        return _ratio(accepted, reached), _ratio(accepted, self.verify_steps())
 
 
 def _ratio(a: int, b: int) -> float | None:

@@ -13,7 +13,9 @@ def write_plot(result, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise ProbeError("--plot needs matplotlib (pip install matplotlib)") from exc
-    d = result.to_json()
+    from ckptinspect.render.probe_out import probe_json
+
+    d = probe_json(result)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     depths = d["overall"]["depths"]
     ks = [r["k"] for r in depths]

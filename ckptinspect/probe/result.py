@@ -1,4 +1,5 @@
-"""ProbeResult: the probe's output record, its JSON (probe.schema.json) and text rendering."""
+"""ProbeResult: the probe's output record (plain data) and how a run's tallies become one: overall rates,
+cost model, recommendation, findings. Its JSON and text layout: ckptinspect/render/probe_out.py."""
 
 from __future__ import annotations
 
@@ -19,20 +20,64 @@ FLOOR_SUSPECT = 0.40
 
 
 @dataclass(frozen=True)
+class MainModel:
+    source: str  # "in-process transformers", "layer-streamed transformers", or the server URL
+    devices: tuple[str, ...]
+    dtype: str
+    dequantized: bool
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The projected-speedup inputs and table (probe/cost.py), as the run resolved them."""
+
+    gpu: cost.GpuFacts
+    efficiency: cost.Efficiency
+    weights: cost.ModelCost
+    weights_per_gpu_bytes: int
+    weights_per_gpu_source: str
+    speedup: tuple[Mapping[str, Any], ...]  # rows of cost.speedup_table
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """A layer-streamed run (streamed_run.py): what was read and how fast, and its memory bounds."""
+
+    stats: Any  # stream.StreamStats
+    estimate_bytes: Mapping[str, int]  # stream.stream_estimate parts and total
+    limit_bytes: int
+    in_memory_estimate_bytes: int
+    peak_bytes: int | None  # CUDA only
+
+
+@dataclass(frozen=True)
 class ProbeResult:
-    data: Mapping[str, Any]
+    """One probe run, plain data; its JSON (probe.schema.json) and text are built by
+    ckptinspect/render/probe_out.py."""
+
+    model: str
+    model_dir: str
+    family: str
+    model_type: str | None
+    mode: str
+    steps: int
+    temperature: float
+    max_new_tokens: int
+    main_model: MainModel
+    readiness: Mapping[str, Any]
+    overall: Tally
+    categories: Mapping[str, Tally]
+    cost_model: CostModel
+    recommendation: Mapping[str, Any]
+    elapsed_s: float
+    timings_s: Mapping[str, float]
+    extra: Mapping[str, Any]  # tokens_scored, memory_estimate_bytes, batch, experts (JSON-ready, route-specific)
     findings: tuple[Finding, ...] = field(default_factory=tuple)
-
-    def to_json(self) -> dict[str, Any]:
-        out = dict(self.data)
-        from ckptinspect.render.findings import finding_json
-
-        out["findings"] = [finding_json(f) for f in self.findings]
-        return out
+    streaming: Streaming | None = None
 
     @property
     def alpha1(self) -> float | None:
-        return self.data["overall"]["depths"][0]["conditional"]
+        return self.overall.conditional()[0] if self.steps else None
 
 
 def model_cost(inventory, config) -> cost.ModelCost:
@@ -74,8 +119,8 @@ def precision(inventory) -> str:
     return "bf16"
 
 
-def _findings(overall: dict[str, Any]) -> list[Finding]:
-    alpha = overall["depths"][0]["conditional"] if overall["depths"] else None
+def _findings(overall: Tally) -> list[Finding]:
+    alpha = overall.conditional()[0] if overall.steps else None
     if alpha is None:
         return [Finding("probe-no-scored-positions", "warning",
                         "no draft position could be scored (prompts too short or continuations ended at once)")]
@@ -108,12 +153,11 @@ def build_result(*, ref: str, probe_ckpt, spec: HeadSpec, mode: str, steps: int,
                  temperature: float, gpu: str, tallies: dict[str, Tally], readiness, devices, dtype: str,
                  started: float, max_new_tokens: int, main_source: str, dequantized: bool,
                  timings: Mapping[str, float] | None = None, extra: Mapping[str, Any] | None = None,
-                 efficiency: cost.Efficiency = cost.DEFAULT_EFFICIENCY) -> ProbeResult:
+                 efficiency: cost.Efficiency = cost.DEFAULT_EFFICIENCY, streaming: Streaming | None = None) -> ProbeResult:
     overall = Tally(steps)
     for t in tallies.values():
         overall.merge(t)
-    overall_json = overall.to_json()
-    taus = {int(k): v for k, v in overall_json["accept_length_by_steps"].items() if v is not None}
+    taus = {k: v for k in range(1, steps + 1) if (v := overall.accept_length_from_rates(k)) is not None}
     inventory, config = probe_ckpt.inventory, probe_ckpt.checkpoint.config
     gpu_facts = cost.resolve_gpu(gpu, precision(inventory))
     weights = model_cost(inventory, config)
@@ -121,78 +165,14 @@ def build_result(*, ref: str, probe_ckpt, spec: HeadSpec, mode: str, steps: int,
     from ckptinspect.plan.memory import weights_per_gpu  # the project's one per-GPU memory model
 
     per_gpu = weights_per_gpu(probe_ckpt.checkpoint, 1, 1, with_mtp=True)
-    data = {
-        "schema_version": SCHEMA_VERSION,
-        "model": ref,
-        "model_dir": probe_ckpt.checkpoint.location,
-        "family": spec.id,
-        "model_type": config.text_model_type or config.model_type,
-        "mode": mode,
-        "steps": steps,
-        "temperature": temperature,
-        "max_new_tokens": max_new_tokens,
-        "main_model": {"source": main_source, "devices": list(devices), "dtype": dtype, "dequantized": dequantized},
-        "readiness": readiness,
-        "overall": overall_json,
-        "categories": {cat: t.to_json() for cat, t in sorted(tallies.items())},
-        "cost_model": {"gpu": gpu_facts.name, "gpu_source": gpu_facts.source, "precision": gpu_facts.precision,
-                       "bandwidth_efficiency": efficiency.bandwidth, "flop_efficiency": efficiency.flops,
-                       "overhead_s": efficiency.overhead_s, "efficiency_source": efficiency.source,
-                       "weights": weights.__dict__, "weights_per_gpu_bytes": per_gpu,
-                       "weights_per_gpu_source": "ckptinspect.plan.memory, TP 1 / EP 1, MTP loaded",
-                       "speedup": table},
-        "recommendation": recommend(table, steps),
-        "elapsed_s": round(time.time() - started, 2),
-        "timings_s": {k: round(v, 3) for k, v in (timings or {}).items()},
-        **(extra or {}),
-    }
-    return ProbeResult(data, tuple(_findings(overall_json)))
-
-
-def _fmt(x: Any, digits: int = 3) -> str:
-    return "-" if x is None else (f"{x:.{digits}f}" if isinstance(x, float) else str(x))
-
-
-def render_text(result: ProbeResult) -> str:
-    d = result.to_json()
-    o = d["overall"]
-    lines = [f"MTP draft-acceptance probe: {d['model']} ({d['family']}, mode {d['mode']}, K={d['steps']}, "
-             f"T={d['temperature']})",
-             f"  main model: {d['main_model']['source']} on {', '.join(d['main_model']['devices'])} "
-             f"({d['main_model']['dtype']}{', dequantized on load' if d['main_model']['dequantized'] else ''})",
-             f"  sequences {o['sequences']}, generated tokens {o['generated_tokens']}, verify steps {o['verify_steps']}",
-             "",
-             "  depth  cond.accept  95% CI           uncond.  walk-cond  sum-min(p,q)  scored"]
-    for r in o["depths"]:
-        ci = r["conditional_ci95"]
-        ci_s = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-"
-        lines.append(f"  {r['k']:>5}  {_fmt(r['conditional']):>11}  {ci_s:<15}  {_fmt(r['unconditional']):>7}  "
-                     f"{_fmt(r['walk_conditional']):>9}  {_fmt(r['sampled_acceptance']):>12}  {r['reached']:>6}")
-    lines += ["",
-              f"  accept length (SGLang, tokens/verify step incl. bonus): {_fmt(o['accept_length_sglang'])}; "
-              f"vLLM mean acceptance length: {_fmt(o['accept_length_vllm'])}",
-              f"  accepted drafts per verify step (histogram n=0..K): {o['histogram']}",
-              "  accept length by K (from conditional rates): "
-              + ", ".join(f"K={k}: {_fmt(v, 2)}" for k, v in o["accept_length_by_steps"].items())]
-    if d["categories"]:
-        lines.append("  per category (depth-1 acceptance / accept length): " + "; ".join(
-            f"{c}: {_fmt(v['depths'][0]['conditional'])} / {_fmt(v['accept_length_sglang'], 2)}"
-            for c, v in d["categories"].items()))
-    cm = d["cost_model"]
-    if cm["speedup"]:
-        lines += ["", f"  projected speedup on {cm['gpu']} ({cm['precision']}, roofline, {cm['gpu_source']}; "
-                      f"efficiencies {cm['efficiency_source']}):"]
-        for row in cm["speedup"]:
-            lines.append(f"    batch {row['batch']:>4}: " + "  ".join(
-                f"K={k} x{v:.2f}" for k, v in row["by_steps"].items()) + f"   best K={row['best_steps']}")
-    rec = d["recommendation"]
-    lines += ["", f"  recommendation: SGLang --speculative-num-steps {rec['sglang']['num_steps']} "
-                  f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {rec['sglang']['num_draft_tokens']}; "
-                  f"vLLM num_speculative_tokens={rec['vllm']['num_speculative_tokens']}"
-                  + ("" if rec["enabled"] else " (MTP not projected to pay off at batch 1)")]
-    if d.get("timings_s"):
-        lines.append("  timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in d["timings_s"].items())
-                     + f"; total {d['elapsed_s']:.2f}")
-    for f in d["findings"]:
-        lines.append(f"  {f['severity'].upper()}: {f['message']} [{f['code']}]")
-    return "\n".join(lines)
+    return ProbeResult(
+        model=ref, model_dir=probe_ckpt.checkpoint.location, family=spec.id,
+        model_type=config.text_model_type or config.model_type, mode=mode, steps=steps, temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        main_model=MainModel(main_source, tuple(devices), dtype, dequantized),
+        readiness=readiness, overall=overall, categories=dict(sorted(tallies.items())),
+        cost_model=CostModel(gpu_facts, efficiency, weights, per_gpu, "ckptinspect.plan.memory, TP 1 / EP 1, MTP loaded",
+                             tuple(table)),
+        recommendation=recommend(table, steps), elapsed_s=round(time.time() - started, 2),
+        timings_s={k: round(v, 3) for k, v in (timings or {}).items()}, extra=dict(extra or {}),
+        findings=tuple(_findings(overall)), streaming=streaming)

@@ -17,7 +17,7 @@ from ckptinspect.probe.heads.build import build_head
 from ckptinspect.probe.prompts import encode_prompt, load_prompts, load_tokenizer
 from ckptinspect.probe.readiness_gate import check_mtp_usable
 from ckptinspect.probe.result import ProbeResult, build_result
-from ckptinspect.probe.scoring import estimate_bytes, score_all
+from ckptinspect.probe.scoring import decode_bytes, estimate_bytes, score_all
 from ckptinspect.probe.sequences import generate_sequences, save_continuations, teacher_sequences
 
 __all__ = ["MODES", "build_head", "estimate_bytes", "run_probe"]
@@ -73,15 +73,20 @@ def _check_code(config: dict, spec: HeadSpec | None, trust_remote_code: bool, mo
 
 def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = None, prompts: str | None = None,
               max_new_tokens: int = 128, steps: int = 3, mode: str = "greedy", temperature: float = 1.0,
-              gpu: str = "H200", trust_remote_code: bool = False, batch_size: int = 8,
+              gpu: str = "H200", trust_remote_code: bool = False, batch_size: int | None = None,
               dtype: str | None = None, progress: bool = True, main_url: str | None = None,
               max_prompts: int | None = None, head_factory: Callable | None = None,
               corpus: str | None = None, continuations: str | None = None,
               save_continuations_to: str | None = None, max_gpu_memory: float | None = None,
-              stream_chunk_tokens: int = 32768, cost_calibration: str | None = None) -> ProbeResult:
-    """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md."""
+              stream_chunk_tokens: int = 32768, cost_calibration: str | None = None,
+              categories: Seq[str] | None = None, experts_implementation: str = "auto") -> ProbeResult:
+    """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md. ``batch_size`` None: greedy
+    mode batches the most prompts whose memory estimate fits (``auto_batch``), teacher mode 8."""
     if mode not in MODES:
         raise ProbeError(f"unknown mode {mode!r} (greedy or teacher)")
+    if experts_implementation not in loader.EXPERTS_IMPLEMENTATIONS:
+        raise ProbeError(f"unknown experts implementation {experts_implementation!r} "
+                         f"(one of {', '.join(loader.EXPERTS_IMPLEMENTATIONS)})")
     if not 1 <= steps <= 16:
         raise ProbeError("--steps must be between 1 and 16")
     if (corpus or continuations) and mode != "teacher":
@@ -108,7 +113,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                    "fp32": torch.float32, "float32": torch.float32}.get(dtype or "", None)
     if torch_dtype is None:
         torch_dtype = torch.bfloat16 if primary.startswith("cuda") else torch.float32
-    prompt_list = load_prompts(prompts)
+    prompt_list = select_categories(load_prompts(prompts), categories, prompts or "the built-in prompt set")
     if max_prompts:
         prompt_list = prompt_list[:max_prompts]
     common = dict(ref=model, probe_ckpt=probe_ckpt, spec=spec, steps=steps, temperature=temperature, gpu=gpu,
@@ -116,6 +121,9 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
     if main_url:  # the main model lives in the server: no in-process memory check
         if mode != "greedy":
             raise ProbeError("--main-url supports --mode greedy only")
+        if experts_implementation != "auto":
+            raise ProbeError("--experts-implementation chooses in-process kernels; with --main-url the server runs "
+                             "the main model")
         from ckptinspect.probe.server_client import run_remote
 
         return run_remote(main_url, model_dir=model_dir, config=config, probe_ckpt=probe_ckpt, spec=spec,
@@ -131,9 +139,21 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
         sequences = teacher_sequences(tok, prompt_list, corpus, continuations, vocab, model_dir)
         longest, count = max(len(s.tokens) for s in sequences), len(sequences)
     cfg = probe_ckpt.checkpoint.config
-    need = estimate_bytes(metas, torch_dtype, batch=min(batch_size, count), seq=longest, vocab=vocab or 0,
-                          hidden=cfg.hidden_size, steps=steps)
     limit = int(max_gpu_memory * 2**30) if max_gpu_memory is not None else _free_bytes(names)
+    expert_params = _params_per_expert(probe_ckpt)
+
+    def need_at(batch: int) -> int:
+        b = min(batch, count)
+        decode = (decode_bytes(b, cfg.experts_per_token or 0, expert_params, torch_dtype)
+                  if mode == "greedy" and primary.startswith("cuda") else 0)
+        return estimate_bytes(metas, torch_dtype, batch=b, seq=longest, vocab=vocab or 0, hidden=cfg.hidden_size,
+                              steps=steps, heads=cfg.num_attention_heads or 0, decode=decode)
+
+    batch_source = "given"
+    if batch_size is None:
+        batch_size, batch_source = (auto_batch(need_at, count, limit) if mode == "greedy"
+                                    else (TEACHER_BATCH, "teacher-mode default"))
+    need = need_at(batch_size)
     if need > limit:
         if mode != "teacher" or len(names) > 1:
             raise ProbeError(f"needs about {need / 2**30:.1f} GiB ({loader.logical_params(metas) / 1e9:.2f} B params "
@@ -145,13 +165,18 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
 
         return run_streamed(model_dir, probe_ckpt, spec, sequences, tok, common=common, mode=mode, device=primary,
                             dtype=torch_dtype, batch_size=batch_size, progress=progress, need=need, limit=limit,
-                            chunk_tokens=stream_chunk_tokens, timings=timings, trust_remote_code=trust_remote_code)
+                            chunk_tokens=stream_chunk_tokens, timings=timings, trust_remote_code=trust_remote_code,
+                            experts_implementation=experts_implementation,
+                            batch_info={"batch_size": batch_size, "batch_size_source": batch_source})
 
     t0 = time.perf_counter()
     load_dir, tmp = loader.prepare_loadable_dir(model_dir, metas, torch_dtype if torch_dtype != torch.float32 else torch.bfloat16, progress)
     try:
         main = loader.load_main_model(load_dir, config, main_model_type=spec.main_model_type, device_map=device_map,
                                       dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        # before the head is built: a fusion head copies the main config, experts implementation included
+        experts = loader.set_experts_implementation(main, experts_implementation,
+                                                    decode_on_gpu=primary.startswith("cuda") and mode == "greedy")
         head = (head_factory(spec, main, load_dir) if head_factory else
                 build_head(spec, main, load_dir, model_dir, None if spec.kind == "transformers" else metas))
     finally:
@@ -159,19 +184,68 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
             tmp.cleanup()
     first_device = next(main.parameters()).device
     timings["load"] = time.perf_counter() - t0
+    peaks: dict[str, int] | None = {} if first_device.type == "cuda" else None  # bytes per phase
+    if peaks is not None:
+        peaks["load"] = torch.cuda.max_memory_allocated(first_device)
+        torch.cuda.reset_peak_memory_stats(first_device)
     if mode == "greedy":
         t0 = time.perf_counter()
         sequences = generate_sequences(main, tok, prompt_list, max_new_tokens, batch_size, first_device, progress,
                                        vocab_size=vocab, source=model_dir)
         timings["generate"] = time.perf_counter() - t0
+        if peaks is not None:
+            peaks["generate"] = torch.cuda.max_memory_allocated(first_device)
         if save_continuations_to:
             save_continuations(save_continuations_to, sequences, model_dir=model_dir, max_new_tokens=max_new_tokens)
     tallies = score_all(main, head, sequences, steps, mode=mode, temperature=temperature, batch_size=batch_size,
                         pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, device=first_device,
-                        progress=progress, timings=timings)
+                        progress=progress, timings=timings, peaks=peaks)
     return build_result(**common, mode=mode, tallies=tallies, devices=names,
                         dtype=str(torch_dtype).replace("torch.", ""), main_source="in-process transformers",
                         dequantized=tmp is not None, timings=timings,
-                        extra={"tokens_scored": sum(len(s.tokens) for s in sequences), "memory_estimate_bytes": need})
+                        extra={"tokens_scored": sum(len(s.tokens) for s in sequences), "memory_estimate_bytes": need,
+                               "batch_size": batch_size, "batch_size_source": batch_source,
+                               "experts_implementation": experts,
+                               **({"peak_bytes_by_phase": peaks} if peaks is not None else {})})
+
+
+def _params_per_expert(probe_ckpt) -> int:
+    """One routed expert's weight elements (main model), from the report's inventory: all routed
+    expert params / (experts per layer x layers holding them); 0 for a dense model."""
+    from ckptinspect.probe.result import model_cost
+
+    cost = model_cost(probe_ckpt.inventory, probe_ckpt.checkpoint.config)
+    layers = len({g.layer for g in probe_ckpt.inventory.groups
+                  if g.component == "routed_expert" and g.mtp_layer is None and g.layer is not None})
+    return cost.expert_params // (cost.num_experts * layers) if cost.num_experts and layers else 0
+
+
+TEACHER_BATCH = 8
+AUTO_BATCH_FRACTION = 0.9  # of the free (or allowed) memory; in-memory peaks ran 0.98-1.02x the estimate (BENCHMARKS.md 6, run 6)
+
+
+def auto_batch(need_at: Callable[[int], int], count: int, limit: int) -> tuple[int, str]:
+    """The largest batch (<= the number of sequences) whose estimate fits AUTO_BATCH_FRACTION of
+    ``limit``; 1 when none does (the caller's memory check then reports it). The estimate grows
+    with the batch, so a bisection finds it."""
+    budget = int(limit * AUTO_BATCH_FRACTION)
+    lo, hi = 1, max(count, 1)
+    if need_at(hi) <= budget:
+        lo = hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need_at(mid) <= budget else (lo, mid - 1)
+    return lo, f"auto: largest batch whose estimate fits {AUTO_BATCH_FRACTION:.0%} of {limit / 2**30:.1f} GiB"
+
+
+def select_categories(prompts: list, categories: Seq[str] | None, source: str) -> list:
+    """The prompts of the named categories (all when None); an unknown category is an error."""
+    if not categories:
+        return prompts
+    known = sorted({p.category for p in prompts})
+    unknown = [c for c in categories if c not in known]
+    if unknown:
+        raise ProbeError(f"no prompts of category {', '.join(unknown)} in {source} (categories: {', '.join(known)})")
+    return [p for p in prompts if p.category in set(categories)]
 
 

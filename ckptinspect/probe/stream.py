@@ -31,12 +31,6 @@ class StreamStats:
     max_layer_bytes: int = 0  # largest dequantized layer, bytes on the device
     per_layer: list[dict[str, float]] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"layers": self.layers, "bytes_read": self.bytes_read, "read_s": round(self.read_s, 3),
-                "compute_s": round(self.compute_s, 3), "max_layer_bytes": self.max_layer_bytes,
-                "read_bandwidth_gb_s": round(self.bytes_read / self.read_s / 1e9, 3) if self.read_s else None,
-                "per_layer": [{k: round(v, 4) for k, v in row.items()} for row in self.per_layer]}
-
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":

@@ -23,8 +23,9 @@ def hf_config(model_dir: str, config: dict, spec, trust_remote_code: bool):
 
 def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], tok, *, common: dict, mode: str,
                  device: str, dtype: torch.dtype, batch_size: int, progress: bool, need: int, limit: int,
-                 chunk_tokens: int, timings: dict[str, float], trust_remote_code: bool = False):
-    from ckptinspect.probe.result import build_result
+                 chunk_tokens: int, timings: dict[str, float], trust_remote_code: bool = False,
+                 experts_implementation: str = "auto", batch_info: dict | None = None):
+    from ckptinspect.probe.result import Streaming, build_result
     from ckptinspect.probe.heads.build import build_head
     from ckptinspect.probe.scoring import score_all, scoring_bytes
     from ckptinspect.probe.stream import StreamedMain, stream_estimate
@@ -36,7 +37,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     mtp_bytes = loader.logical_params(probe_ckpt.metas, lambda n: n.startswith(prefix)) * per
     tokens = len(sequences) * max(len(s.tokens) for s in sequences)  # padded rows
     scratch = scoring_bytes(min(batch_size, len(sequences)), max(len(s.tokens) for s in sequences),
-                            cfg.vocab_size or 0, cfg.hidden_size, common["steps"], dtype)
+                            cfg.vocab_size or 0, cfg.hidden_size, common["steps"], dtype, cfg.num_attention_heads or 0)
     estimate = dict(stream_estimate(probe_ckpt, dtype, tokens, mtp_bytes, scratch))
     if estimate["total"] > limit:
         raise ProbeError(f"even layer-streamed the probe needs about {estimate['total'] / 2**30:.1f} GiB "
@@ -48,6 +49,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     config = hf_config(model_dir, dict(probe_ckpt.checkpoint.config.raw), spec, trust_remote_code)
     streamed = StreamedMain(model_dir, probe_ckpt, config, dtype=dtype, device=device, chunk_tokens=chunk_tokens)
     main = streamed.model
+    experts = loader.set_experts_implementation(main, experts_implementation, decode_on_gpu=False)
     head = build_head(spec, main, model_dir, model_dir, probe_ckpt.metas)
     timings["load"] = time.perf_counter() - t0
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -66,15 +68,12 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     tallies = score_all(main, head, sequences, common["steps"], mode=mode, temperature=common["temperature"],
                         batch_size=batch_size, pad_id=pad, device=first_device, progress=progress,
                         timings=timings, hidden_for=hidden_for)
-    stream_json = streamed.stats.to_json()
-    stream_json["estimate_bytes"] = estimate
-    stream_json["limit_bytes"] = limit
-    stream_json["in_memory_estimate_bytes"] = need
-    if device.startswith("cuda"):
-        stream_json["peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
+    peak = int(torch.cuda.max_memory_allocated(device)) if device.startswith("cuda") else None
+    streaming = Streaming(streamed.stats, estimate, limit, need, peak)
     return build_result(**common, mode=mode, tallies=tallies, devices=[device],
                         dtype=str(dtype).replace("torch.", ""), main_source="layer-streamed transformers",
                         dequantized=any(loader.quant_kind(n, probe_ckpt.metas) in loader.DEQUANTIZERS
                                         for n in probe_ckpt.metas),
-                        timings=timings, extra={"tokens_scored": sum(len(s.tokens) for s in sequences),
-                                                "streaming": stream_json})
+                        timings=timings, streaming=streaming,
+                        extra={"tokens_scored": sum(len(s.tokens) for s in sequences), **(batch_info or {}),
+                               "experts_implementation": experts})

@@ -1,0 +1,194 @@
+"""The built-in prompt set, its category subsets, the default (memory-sized) greedy batch, and
+transformers' MoE experts implementations, which must give the eager numbers (CPU, fp32)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from probe_helpers import fixture, load_main, torch, write_prompts
+
+from ckptinspect.errors import ProbeError
+from ckptinspect.probe.evaluate import target_hidden
+from ckptinspect.probe.prompts import builtin_prompts
+from ckptinspect.probe.runner import AUTO_BATCH_FRACTION, auto_batch, run_probe, select_categories
+from ckptinspect.render.probe_out import probe_json
+
+CATEGORIES = {"chat", "code", "math", "reasoning", "summarisation", "multilingual"}
+
+
+def test_builtin_prompt_set_is_large_distinct_and_covers_every_category():
+    prompts = builtin_prompts()
+    texts = [p.text for p in prompts]
+    assert len(texts) >= 128 and len(set(texts)) == len(texts)
+    counts = {c: sum(p.category == c for p in prompts) for c in CATEGORIES}
+    assert set(p.category for p in prompts) == CATEGORIES and min(counts.values()) >= 16, counts
+    code_math = select_categories(prompts, ["code", "math"], "builtin")
+    assert {p.category for p in code_math} == {"code", "math"}
+    assert len(code_math) == counts["code"] + counts["math"]
+    assert select_categories(prompts, None, "builtin") == prompts
+    with pytest.raises(ProbeError, match="no prompts of category poetry"):
+        select_categories(prompts, ["code", "poetry"], "builtin")
+
+
+@settings(max_examples=200, deadline=None)
+@given(per=st.integers(1, 1000), base=st.integers(0, 10_000), count=st.integers(1, 300), limit=st.integers(1, 400_000))
+def test_auto_batch_is_the_largest_batch_that_fits(per, base, count, limit):
+    def need(b):  # any increasing estimate
+        return base + per * b
+
+    got, why = auto_batch(need, count, limit)
+    fits = [b for b in range(1, count + 1) if need(b) <= int(limit * AUTO_BATCH_FRACTION)]
+    assert got == (max(fits) if fits else 1) and "auto" in why
+
+
+def test_greedy_default_batch_takes_every_prompt_that_fits(tmp_path, monkeypatch):
+    prompts = write_prompts(tmp_path, [f"Say something about the number {i}." for i in range(6)])
+    ample = probe_json(run_probe(fixture("deepseek"), prompts=prompts, steps=1, max_new_tokens=8, progress=False))
+    assert ample["batch_size"] == 6 and ample["batch_size_source"].startswith("auto")
+    given = probe_json(run_probe(fixture("deepseek"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
+                                 batch_size=2))
+    assert given["batch_size"] == 2 and given["batch_size_source"] == "given"
+    # one byte less than batch 6 needs: the default batch shrinks to one that fits, same samples scored
+    limit = int((ample["memory_estimate_bytes"] - 1) / AUTO_BATCH_FRACTION)
+    monkeypatch.setenv("CKPTINSPECT_PROBE_MEMORY_LIMIT", str(limit))
+    small = probe_json(run_probe(fixture("deepseek"), prompts=prompts, steps=1, max_new_tokens=8, progress=False))
+    assert 1 <= small["batch_size"] < 6, small["batch_size_source"]
+    assert small["memory_estimate_bytes"] <= limit * AUTO_BATCH_FRACTION
+    assert small["overall"]["depths"][0]["scored"] == ample["overall"]["depths"][0]["scored"]
+
+
+@pytest.mark.parametrize("kind", ["deepseek", "qwen35moe"])
+def test_experts_implementations_give_the_eager_numbers(tmp_path, kind):
+    """grouped_mm / batched_mm (transformers integrations/moe.py) against the eager per-expert loop:
+    target hidden states within 1e-5 relative (fp32, CPU), and the probe's counts identical."""
+    main, _ = load_main(fixture(kind))
+    ids = torch.randint(0, main.config.get_text_config().vocab_size, (3, 40), generator=torch.Generator().manual_seed(1))
+    hidden = {}
+    for impl in ("eager", "grouped_mm", "batched_mm"):
+        main.set_experts_implementation(impl)
+        assert main.get_experts_implementation()[""] == impl
+        hidden[impl] = target_hidden(main, ids).double()
+    for impl in ("grouped_mm", "batched_mm"):
+        rel = (hidden[impl] - hidden["eager"]).norm() / hidden["eager"].norm()
+        assert rel < 1e-5, (impl, float(rel))
+    prompts = write_prompts(tmp_path, ["Write a Python function that adds two numbers.",
+                                       "Solve for x: 3x + 7 = 2x - 5.", "What are three ways to water a garden?"])
+    runs = {impl: probe_json(run_probe(fixture(kind), prompts=prompts, steps=2, max_new_tokens=24, progress=False,
+                                       experts_implementation=impl))
+            for impl in ("eager", "grouped_mm", "batched_mm")}
+    for impl, doc in runs.items():
+        assert doc["experts_implementation"] == {"requested": impl, "forward": impl, "decode": impl}
+        assert doc["overall"]["histogram"] == runs["eager"]["overall"]["histogram"], impl
+        assert [(d["reached"], d["accepted"], d["scored"]) for d in doc["overall"]["depths"]] == \
+            [(d["reached"], d["accepted"], d["scored"]) for d in runs["eager"]["overall"]["depths"]], impl
+
+
+def test_experts_implementation_on_a_dense_model_is_refused_or_reported_absent(tmp_path):
+    prompts = write_prompts(tmp_path, ["Solve for x: 3x + 7 = 2x - 5."])
+    doc = probe_json(run_probe(fixture("mimo"), prompts=prompts, steps=1, max_new_tokens=8, progress=False))
+    assert doc["experts_implementation"] == {"requested": "auto", "forward": None, "decode": None}
+    with pytest.raises(ProbeError, match="no swappable MoE experts"):
+        run_probe(fixture("mimo"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
+                  experts_implementation="grouped_mm")
+    with pytest.raises(ProbeError, match="server runs the main model"):
+        run_probe(fixture("mimo"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
+                  experts_implementation="eager", main_url="http://127.0.0.1:9")
+    with pytest.raises(ProbeError, match="unknown experts implementation"):
+        run_probe(fixture("mimo"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
+                  experts_implementation="fast")
+
+
+@pytest.mark.parametrize("kind", ["deepseek", "qwen35moe"])
+def test_params_per_expert_from_the_inventory_match_the_config(kind):
+    """The batched_mm decode term uses one expert's params from the report's inventory; a routed
+    expert is gate + up + down of hidden x moe_intermediate_size."""
+    from ckptinspect.probe.checkpoint import open_checkpoint
+    from ckptinspect.probe.runner import _params_per_expert
+
+    pc = open_checkpoint(fixture(kind))
+    text = pc.checkpoint.config.text
+    assert _params_per_expert(pc) == 3 * text["hidden_size"] * text["moe_intermediate_size"]
+    assert _params_per_expert(open_checkpoint(fixture("mimo"))) == 0  # dense
+
+
+def test_scoring_estimate_takes_the_larger_phase():
+    from ckptinspect.probe.scoring import decode_bytes, scoring_bytes
+
+    bf16 = torch.bfloat16
+    streams = 4 * 144 * 625 * 2048 * 4 * 2
+    logits = 144 * 625 * 32768 * (2 * 2 + 12)
+    # 16 heads: the attention scores at depth 3 (144 x 16 x 1875^2 x 6 B) outweigh the logits just
+    attention16 = 144 * 16 * (3 * 625) ** 2 * (2 + 4)
+    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=16) == max(logits, attention16) + streams
+    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=0) == logits + streams
+    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=32) == 2 * attention16 + streams
+    assert decode_bytes(144, 6, 3 * 4096 * 1024, bf16) == 144 * 6 * 3 * 4096 * 1024 * 2
+
+
+def test_probe_text_and_json_come_from_one_layout(tmp_path):
+    """render/probe_out.py owns both formats: the JSON text is probe_json's document, and every depth
+    row, the batch and the experts line of the text show the JSON's values; the module is torch-free."""
+    import subprocess
+    import sys
+
+    from ckptinspect.render.probe_out import render_probe
+
+    prompts = write_prompts(tmp_path, ["Solve for x: 3x + 7 = 2x - 5.", "Write a haiku about rain."])
+    result = run_probe(fixture("qwen35moe"), prompts=prompts, steps=2, max_new_tokens=16, progress=False)
+    doc = probe_json(result)
+    assert json.loads(render_probe(result, "json")) == json.loads(json.dumps(doc))
+    text = render_probe(result, "text", width=None)
+    for row in doc["overall"]["depths"]:
+        cond = "-" if row["conditional"] is None else f"{row['conditional']:.3f}"
+        assert any(line.split()[:2] == [str(row["k"]), cond] for line in text.splitlines()), (row, text)
+    assert f"batch size {doc['batch_size']} (auto" in text
+    experts = doc["experts_implementation"]
+    assert f"forward {experts['forward']}, decode {experts['decode']}" in text
+    assert result.alpha1 == doc["overall"]["depths"][0]["conditional"]
+    code = "import sys, ckptinspect.render.probe_out; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], env={**os.environ}).returncode == 0
+
+
+def test_cli_category_and_experts_errors_are_one_line_exit_2():
+    import subprocess
+    import sys
+
+    from probe_helpers import ROOT
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "ckptinspect", "probe", *args, "--device", "cpu", "-q"],
+                              capture_output=True, text=True, cwd=ROOT, timeout=300,
+                              env={**os.environ, "PYTHONPATH": ROOT})
+
+    proc = cli(fixture("deepseek"), "--categories", "code,poetry")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "no prompts of category poetry" in proc.stderr and "reasoning" in proc.stderr
+    proc = cli(fixture("mimo"), "--experts-implementation", "grouped_mm", "--max-prompts", "1")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "no swappable MoE experts" in proc.stderr
+
+
+def test_experts_implementation_choices_agree_everywhere():
+    """The CLI's choices (no torch import there), the loader's list and the JSON schema's enum."""
+    from ckptinspect.cli.probe_cmd import probe as probe_command
+    from ckptinspect.probe.loader import EXPERTS_IMPLEMENTATIONS
+
+    option = next(p for p in probe_command.params if p.name == "experts_implementation")
+    schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "ckptinspect", "probe", "probe.schema.json")))
+    enum = schema["properties"]["experts_implementation"]["properties"]["requested"]["enum"]
+    assert tuple(option.type.choices) == EXPERTS_IMPLEMENTATIONS == tuple(enum)
+
+
+def test_probe_records_do_not_render_themselves():
+    """issue 13 item 5: the probe's records are plain data; render/probe_out.py builds the layout."""
+    from ckptinspect.probe import cost, metrics, result, stream
+
+    for module in (result, metrics, stream, cost):
+        for cls in vars(module).values():
+            if isinstance(cls, type) and cls.__module__ == module.__name__:
+                assert not hasattr(cls, "to_json"), f"{module.__name__}.{cls.__name__} renders itself"
+        assert not any(name.startswith("render") for name in vars(module)), module.__name__
