@@ -110,6 +110,6 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
     else:
         click.echo(text)
     if plot:
-        from ckptinspect.render.probe_out import write_probe_plot
+        from ckptinspect.render.probe_plot import write_probe_plot
 
         write_probe_plot(result, plot)

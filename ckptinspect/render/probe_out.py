@@ -163,19 +163,6 @@ def probe_text(result: Any) -> str:
 
 def render_probe(result: Any, fmt: str, *, width: int | None = None) -> str:
     if fmt == "json":
-<<<<<<< HEAD
-        return json.dumps(result.to_json(), indent=2)
-    from ckptinspect.probe.result import render_text
-
-    return wrap_text(render_text(result), width)
-
-
-def write_probe_plot(result: Any, path: str) -> None:
-    """`probe --plot`: acceptance per depth and projected speedup as a PNG (matplotlib, optional)."""
-    from ckptinspect.probe.plot import write_plot
-
-    write_plot(result, path)
-=======
         return json.dumps(probe_json(result), indent=2)
     return wrap_text(probe_text(result), width)
->>>>>>> probe
+

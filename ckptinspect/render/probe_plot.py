@@ -5,7 +5,8 @@ from __future__ import annotations
 from ckptinspect.errors import ProbeError
 
 
-def write_plot(result, path: str) -> None:
+def write_probe_plot(result, path: str) -> None:
+    """`probe --plot`: acceptance per depth and projected speedup as a PNG (matplotlib, optional)."""
     try:
         import matplotlib
 
