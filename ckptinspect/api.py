@@ -49,10 +49,15 @@ def check_ref(ref: str) -> str:
 
 
 def example_ref() -> str:
-    """The bundled example checkpoint (the layout of nvidia/Qwen3.5-397B-A17B-NVFP4, tiny dims)."""
+    """The bundled example checkpoint (the layout of nvidia/Qwen3.5-397B-A17B-NVFP4, tiny dims), named as
+    the user would type it from the current directory: relative below it (a checkout), else absolute
+    (an installed wheel). The report's `location` stays absolute either way."""
     from ckptinspect.examples import EXAMPLE_DIR
 
-    return str(EXAMPLE_DIR)
+    try:
+        return str(EXAMPLE_DIR.relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):  # not below it, or the current directory is gone
+        return str(EXAMPLE_DIR)
 
 
 def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,

@@ -40,7 +40,9 @@ class Context:
     """Inputs shared by the blocks, built on first use (fixtures in a temp dir, the replica)."""
 
     def __init__(self, replica: Path | None = None) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="ckptinspect-docs-")
+        # Under /tmp whatever TMPDIR says: the outputs are wrapped before their paths become placeholders,
+        # so the temporary path must have the same length on every machine.
+        self._tmp = tempfile.TemporaryDirectory(prefix="ckptinspect-docs-", dir="/tmp" if Path("/tmp").is_dir() else None)
         self.tmp = Path(self._tmp.name)
         self._fixtures: dict[str, Path] = {}
         self._replica = replica
