@@ -51,7 +51,7 @@ def check_ref(ref: str) -> str:
 def example_ref() -> str:
     """The bundled example checkpoint (the layout of nvidia/Qwen3.5-397B-A17B-NVFP4, tiny dims), named as
     the user would type it from the current directory: relative below it (a checkout), else absolute
-    (an installed wheel). The report's `location` stays absolute either way."""
+    (an installed wheel); like any typed path, the report's `location` is then that same path."""
     from ckptinspect.examples import EXAMPLE_DIR
 
     try:

@@ -39,7 +39,10 @@ def test_gate_agrees_with_the_cli_exit_code(name, expected, make_fixture):
 def test_only_none_means_the_bundled_example(tmp_path):
     from ckptinspect.examples import EXAMPLE_DIR
 
-    assert api.inspect().checkpoint.location == api.inspect(str(EXAMPLE_DIR)).checkpoint.location
+    # the same directory (the bare command names it relative to the current directory when below it)
+    bare = Path(api.inspect().checkpoint.location)
+    assert bare.resolve() == Path(api.inspect(str(EXAMPLE_DIR)).checkpoint.location).resolve() == EXAMPLE_DIR
+    assert not bare.is_absolute() if EXAMPLE_DIR.is_relative_to(Path.cwd().resolve()) else bare == EXAMPLE_DIR
     for bad in ("", "  "):
         with pytest.raises(NotFoundError, match="empty model reference"):
             api.inspect(bad)
