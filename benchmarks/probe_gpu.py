@@ -59,17 +59,9 @@ def save(out: str) -> None:
 
 def cuda_time(fn, reps: int = 10, warm: int = 3) -> float:
     """Median seconds of ``fn`` timed with CUDA events."""
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+    from probe_gpu_cost import event_times
+
+    return statistics.median(event_times(fn, reps=reps, warm=warm))
 
 
 def drop_cache(path: str) -> None:

@@ -228,7 +228,7 @@ def test_a_record_reads_back_whole_with_or_without_pwritev(monkeypatch, vectored
 
     if not vectored:
         monkeypatch.delattr(os, "pwritev", raising=False)
-    fd = scan_ahead._open_spool()
+    fd = scan_ahead.open_spool("headers")
     try:
         assert scan_ahead._write_at(fd, b"head", b"x" * 70_000, 10) == 70_004
         assert scan_ahead._write_at(fd, b"h2", b"yz", 70_014) == 4

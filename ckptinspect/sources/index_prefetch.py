@@ -19,7 +19,6 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from ckptinspect.errors import SourceError
 from ckptinspect.records import IndexSummary
 from ckptinspect.sources.http_fields import content_range_total
 from ckptinspect.sources.http_ranges import FetchStats, RangeClient
-from ckptinspect.sources.interface import INDEX as INDEX_FILE, MAX_INDEX_FILE_BYTES
+from ckptinspect.sources.interface import INDEX as INDEX_FILE, MAX_INDEX_FILE_BYTES, open_spool
 from ckptinspect.sources.net_limits import Budget, NetLimits
 
 MAX_INDEX_BYTES = MAX_INDEX_FILE_BYTES  # the local index's cap too
@@ -84,7 +83,7 @@ class IndexPrefetch:
             headers["authorization"] = f"Bearer {bearer}"
         try:
             ctx = get_context("fork")
-            spool = _open_spool()
+            spool = open_spool("index")
             receive, send = ctx.Pipe(duplex=False)
             process = ctx.Process(target=_child, args=(send, spool, url, headers, timeout, repo_id, revision, limits),
                                   daemon=True)
@@ -175,15 +174,6 @@ def _close_spool(holder: list[int | None]) -> None:
     if holder[0] is not None:
         os.close(holder[0])
         holder[0] = None
-
-
-def _open_spool() -> int:
-    """A file descriptor both processes share, memory-backed where the OS offers it."""
-    if hasattr(os, "memfd_create"):
-        return os.memfd_create("ckptinspect-index", os.MFD_CLOEXEC)
-    handle, path = tempfile.mkstemp(prefix="ckptinspect-index-")
-    os.unlink(path)
-    return handle
 
 
 def _token(explicit: str | None) -> str | None:

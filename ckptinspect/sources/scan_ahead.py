@@ -28,7 +28,7 @@ import threading
 from multiprocessing import get_context
 from typing import Any, Callable, Mapping
 
-from ckptinspect.sources.interface import gc_paused
+from ckptinspect.sources.interface import gc_paused, open_spool
 
 ScanFn = Callable[[str, bytes, "int | None"], Any]
 
@@ -70,7 +70,7 @@ class ScanAhead:
             return None
         ctx = get_context("fork")
         try:
-            spool = _open_spool()
+            spool = open_spool("headers")
             claims = mmap.mmap(-1, MAX_SLOTS)  # anonymous MAP_SHARED: the helper sees the parent's claims
             lock = ctx.Lock()
             pipe_r, pipe_w = os.pipe()
@@ -228,12 +228,3 @@ def _write_at(fd: int, head: bytes, header: bytes, offset: int) -> int:
     return os.pwrite(fd, head + header, offset)
 
 
-def _open_spool() -> int:
-    """A file descriptor both processes share, memory-backed where the OS offers it."""
-    if hasattr(os, "memfd_create"):
-        return os.memfd_create("ckptinspect-headers", os.MFD_CLOEXEC)
-    import tempfile
-
-    handle, path = tempfile.mkstemp(prefix="ckptinspect-headers-")
-    os.unlink(path)
-    return handle
