@@ -17,19 +17,17 @@ single-threaded and fork its index reader), prints its URL, and stops when stdin
 from __future__ import annotations
 
 import argparse
-import json
 import struct
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from hub_server import HubServer, _Handler, _Listener  # noqa: E402
+from hub_server_process import ServedProcess  # noqa: E402
 
 
 @dataclass
@@ -122,7 +120,7 @@ class _HostileHandler(_Handler):
                 self.hub.sent[0] += len(piece)
 
 
-class HostileProcess:
+class HostileProcess(ServedProcess):
     """The server in its own process (see the module docstring)."""
 
     def __init__(self, repos: dict[str, Path], *, drip: tuple[tuple[str, float, int], ...] = (),
@@ -136,25 +134,7 @@ class HostileProcess:
             cmd += ["--retry-after", f"{sub}:{seconds}:{times}"]
         for repo_id, directory in repos.items():
             cmd += [repo_id, str(directory)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.url = self.proc.stdout.readline().strip()
-        if not self.url.startswith("http://"):
-            raise RuntimeError("hostile Hub server did not start")
-
-    def stats(self) -> dict:
-        with urllib.request.urlopen(self.url + "/_test/stats", timeout=30) as resp:
-            return json.loads(resp.read())
-
-    def __enter__(self) -> "HostileProcess":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__(cmd, "hostile Hub server")
 
 
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - run by HostileProcess

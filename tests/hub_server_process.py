@@ -14,7 +14,36 @@ from pathlib import Path
 from hub_server import HubServer
 
 
-class ServerProcess:
+class ServedProcess:
+    """A test Hub server run as ``cmd`` in its own process: it prints its URL on one line, serves until its
+    stdin closes, and answers /_test/stats (this server and tests/hostile_hub_server.py's)."""
+
+    def __init__(self, cmd: list[str], what: str) -> None:
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http://"):
+            raise RuntimeError(f"{what} did not start")
+
+    def _get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def stats(self) -> dict:
+        return self._get("/_test/stats")
+
+    def __enter__(self) -> "ServedProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ServerProcess(ServedProcess):
     """The server in its own process (``main`` below), for clients that must stay single-threaded (the Hub
     reader forks its index reader only then) or must not share a GIL with it (benchmarks)."""
 
@@ -27,30 +56,10 @@ class ServerProcess:
             cmd += ["--fault", f"{kind}:{where}:{times}"]
         for repo_id, directory in repos.items():
             cmd += [repo_id, str(directory)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.url = self.proc.stdout.readline().strip()
-        if not self.url.startswith("http://"):
-            raise RuntimeError("test Hub server did not start")
-
-    def _get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.url + path, timeout=30) as resp:
-            return json.loads(resp.read())
+        super().__init__(cmd, "test Hub server")
 
     def reset_stats(self) -> None:
         self._get("/_test/reset")
-
-    def stats(self) -> dict:
-        return self._get("/_test/stats")
-
-    def __enter__(self) -> "ServerProcess":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - used by benchmarks/bench_hub.py
