@@ -267,9 +267,11 @@ def test_mtp_cost_per_gpu_shrinks_with_tp(make_fixture):
     assert "MTP cost at TP=4 EP=4" in text.stdout
 
 
-@pytest.mark.parametrize("name", ["broken_missing_shard", "broken_index_escape", "broken_unknown_dtype"])
+@pytest.mark.parametrize("name", ["broken_missing_shard", "broken_index_escape", "broken_unknown_dtype",
+                                  "broken_config_json", "broken_config_types"])
 def test_bad_input_in_the_parallel_scan_path(name, make_fixture):
-    """Errors raised inside worker processes (index summary, header scan) still become one line."""
+    """Errors raised inside worker processes (index summary, header scan), or in the parent while they
+    scan (config), still become one line."""
     result = run_cli("report", str(make_fixture(name)), env={"CKPTINSPECT_WORKERS": "2"})
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and BROKEN[name] in result.stderr

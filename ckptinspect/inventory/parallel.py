@@ -1,41 +1,78 @@
 """Scan every shard header of a checkpoint, in forked worker processes when that pays off.
 
 On a 2-core machine the 370k-tensor replica has ~0.9 CPU-s of header work and ~0.4 CPU-s of index
-parsing. Everything is submitted up front (one GIL-holding json.loads in the main thread would
-otherwise starve the pool's feeder thread); the index is parsed in a worker, which returns only an
-IndexSummary; and the main process, instead of idling, takes pending batches back from the end of
-the queue (work stealing) until the workers have started on everything else.
+parsing. The parent forks its workers directly (no executor: its feeder and result threads need the
+GIL, which the parent's json.loads holds for milliseconds at a time, so the first task reached the
+worker ~60 ms late). One worker parses the index first, which returns only an IndexSummary. Every
+process then takes shards one at a time from a shared pipe of shard numbers, largest shards first:
+the kernel hands each 4-byte read to exactly one reader, so no shard is scanned twice and the
+processes finish within one small shard of each other. Each worker sends its scans back in one
+pickle when the pipe is empty.
 """
 
 from __future__ import annotations
 
 import gc
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
-from multiprocessing import get_context
+import pickle
+import signal
+import struct
+import traceback
+from typing import Callable
+
+from ckptinspect.errors import CkptInspectError
 from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
 from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
 from ckptinspect.sources.index_summary import summarize_index
 from ckptinspect.sources.interface import INDEX, gc_paused
 
-# Worker processes pay off only with enough header JSON to parse: below this the pool start-up
-# (tens of ms) costs more than it saves.
+# Worker processes pay off only with enough header JSON to parse: below this the fork and the result
+# transfer (a few ms) cost more than they save.
 PARALLEL_MIN_HEADER_BYTES = 4_000_000
-# Batches per worker: small enough for the main process to steal a fair share, large enough to keep
-# inter-process traffic negligible.
-BATCHES_PER_WORKER = 12
 WORKERS_ENV = "CKPTINSPECT_WORKERS"
-
-_Batch = list[tuple[str, "int | None"]]
-
-# Set before the pool forks so workers read headers from the inherited source, not from pickles.
-_SOURCE: RawCheckpoint | None = None
+_TOKEN = struct.Struct("<I")
+# The shard numbers are written into the pipe before any process reads it, so they must fit its
+# buffer (POSIX guarantees 4 KiB; Linux has 64 KiB): beyond this many shards a token stands for a run
+# of consecutive shards.
+_MAX_TOKENS = 1024
 
 
 def scan_checkpoint(raw: RawCheckpoint) -> tuple[list[ShardScan], IndexSummary | None]:
     """(one ShardScan per shard in index order, the index summary when there is an index)."""
+    with start_scan(raw) as scan:
+        return scan.finish()
+
+
+def start_scan(raw: RawCheckpoint) -> "Scan":
+    """Start scanning ``raw``: worker processes fork now and the caller may work until ``finish()``.
+
+    What the parent does in between (reading the config and rules) is absorbed by the scan: the parent
+    takes fewer shards. Use as a context manager, so workers are stopped if the caller fails first."""
     processes = process_count(raw)
-    if processes <= 1:
+    return _ForkedScan(raw, processes - 1) if processes > 1 else _InProcessScan(raw)
+
+
+class Scan:
+    def finish(self) -> tuple[list[ShardScan], IndexSummary | None]:
+        """(one ShardScan per shard in index order, the index summary when there is an index)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop and reap any worker still running (a no-op after finish)."""
+
+    def __enter__(self) -> "Scan":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class _InProcessScan(Scan):
+    def __init__(self, raw: RawCheckpoint) -> None:
+        self.raw = raw
+
+    def finish(self) -> tuple[list[ShardScan], IndexSummary | None]:
+        raw = self.raw
         done = scan_plan(raw).scanned  # scanned by the source as the headers arrived
         with gc_paused():
             summary = _summary_in_process(raw)
@@ -43,7 +80,6 @@ def scan_checkpoint(raw: RawCheckpoint) -> tuple[list[ShardScan], IndexSummary |
                      for s in raw.headers]
         gc.freeze()  # the scans live until the report is rendered; never traverse them again
         return scans, summary
-    return _scan_parallel(raw, processes - 1)
 
 
 def _summary_in_process(raw: RawCheckpoint) -> IndexSummary | None:
@@ -52,39 +88,199 @@ def _summary_in_process(raw: RawCheckpoint) -> IndexSummary | None:
     return summarize_index(raw.json_files[INDEX], source=f"{raw.location}/{INDEX}")
 
 
-def _scan_parallel(raw: RawCheckpoint, workers: int) -> tuple[list[ShardScan], IndexSummary | None]:
-    global _SOURCE
-    headers = raw.headers
-    plan = scan_plan(raw)
-    _SOURCE = raw
-    gc.freeze()  # children must not traverse (and so copy) the parent's objects
-    try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("fork"),
-                                 initializer=gc.disable) as pool:
-            summary_future: Future | None = None
-            if raw.index_summary is None and plan.index_summarizer is not None:
-                summary_future = pool.submit(plan.index_summarizer)  # the early shards are scanned meanwhile
-            elif raw.index_summary is None and INDEX in raw.json_files:  # parsed (snapshot): summarize there
-                summary_future = pool.submit(_summary_in_worker)
-            batches = _balanced_batches(dict(plan.early), (workers + 1) * BATCHES_PER_WORKER)
-            futures = [pool.submit(_scan_batch, batch) for batch in batches]
+class _Outcome:
+    """What one process did: its scans, the index summary (first worker only), the errors it met."""
+
+    def __init__(self) -> None:
+        self.scans: list[ShardScan] = []
+        self.summary: IndexSummary | None = None
+        self.summary_error: BaseException | None = None
+        self.errors: dict[str, BaseException] = {}  # shard -> the error that stopped this process
+
+
+class _ForkedScan(Scan):
+    def __init__(self, raw: RawCheckpoint, workers: int) -> None:
+        self.raw = raw
+        self.plan = plan = scan_plan(raw)
+        # Largest first, so the shards taken last (when one process may already be idle) are the smallest.
+        order = sorted(plan.early, key=lambda s: -(plan.early[s] or 0))
+        per_token = -(-len(order) // _MAX_TOKENS)
+        self.runs = [order[i:i + per_token] for i in range(0, len(order), per_token)]
+        self.summarizer = _summarizer(raw, plan)
+        self.children: list[tuple[int, int]] = []  # (pid, read end of its result pipe)
+        self.tokens, tokens_write = os.pipe()
+        try:
+            _write_all(tokens_write, b"".join(map(_TOKEN.pack, range(len(self.runs)))))
+        finally:
+            os.close(tokens_write)  # every reader sees end-of-file once the numbers are taken
+        gc.freeze()  # the workers must not traverse (and so copy) the parent's objects
+        try:
+            for number in range(workers):
+                if not self._fork(self.summarizer if number == 0 else None):
+                    break
+        except BaseException:
+            self.close()
+            raise
+
+    def _fork(self, summarizer: Callable[[], IndexSummary | None] | None) -> bool:
+        result_read, result_write = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:  # no process to spare: the parent scans what the others do not
+            os.close(result_read)
+            os.close(result_write)
+            return False
+        if pid == 0:  # the worker: never returns
+            os.close(result_read)
+            for _, other in self.children:
+                os.close(other)
+            _worker_main(self.raw, self.plan, self.runs, self.tokens, result_write, summarizer)
+        os.close(result_write)
+        self.children.append((pid, result_read))
+        return True
+
+    def finish(self) -> tuple[list[ShardScan], IndexSummary | None]:
+        mine = _Outcome()
+        try:
             with gc_paused():
-                scans: dict[str, ShardScan] = {}
-                for future, batch in zip(reversed(futures), reversed(batches)):
-                    if future.cancel():  # not started yet: the main process does it
-                        scans.update((s.shard, s) for s in _scan_batch(batch))
-                summary = summary_future.result() if summary_future is not None else _summary_in_process(raw)
-                for future in futures:
-                    if not future.cancelled():
-                        scans.update((s.shard, s) for s in future.result())
-                # The summary's shard list is the index's (validated there): the parent never parses it.
-                shards = list(summary.shards) if summary is not None else list(headers)
-                for shard in shards:
-                    if shard not in scans:  # indexed but not scanned early (e.g. missing: raises here)
-                        scans[shard] = scan_header_unpaused(shard, headers[shard], raw.file_sizes.get(shard))
-            return [scans[s] for s in shards], summary
+                if not self.children and self.summarizer is not None:
+                    _summarize(self.summarizer, mine)
+                _take_shards(self.raw, self.plan, self.runs, self.tokens, mine)
+                outcomes = [mine]
+                while self.children:
+                    outcomes.append(_collect(*self.children.pop(0)))  # _collect reaps it, even on error
+        finally:
+            self.close()
+        return _assemble(self.raw, outcomes, self.summarizer)
+
+    def close(self) -> None:
+        if self.tokens >= 0:
+            os.close(self.tokens)
+            self.tokens = -1
+        while self.children:  # only when the parent failed: stop and reap the workers
+            _kill(*self.children.pop())
+
+
+def _summarizer(raw: RawCheckpoint, plan: ScanPlan) -> Callable[[], IndexSummary | None] | None:
+    if raw.index_summary is not None:
+        return None
+    if plan.index_summarizer is not None:
+        return plan.index_summarizer
+    if INDEX in raw.json_files:  # already parsed (snapshot): summarized in the worker all the same
+        return lambda: _summary_in_process(raw)
+    return None
+
+
+def _summarize(summarizer: Callable[[], IndexSummary | None], outcome: _Outcome) -> None:
+    try:
+        outcome.summary = summarizer()
+    except Exception as exc:  # raised by the parent, before any shard error (the index names the shards)
+        outcome.summary_error = _with_trace(exc)
+
+
+def _take_shards(raw: RawCheckpoint, plan: ScanPlan, runs: list[list[str]], tokens: int, outcome: _Outcome) -> None:
+    """Scan the shards behind each number read from the pipe until it is empty or a shard fails."""
+    while True:
+        token = os.read(tokens, _TOKEN.size)
+        if not token:
+            return
+        # A pipe read of 4 bytes is atomic and the pipe holds only whole numbers: never a partial one.
+        (number,) = _TOKEN.unpack(token)
+        for shard in runs[number]:
+            try:
+                outcome.scans.append(scan_header_unpaused(shard, raw.headers[shard], plan.early[shard]))
+            except Exception as exc:  # the report fails: stop here (the other processes finish the pipe)
+                outcome.errors[shard] = _with_trace(exc)
+                return
+
+
+def _worker_main(raw: RawCheckpoint, plan: ScanPlan, runs: list[list[str]], tokens: int, result: int,
+                 summarizer: Callable[[], IndexSummary | None] | None) -> None:
+    status = 1
+    try:
+        gc.disable()
+        outcome = _Outcome()
+        if summarizer is not None:
+            _summarize(summarizer, outcome)
+        if outcome.summary_error is None:
+            _take_shards(raw, plan, runs, tokens, outcome)
+        _write_all(result, _dumps(outcome))
+        status = 0
     finally:
-        _SOURCE = None
+        os._exit(status)  # never the parent's cleanup, atexit hooks or buffered output
+
+
+def _dumps(outcome: _Outcome) -> bytes:
+    try:
+        return pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # an error that does not pickle: send its text instead
+        outcome.summary_error = _portable(outcome.summary_error)
+        outcome.errors = {shard: _portable(exc) for shard, exc in outcome.errors.items()}
+        return pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _portable(exc: BaseException | None) -> BaseException | None:
+    if exc is None or isinstance(exc, CkptInspectError):
+        return exc
+    return RuntimeError("".join(traceback.format_exception(exc)))
+
+
+def _with_trace(exc: Exception) -> Exception:
+    """Errors of the tool pass as they are; anything else (a bug) keeps the worker's traceback."""
+    if not isinstance(exc, CkptInspectError):
+        exc.add_note("raised in a scan worker process:\n" + "".join(traceback.format_tb(exc.__traceback__)))
+    return exc
+
+
+def _collect(pid: int, fd: int) -> _Outcome:
+    """Read one worker's outcome and reap it (the pickle is our own child's, never a file's)."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+        _, status = os.waitpid(pid, 0)
+    if status != 0 or not chunks:
+        raise CkptInspectError(f"a header-scan worker process ended without its results (wait status {status}); "
+                               f"{WORKERS_ENV}=1 scans in one process")
+    return pickle.loads(b"".join(chunks))
+
+
+def _kill(pid: int, fd: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.close(fd)
+    os.waitpid(pid, 0)
+
+
+def _assemble(raw: RawCheckpoint, outcomes: list[_Outcome],
+              summarizer: Callable[[], IndexSummary | None] | None) -> tuple[list[ShardScan], IndexSummary | None]:
+    for outcome in outcomes:
+        if outcome.summary_error is not None:
+            raise outcome.summary_error
+    summary = raw.index_summary if summarizer is None else next(
+        (o.summary for o in outcomes if o.summary is not None), None)
+    scans = {scan.shard: scan for outcome in outcomes for scan in outcome.scans}
+    errors = {shard: exc for outcome in outcomes for shard, exc in outcome.errors.items()}
+    # The summary's shard list is the index's (validated there): the parent never parses the index.
+    shards = list(summary.shards) if summary is not None else list(raw.headers)
+    with gc_paused():
+        for shard in shards:  # in index order: the error raised is the first bad shard's, whoever met it
+            if shard in errors:
+                raise errors[shard]
+            if shard not in scans:  # not scanned (indexed but absent: raises here; or after a stop)
+                scans[shard] = scan_header_unpaused(shard, raw.headers[shard], raw.file_sizes.get(shard))
+    gc.freeze()
+    return [scans[s] for s in shards], summary
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def scan_plan(raw: RawCheckpoint) -> ScanPlan:
@@ -95,32 +291,10 @@ def scan_plan(raw: RawCheckpoint) -> ScanPlan:
                     header_bytes=sum(len(v) for v in raw.headers.values()))
 
 
-def _summary_in_worker() -> IndexSummary | None:
-    assert _SOURCE is not None
-    return _summary_in_process(_SOURCE)
-
-
-def _scan_batch(batch: _Batch) -> list[ShardScan]:
-    source = _SOURCE
-    assert source is not None
-    return [scan_header_unpaused(shard, source.headers[shard], size) for shard, size in batch]
-
-
-def _balanced_batches(sizes: dict[str, int | None], count: int) -> list[_Batch]:
-    """Split shards into ``count`` batches of similar total size (largest first, greedy)."""
-    batches: list[_Batch] = [[] for _ in range(count)]
-    load = [0] * count
-    for shard, size in sorted(sizes.items(), key=lambda kv: -(kv[1] or 0)):
-        i = load.index(min(load))
-        batches[i].append((shard, size))
-        load[i] += size or 1
-    return [b for b in batches if b]
-
-
 def process_count(raw: RawCheckpoint) -> int:
-    """Processes to scan with, the main one included (1 = in-process); CKPTINSPECT_WORKERS overrides.
+    """Processes to scan with, the parent included (1 = in-process); CKPTINSPECT_WORKERS overrides.
 
-    The main process scans too (it steals batches), so a 2-core machine runs one pool worker."""
+    The parent scans too, so a 2-core machine forks one worker."""
     if os.name != "posix":
         return 1
     configured = os.environ.get(WORKERS_ENV)
