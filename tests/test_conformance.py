@@ -118,6 +118,14 @@ def corpus() -> list[tuple[str, str | bytes, int, str | None]]:
         # Issue 11: an empty [0] tensor after a non-empty one at the same start (reference orders by (begin, end)).
         ("empty-after-nonempty-same-start", _body(_entry(E0), '"empty":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}',
                                                   REST), BASE_END, None),
+        # The parser tries the entry order before sorting: entries out of offset order must give the
+        # reference's answer too (valid when they tile the buffer, invalid with an overlap or a hole).
+        ("valid-entries-in-reverse-offset-order", _body(*(_entry(n) for n in reversed(NAMES))), BASE_END, None),
+        ("valid-empty-listed-after-the-tensor-at-its-offset",
+         _body(_entry(E0), '"empty":{"dtype":"F32","shape":[0],"data_offsets":[%d,%d]}' % (S0, S0), REST),
+         BASE_END, None),
+        ("reverse-order-with-overlap", _body(*(_entry(n) for n in reversed(NAMES[1:])),
+                                             _entry(E0, data_offsets=[1, S0 + 1])), BASE_END + 1, None),
         ("empty-at-end", _body(OK[1:-1], '"empty":{"dtype":"BF16","shape":[4,0],"data_offsets":[%d,%d]}'
                                 % (BASE_END, BASE_END)), BASE_END, None),
         ("two-empties-same-offset", _body('"e1":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}',

@@ -122,11 +122,16 @@ def parse_header(data: bytes, *, source: str, file_size: int | None = None) -> H
 
     # Contiguity: sorted by (begin, end) as the reference does (an empty tensor may share its start
     # with the next one), each tensor begins where the previous one ended (compared as whole lists,
-    # in C). Sorting by begin alone is cheaper and stable; the (begin, end) order is needed only when
-    # the first comparison fails, so it is tried before reporting.
-    order = sorted(range(len(begins)), key=begins.__getitem__)
-    starts = list(map(begins.__getitem__, order))
-    ends = list(map(add, starts, map(sizes.__getitem__, order)))
+    # in C). The safetensors library writes entries in offset order, so the entry order is tried
+    # first: a chain from 0 in any order tiles the buffer exactly, which is what the sorted check
+    # proves, and it spares the sort (~0.1 CPU-s on 371k tensors). Otherwise sorting by begin alone
+    # is cheaper and stable; the (begin, end) order is needed only when that comparison fails too.
+    starts = begins
+    ends = list(map(add, begins, sizes))
+    if starts and (starts[0] != 0 or starts[1:] != ends[:-1]):
+        order = sorted(range(len(begins)), key=begins.__getitem__)
+        starts = list(map(begins.__getitem__, order))
+        ends = list(map(add, starts, map(sizes.__getitem__, order)))
     if starts and (starts[0] != 0 or starts[1:] != ends[:-1]):
         order = sorted(range(len(begins)), key=lambda i: (begins[i], sizes[i]))
         starts = list(map(begins.__getitem__, order))
