@@ -45,7 +45,7 @@ def _comparable(scans) -> list:
     return [(s.shard, s.header_length, s.file_size, s.tensors, s.data_bytes, s.name_hash, s.groups) for s in scans]
 
 
-@pytest.mark.parametrize("workers,max_tokens", [(2, 1024), (3, 1024), (5, 1024), (3, 4)])
+@pytest.mark.parametrize("workers,max_tokens", [(2, 512), (3, 512), (5, 512), (3, 4)])
 def test_forked_scan_equals_in_process_scan(workers, max_tokens, many_shards, monkeypatch):
     """Same scans in index order and the same index summary, with 1-4 workers and with pipe numbers
     that stand for runs of shards (max_tokens 4: 11 shards -> 4 runs of 3 or 2)."""
@@ -163,3 +163,10 @@ def test_a_failure_in_the_parent_stops_and_reaps_the_workers(many_shards, monkey
     for pid in pids:
         with pytest.raises(ChildProcessError):  # already reaped: no zombie left behind
             os.waitpid(pid, os.WNOHANG)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "65", "٣"])
+def test_a_bad_worker_count_is_a_one_line_error(value, many_shards):
+    result = run_cli("report", str(many_shards), "--quiet", env={parallel.WORKERS_ENV: value})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"error: {parallel.WORKERS_ENV}={value!r} must be a whole number from 1 to 64"

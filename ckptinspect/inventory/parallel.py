@@ -32,9 +32,11 @@ PARALLEL_MIN_HEADER_BYTES = 4_000_000
 WORKERS_ENV = "CKPTINSPECT_WORKERS"
 _TOKEN = struct.Struct("<I")
 # The shard numbers are written into the pipe before any process reads it, so they must fit its
-# buffer (POSIX guarantees 4 KiB; Linux has 64 KiB): beyond this many shards a token stands for a run
-# of consecutive shards.
-_MAX_TOKENS = 1024
+# buffer (Linux: 64 KiB, and one 4 KiB page under pipe-user-pages limits; macOS: 16 KiB): 512 numbers
+# are 2 KiB. Beyond 512 shards a number stands for a run of consecutive shards.
+_MAX_TOKENS = 512
+# More processes than this only add fork and result-transfer costs (and a typo of 1000 would fork 999).
+_MAX_PROCESSES = 64
 
 
 def scan_checkpoint(raw: RawCheckpoint) -> tuple[list[ShardScan], IndexSummary | None]:
@@ -297,9 +299,11 @@ def process_count(raw: RawCheckpoint) -> int:
     The parent scans too, so a 2-core machine forks one worker."""
     if os.name != "posix":
         return 1
-    configured = os.environ.get(WORKERS_ENV)
+    configured = os.environ.get(WORKERS_ENV, "").strip()
     if configured:
-        return max(1, int(configured))
+        if not configured.isascii() or not configured.isdigit() or not 1 <= int(configured) <= _MAX_PROCESSES:
+            raise CkptInspectError(f"{WORKERS_ENV}={configured!r} must be a whole number from 1 to {_MAX_PROCESSES}")
+        return int(configured)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     plan = scan_plan(raw)
     volume, count = plan.header_bytes, len(plan.early)
