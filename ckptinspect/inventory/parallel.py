@@ -17,6 +17,7 @@ import os
 import pickle
 import signal
 import struct
+import threading
 import traceback
 from typing import Callable
 
@@ -294,10 +295,12 @@ def scan_plan(raw: RawCheckpoint) -> ScanPlan:
 
 
 def process_count(raw: RawCheckpoint) -> int:
-    """Processes to scan with, the parent included (1 = in-process); CKPTINSPECT_WORKERS overrides.
+    """Processes to scan with, the parent included (1 = in-process); CKPTINSPECT_WORKERS overrides the count.
 
     The parent scans too, so a 2-core machine forks one worker."""
-    if os.name != "posix":
+    # A process with other threads (the probe, after CUDA started) is never forked: a child can hang
+    # on a lock one of them held at the fork. The in-process scan gives the same scans.
+    if os.name != "posix" or threading.active_count() > 1:
         return 1
     configured = os.environ.get(WORKERS_ENV, "").strip()
     if configured:
