@@ -171,25 +171,3 @@ def test_a_bad_worker_count_is_a_one_line_error(value, many_shards):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == f"error: {parallel.WORKERS_ENV}={value!r} must be a whole number from 1 to 64"
 
-
-def test_a_process_with_other_threads_scans_in_process(many_shards, monkeypatch):
-    """Forking a multi-threaded process can leave the child waiting on a lock another thread held:
-    with a second thread alive the scan stays in the process (same scans), whatever the worker count."""
-    import threading
-
-    monkeypatch.setenv(parallel.WORKERS_ENV, "3")
-    stop = threading.Event()
-    helper = threading.Thread(target=stop.wait, daemon=True)
-    helper.start()
-    try:
-        with parallel.start_scan(open_source(str(many_shards), progress=False)) as scan:
-            assert not isinstance(scan, parallel._ForkedScan)
-            threaded = scan.finish()
-    finally:
-        stop.set()
-        helper.join()
-    assert _comparable(threaded[0]) == _comparable(_scan(many_shards, 1, monkeypatch)[0])
-    monkeypatch.setenv(parallel.WORKERS_ENV, "3")
-    with parallel.start_scan(open_source(str(many_shards), progress=False)) as scan:  # one thread again: forks
-        assert isinstance(scan, parallel._ForkedScan)
-        scan.finish()

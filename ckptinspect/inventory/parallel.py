@@ -17,7 +17,6 @@ import os
 import pickle
 import signal
 import struct
-import threading
 import traceback
 from typing import Callable
 
@@ -199,6 +198,8 @@ def _take_shards(raw: RawCheckpoint, plan: ScanPlan, runs: list[list[str]], toke
 
 def _worker_main(raw: RawCheckpoint, plan: ScanPlan, runs: list[list[str]], tokens: int, result: int,
                  summarizer: Callable[[], IndexSummary | None] | None) -> None:
+    """The forked child. It runs only the scan and raw os reads and writes: no stdio, logging or imports,
+    so no lock that another thread of the parent held at the fork is ever waited for."""
     status = 1
     try:
         gc.disable()
@@ -298,9 +299,7 @@ def process_count(raw: RawCheckpoint) -> int:
     """Processes to scan with, the parent included (1 = in-process); CKPTINSPECT_WORKERS overrides the count.
 
     The parent scans too, so a 2-core machine forks one worker."""
-    # A process with other threads (the probe, after CUDA started) is never forked: a child can hang
-    # on a lock one of them held at the fork. The in-process scan gives the same scans.
-    if os.name != "posix" or threading.active_count() > 1:
+    if os.name != "posix":
         return 1
     configured = os.environ.get(WORKERS_ENV, "").strip()
     if configured:
