@@ -171,3 +171,30 @@ def test_a_bad_worker_count_is_a_one_line_error(value, many_shards):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == f"error: {parallel.WORKERS_ENV}={value!r} must be a whole number from 1 to 64"
 
+
+
+def test_nothing_to_share_scans_in_process_whatever_the_worker_count(many_shards, tmp_path, monkeypatch):
+    """No weights at all, one file, or a source whose headers are already scanned (the Hub) never fork,
+    and a source's own scans are used as they are."""
+    from dataclasses import replace
+
+    from ckptinspect.records import ScanPlan
+
+    monkeypatch.setenv(parallel.WORKERS_ENV, "3")
+    config_only = tmp_path / "config_only"
+    config_only.mkdir()
+    shutil.copy(many_shards / "config.json", config_only / "config.json")
+    one_file = write_fixture(llama_bf16("llama_one_file", 1), tmp_path)
+    for path in (config_only, one_file):
+        assert parallel.process_count(open_source(str(path), progress=False)) == 1
+    results = [run_cli("report", str(config_only), "--format", "json", env={parallel.WORKERS_ENV: n}) for n in "13"]
+    assert results[0].returncode == results[1].returncode == 0 and results[0].stdout == results[1].stdout
+    assert "no-weights" in {f["code"] for f in json.loads(results[0].stdout)["findings"]}
+
+    raw = open_source(str(many_shards), progress=False)
+    serial, _ = _scan(many_shards, 1, monkeypatch)
+    prescanned = replace(raw, scan_plan=ScanPlan(early={}, header_bytes=10 ** 9, scanned={s.shard: s for s in serial}))
+    monkeypatch.setenv(parallel.WORKERS_ENV, "3")
+    assert parallel.process_count(prescanned) == 1
+    scans, _ = parallel.scan_checkpoint(prescanned)
+    assert all(a is b for a, b in zip(scans, serial)) and len(scans) == len(serial)

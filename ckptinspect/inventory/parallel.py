@@ -106,7 +106,7 @@ class _ForkedScan(Scan):
         self.plan = plan = scan_plan(raw)
         # Largest first, so the shards taken last (when one process may already be idle) are the smallest.
         order = sorted(plan.early, key=lambda s: -(plan.early[s] or 0))
-        per_token = -(-len(order) // _MAX_TOKENS)
+        per_token = max(1, -(-len(order) // _MAX_TOKENS))
         self.runs = [order[i:i + per_token] for i in range(0, len(order), per_token)]
         self.summarizer = _summarizer(raw, plan)
         self.children: list[tuple[int, int]] = []  # (pid, read end of its result pipe)
@@ -267,7 +267,8 @@ def _assemble(raw: RawCheckpoint, outcomes: list[_Outcome],
             raise outcome.summary_error
     summary = raw.index_summary if summarizer is None else next(
         (o.summary for o in outcomes if o.summary is not None), None)
-    scans = {scan.shard: scan for outcome in outcomes for scan in outcome.scans}
+    scans = dict(scan_plan(raw).scanned)  # scanned by the source as the headers arrived, if any
+    scans.update((scan.shard, scan) for outcome in outcomes for scan in outcome.scans)
     errors = {shard: exc for outcome in outcomes for shard, exc in outcome.errors.items()}
     # The summary's shard list is the index's (validated there): the parent never parses the index.
     shards = list(summary.shards) if summary is not None else list(raw.headers)
@@ -298,17 +299,21 @@ def scan_plan(raw: RawCheckpoint) -> ScanPlan:
 def process_count(raw: RawCheckpoint) -> int:
     """Processes to scan with, the parent included (1 = in-process); CKPTINSPECT_WORKERS overrides the count.
 
-    The parent scans too, so a 2-core machine forks one worker."""
+    The parent scans too, so a 2-core machine forks one worker. Fewer than two shards to scan early
+    (one file, or a Hub source, whose headers were scanned as they arrived) always scan in-process."""
     if os.name != "posix":
         return 1
     configured = os.environ.get(WORKERS_ENV, "").strip()
-    if configured:
-        if not configured.isascii() or not configured.isdigit() or not 1 <= int(configured) <= _MAX_PROCESSES:
-            raise CkptInspectError(f"{WORKERS_ENV}={configured!r} must be a whole number from 1 to {_MAX_PROCESSES}")
-        return int(configured)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if configured and (not configured.isascii() or not configured.isdigit()
+                       or not 1 <= int(configured) <= _MAX_PROCESSES):
+        raise CkptInspectError(f"{WORKERS_ENV}={configured!r} must be a whole number from 1 to {_MAX_PROCESSES}")
     plan = scan_plan(raw)
-    volume, count = plan.header_bytes, len(plan.early)
-    if volume < PARALLEL_MIN_HEADER_BYTES or count < 2 or cpus < 2:
+    count = len(plan.early)
+    if count < 2:
+        return 1
+    if configured:
+        return min(int(configured), count)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if plan.header_bytes < PARALLEL_MIN_HEADER_BYTES or cpus < 2:
         return 1
     return min(cpus, count, 8)
