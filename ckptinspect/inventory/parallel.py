@@ -2,12 +2,12 @@
 
 On a 2-core machine the 370k-tensor replica has ~0.9 CPU-s of header work and ~0.4 CPU-s of index
 parsing. The parent forks its workers directly (no executor: its feeder and result threads need the
-GIL, which the parent's json.loads holds for milliseconds at a time, so the first task reached the
-worker ~60 ms late). One worker parses the index first, which returns only an IndexSummary. Every
-process then takes shards one at a time from a shared pipe of shard numbers, largest shards first:
-the kernel hands each 4-byte read to exactly one reader, so no shard is scanned twice and the
-processes finish within one small shard of each other. Each worker sends its scans back in one
-pickle when the pipe is empty.
+GIL, which the parent's json.loads holds for milliseconds at a time, and its queued batches could not
+be taken back, so the processes finished 50-100 ms apart). One worker parses the index first, which
+returns only an IndexSummary. Every process then takes shards one at a time from a shared pipe of
+shard numbers, largest shards first: the kernel hands each 4-byte read to exactly one reader, so no
+shard is scanned twice and the processes finish within one small shard of each other. Each worker
+sends its scans back in one pickle when the pipe is empty.
 """
 
 from __future__ import annotations
