@@ -153,7 +153,7 @@ class _ForkedScan(Scan):
                     outcomes.append(_collect(*self.children.pop(0)))  # _collect reaps it, even on error
         finally:
             self.close()
-        return _assemble(self.raw, outcomes, self.summarizer)
+        return _assemble(self.raw, self.plan, outcomes, self.summarizer)
 
     def close(self) -> None:
         if self.tokens >= 0:
@@ -260,14 +260,14 @@ def _kill(pid: int, fd: int) -> None:
     os.waitpid(pid, 0)
 
 
-def _assemble(raw: RawCheckpoint, outcomes: list[_Outcome],
+def _assemble(raw: RawCheckpoint, plan: ScanPlan, outcomes: list[_Outcome],
               summarizer: Callable[[], IndexSummary | None] | None) -> tuple[list[ShardScan], IndexSummary | None]:
     for outcome in outcomes:
         if outcome.summary_error is not None:
             raise outcome.summary_error
     summary = raw.index_summary if summarizer is None else next(
         (o.summary for o in outcomes if o.summary is not None), None)
-    scans = dict(scan_plan(raw).scanned)  # scanned by the source as the headers arrived, if any
+    scans = dict(plan.scanned)  # scanned by the source as the headers arrived, if any
     scans.update((scan.shard, scan) for outcome in outcomes for scan in outcome.scans)
     errors = {shard: exc for outcome in outcomes for shard, exc in outcome.errors.items()}
     # The summary's shard list is the index's (validated there): the parent never parses the index.
