@@ -70,7 +70,10 @@ def test_qwen35_nvfp4_on_8x_b200_uses_sm100_choices(qwen35) -> None:
     f = _flags(plan)
     assert f["--moe-runner-backend"] == "flashinfer_trtllm"
     assert f["--attention-backend"] == "trtllm_mha"
-    assert f["--fp4-gemm-backend"] in _valid("sglang", "fp4_gemm_backend", "blackwell_dc")
+    # SGLang 0.5.23's own auto (flashinfer_cutedsl on SM100) is kept and said so (test_backend_auto.py)
+    assert "--fp4-gemm-backend" not in f
+    autos = {a.flag: a for a in plan.commands["sglang"].engine_auto}
+    assert autos["--fp4-gemm-backend"].value in _valid("sglang", "fp4_gemm_backend", "blackwell_dc")
     assert f["--kv-cache-dtype"] == "fp8_e4m3"
     assert "--disable-custom-all-reduce" not in f  # NVLink
     assert plan.chosen.mem.cap_reason is None  # the SM120 cap does not apply

@@ -89,6 +89,7 @@ def test_rule_values_are_sglang_choices(sglang_parsed) -> None:
         assert known is not None, f"{flag} has no choices in SGLang 0.5.23"
         values = [p["value"] for p in setting["picks"] if p["value"] is not None]
         values += [b["value"] for b in setting.get("bad", [])]
+        values += [a["value"] for key in ("auto", "alternatives") for a in setting.get(key, [])]
         values += [v for vs in setting.get("valid", {}).values() for v in vs]
         unknown = sorted(set(values) - set(known))
         assert not unknown, f"{flag}: {unknown} are not SGLang 0.5.23 choices"

@@ -1,7 +1,10 @@
 """Pick each engine setting from its rule file: first matching `picks` entry wins.
 
 A pick that is listed as `bad` for the same facts, or missing from the arch's `valid` list, is a
-broken rule file: RuleError, caught by the rule tests rather than shipped in a command.
+broken rule file: RuleError, caught by the rule tests rather than shipped in a command. Next to each
+pick the plan shows what the engine's own `auto` resolves to on these facts (a setting's `auto`
+entries, read from the engine's code) and the `alternatives` that also run here with the evidence
+for switching, so a user can tell a deliberate override from the engine default.
 """
 
 from __future__ import annotations
@@ -24,6 +27,26 @@ class Choice:
 
 @dataclass(frozen=True)
 class Avoid:
+    flag: str
+    value: str
+    reason: str
+    source: str
+
+
+@dataclass(frozen=True)
+class EngineAuto:
+    """What the engine's `auto` resolves a setting to here, and what the plan passes instead (None:
+    the flag is left out, so auto applies)."""
+
+    flag: str
+    value: str
+    reason: str
+    source: str
+    plan_value: str | bool | None
+
+
+@dataclass(frozen=True)
+class Alternative:
     flag: str
     value: str
     reason: str
@@ -63,6 +86,34 @@ def _check_pick(engine: str, name: str, value: Any, bad: list[Mapping[str, Any]]
         raise RuleError(f"{name}: pick {value!r} is also listed as known-bad", path=f"rules/engines/{engine}.yaml")
     if valid is not None and value not in valid:
         raise RuleError(f"{name}: pick {value!r} is not in the valid list {valid}", path=f"rules/engines/{engine}.yaml")
+
+
+def engine_auto(engine: str, facts: PlanFacts, choices: tuple[Choice, ...]
+                ) -> tuple[tuple[EngineAuto, ...], tuple[Alternative, ...]]:
+    """Each applicable setting's engine-side auto resolution and its alternatives on these facts."""
+    where = engine_rule_file(engine)
+    picked = {c.setting: c.value for c in choices}
+    autos, alts = [], []
+    for name, setting in engine_rules(engine)["settings"].items():
+        if not holds(setting.get("applies", {}), facts, source=where):
+            continue
+        auto = first_match(setting.get("auto", []), facts, source=where)
+        if auto is not None:
+            autos.append(EngineAuto(setting["flag"], auto["value"], auto["reason"], auto["source"], picked.get(name)))
+        alts.extend(Alternative(setting["flag"], a["value"], a["reason"], a["source"])
+                    for a in setting.get("alternatives", []) if holds(a["when"], facts, source=where)
+                    and a["value"] != picked.get(name))
+    return tuple(autos), tuple(alts)
+
+
+def resolved_value(engine: str, setting: str, facts: PlanFacts, choices: tuple[Choice, ...]) -> str | None:
+    """The value the engine runs with: the plan's pick, else what its auto resolves to (None: unknown)."""
+    pick = next((c.value for c in choices if c.setting == setting), None)
+    if pick is not None:
+        return str(pick)
+    rule = engine_rules(engine)["settings"].get(setting, {})
+    auto = first_match(rule.get("auto", []), facts, source=engine_rule_file(engine))
+    return auto["value"] if auto else None
 
 
 def env_for(engine: str, facts: PlanFacts) -> tuple[tuple[str, str, str, str], ...]:

@@ -6,7 +6,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptinspect.plan.backends import Avoid, Choice
+from ckptinspect.plan.backends import Alternative, Avoid, Choice, EngineAuto
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class Command:
     env: tuple[EnvLine, ...] = ()
     avoid: tuple[Avoid, ...] = ()
     caveats: tuple[str, ...] = ()
+    engine_auto: tuple[EngineAuto, ...] = ()  # what the engine's own auto resolves each setting to here
+    alternatives: tuple[Alternative, ...] = ()  # other values that run here, with the evidence to switch
 
     def args(self) -> list[str]:
         """Arguments after the launcher, as the engine's argument parser receives them."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from ckptinspect.plan.backends import Choice, choose, parsers_for
+from ckptinspect.plan.backends import Choice, choose, engine_auto, parsers_for
 from ckptinspect.plan.command import Command, FlagLine, LaunchInputs
 from ckptinspect.plan.kvcache import MemFraction
 from ckptinspect.plan.options import Option
@@ -122,5 +123,7 @@ def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: PlanFacts, 
             choices=choices, avoid=avoid, parsers=parsers, spec_enabled=on,
             spec=values, spec_reason=reason, trust_remote_code=cfg.has_remote_code, draft_flags=draft,
             caveats=caveats)
-        commands[name] = sglang_command(inputs) if name == "sglang" else vllm_command(inputs, efacts)
+        command = sglang_command(inputs) if name == "sglang" else vllm_command(inputs, efacts)
+        autos, alternatives = engine_auto(name, efacts, choices)
+        commands[name] = replace(command, engine_auto=autos, alternatives=alternatives)
     return speculative, commands, notes

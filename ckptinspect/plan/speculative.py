@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ckptinspect.plan.backends import Choice, arch_class
+from ckptinspect.plan.backends import Choice, arch_class, resolved_value
 from ckptinspect.plan.command import FlagLine
 from ckptinspect.plan.rules import PlanFacts, engine_rules
 from ckptinspect.records import Checkpoint, MtpAssessment
@@ -36,7 +36,9 @@ def draft_moe_flags(ck: Checkpoint, facts: PlanFacts, target_kind: str, choices:
     runs = rules["runs"].get(draft)
     if runs is None:
         return ()
-    target = next((c.value for c in choices if c.setting == "moe_runner_backend"), None) or "auto"
+    # SG:arg_groups/overrides.py _speculative_moe_runner_default: the draft runner is the target's
+    # *resolved* runner (auto already replaced, e.g. flashinfer_cutlass for modelopt_fp4 on SM120).
+    target = resolved_value("sglang", "moe_runner_backend", facts, choices) or "auto"
     cls = arch_class("sglang", facts.arch)
     valid = runs.get(cls, [])
     if target in valid:

@@ -133,6 +133,9 @@ def _command_json(cmd: Command) -> dict[str, Any]:
         "env": [{"name": e.name, "value": e.value, "reason": e.reason, "source": e.source} for e in cmd.env],
         "flags": [_flag_json(f) for f in cmd.flags],
         "avoid": [_avoid_json(a) for a in cmd.avoid],
+        "engine_auto": [{"flag": a.flag, "value": a.value, "plan_value": a.plan_value, "reason": a.reason,
+                         "source": a.source} for a in cmd.engine_auto],
+        "alternatives": [_avoid_json(a) for a in cmd.alternatives],
         "caveats": list(cmd.caveats),
     }
 

@@ -75,6 +75,15 @@ def _options(plan: Plan) -> list[str]:
     return out
 
 
+def _plan_side(a) -> str:
+    """How the plan's own value for a setting relates to the engine's auto."""
+    if a.plan_value is None:
+        return "plan keeps auto"
+    if str(a.plan_value) == a.value:
+        return "plan sets the same value explicitly"
+    return f"plan sets {a.plan_value}"
+
+
 def render_plan_text(plan: Plan | PlanFailure) -> str:
     if not plan.ok:
         return "\n".join(["Deployment plan", "==============="] + _failure_lines(plan)) + "\n"
@@ -86,6 +95,12 @@ def render_plan_text(plan: Plan | PlanFailure) -> str:
         lines += ["", f"{name} {cmd.version}:", cmd.shell(), "", "Why each flag:"]
         lines += [f"  {f.flag}: {f.reason} [{f.source}]" for f in cmd.flags]
         lines += [f"  env {e.name}={e.value}: {e.reason} [{e.source}]" for e in cmd.env]
+        if cmd.engine_auto:
+            lines.append("What the engine's auto picks here:")
+            lines += [f"  {a.flag} auto -> {a.value} ({_plan_side(a)}): {a.reason} [{a.source}]" for a in cmd.engine_auto]
+        if cmd.alternatives:
+            lines.append("Alternatives:")
+            lines += [f"  {a.flag} {a.value}: {a.reason} [{a.source}]" for a in cmd.alternatives]
         if cmd.avoid:
             lines.append("Avoid on this GPU:")
             lines += [f"  {a.flag} {a.value}: {a.reason} [{a.source}]" for a in cmd.avoid]
@@ -119,6 +134,12 @@ def render_plan_markdown(plan: Plan | PlanFailure) -> str:
         lines += [f"| `{f.flag}` | `{f.value if f.value is not None else ''}` | {f.reason} | {f.source} |"
                   for f in cmd.flags]
         lines += [f"| env `{e.name}` | `{e.value}` | {e.reason} | {e.source} |" for e in cmd.env]
+        if cmd.engine_auto:
+            lines += ["", "What the engine's auto picks here: " + "; ".join(
+                f"`{a.flag} auto` -> `{a.value}` ({_plan_side(a)}; {a.reason}, {a.source})" for a in cmd.engine_auto)]
+        if cmd.alternatives:
+            lines += ["", "Alternatives: " + "; ".join(f"`{a.flag} {a.value}` ({a.reason}, {a.source})"
+                                                     for a in cmd.alternatives)]
         if cmd.avoid:
             lines += ["", "Avoid on this GPU: " + "; ".join(f"`{a.flag} {a.value}` ({a.reason}, {a.source})"
                                                           for a in cmd.avoid)]
