@@ -36,7 +36,7 @@ EXPECTED = {
     "kimi_k3": ("unusable", "ready"),  # no SGLang Kimi-K3 NextN class found
     "qwen4_exp": ("ready", "ready"),
     "intern_s2_preview": ("ready", "ready"),
-    "interns2_mobius": ("unusable", "ready"),  # no SGLang Mobius draft mapping found
+    "interns2_mobius": ("ready", "ready"),  # SGLang 0.5.23 maps Mobius to Qwen3_5ForCausalLMMTP
 }
 
 

@@ -28,7 +28,7 @@ EXPECTED = {
     "minimax_m3_vl": ("minimax_m3", ("unusable", None), ("ready", "MiniMaxM3MTP")),
     "minimax_m3_text": ("minimax_m3", ("unusable", None), ("ready", "MiniMaxM3MTP")),
     "exaone_moe": ("exaone_moe", ("ready", "ExaoneMoEForCausalLMMTP"), ("ready", "ExaoneMoeMTP")),
-    "exaone4_5": ("exaone4_5", ("ready", "Exaone4_5_ForConditionalGenerationMTP"), ("ready", "Exaone4_5_MTP")),
+    "exaone4_5": ("exaone4_5", ("unusable", None), ("ready", "Exaone4_5_MTP")),  # no EXAONE-4.5 in SGLang 0.5.23
     "pangu_ultra_moe": ("pangu_ultra_moe", ("unusable", None), ("ready", "OpenPanguMTPModel")),
     "dots3_note": ("dots3_note", ("ready", "Dots3NoteForCausalLMNextN"), ("ready", "Dots3NoteMTPModel")),
     "inkling": ("inkling", ("ready", "InklingForConditionalGenerationMTP"), ("ready", "InklingMTPModel")),
@@ -37,10 +37,10 @@ EXPECTED = {
     # corrected families
     "mimo_v2_omni": ("mimo_v2_omni", ("unusable", None), ("degraded", "MiMoV2OmniMTPModel")),
     "nemotron_h_puzzle": ("nemotron_h", ("ready", "NemotronHForCausalLMMTP"), ("ready", "NemotronHMTPModel")),
-    "nemotron_h_omni": ("nemotron_h_omni", ("unusable", None), ("ready", "NemotronHMTPModel")),
-    "bailing_moe_v3": ("bailing_moe_v3", ("unusable", None), ("ready", "BailingMoeV3MTPModel")),
+    "nemotron_h_omni": ("nemotron_h_omni", ("ready", "NemotronHForCausalLMMTP"), ("ready", "NemotronHMTPModel")),
+    "bailing_moe_v3": ("bailing_moe_v3", ("ready", "BailingMoeForCausalLMNextN"), ("ready", "BailingMoeV3MTPModel")),
     "step3p7_vl": ("step3p5", ("ready", "Step3p5MTP"), ("ready", "Step3p5MTP")),
-    "glm_moe_dsa": ("glm_moe_dsa", ("ready", "DeepseekV3ForCausalLMNextN"), ("ready", "DeepseekV32MTPModel")),
+    "glm_moe_dsa": ("glm_moe_dsa", ("ready", "GlmMoeDsaForCausalLMNextN"), ("ready", "DeepseekV32MTPModel")),
     "longcat_flash_ngram": ("longcat_flash_ngram", ("unusable", None), ("ready", "LongCatFlashMTPModel")),
     # unknown architecture: generic scan
     "unknown_mtp_top": (None, ("degraded", None), ("degraded", None)),
@@ -154,11 +154,11 @@ def test_minimax_m3_vllm_builds_eh_proj_with_the_target_quant_config():
     assert any("eh_proj" in f.modules for f in load_rules().get("deepseek_v3").engines["vllm"].forced_unquantized)
 
 
-def test_exaone4_5_sglang_builds_fc_unquantized():
-    """SGLang's Exaone4_5_ForConditionalGenerationMTP makes fc a plain nn.Linear; vLLM's ExaoneMoeMTP builds it
-    as a ColumnParallelLinear with the target quant_config (nothing forced)."""
+def test_exaone4_5_has_no_sglang_draft_and_vllm_quantizes_fc():
+    """SGLang 0.5.23 ships no EXAONE-4.5 model (test_families_2026_c reads its _config_draft_model); vLLM's
+    ExaoneMoeMTP builds fc as a ColumnParallelLinear with the target quant_config (nothing forced)."""
     fam = load_rules().get("exaone4_5")
-    assert [f.modules for f in fam.engines["sglang"].forced_unquantized] == [("fc",)]
+    assert fam.engines["sglang"].draft_architecture is None
     assert all("fc" not in f.modules for f in fam.engines["vllm"].forced_unquantized)
 
 
@@ -239,8 +239,9 @@ def test_family_matching(arch, model_type, expected):
 
 def test_corrected_draft_classes():
     rules = load_rules()
-    # SG:configs/model_config.py _config_draft_model: GlmMoeDsaForCausalLM -> DeepseekV3ForCausalLMNextN
-    assert rules.get("glm_moe_dsa").engines["sglang"].draft_architecture == "DeepseekV3ForCausalLMNextN"
+    # SG:configs/model_config.py _config_draft_model: GlmMoeDsaForCausalLM -> GlmMoeDsaForCausalLMNextN
+    # (0.5.23; test_families_2026_c.py checks every family against that function's source)
+    assert rules.get("glm_moe_dsa").engines["sglang"].draft_architecture == "GlmMoeDsaForCausalLMNextN"
     # VL:config/speculative.py: BailingMoeV3ForCausalLM -> BailingMoeV3MTPModel, the 2.x family keeps V25
     assert rules.get("bailing_moe_v3").engines["vllm"].draft_architecture == "BailingMoeV3MTPModel"
     assert rules.get("bailing_moe").engines["vllm"].draft_architecture == "BailingMoeV25MTPModel"

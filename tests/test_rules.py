@@ -33,6 +33,8 @@ FAMILIES = {
 # issue 10 §3, part B (tests/test_families_2026_b.py)
 FAMILIES |= {"hy_v3", "hy_v4", "minimax_m3", "exaone_moe", "exaone4_5", "pangu_ultra_moe", "dots3_note", "inkling",
              "gemma4", "gemma4_assistant", "mimo_v2_omni", "nemotron_h_omni", "bailing_moe_v3", "longcat_flash_ngram"}
+# issue 20 §5 (tests/test_families_2026_c.py)
+FAMILIES |= {"gigachat35"}
 MINIMAL = TOY_FAMILY_RULE
 
 
@@ -122,8 +124,10 @@ def test_inheritance_merges_and_does_not_inherit_match():
     assert {"mtp-declared-but-absent", "mtp-bf16-not-excluded"} <= codes  # from deepseek_v3 / mtp_common
     vllm_absent = next(d for d in dsa.engines["vllm"].defects if d.code == "mtp-declared-but-absent")
     assert "ValueError" in vllm_absent.message  # deepseek_v3 replaced the common entry by code
-    # SG:configs/model_config.py _config_draft_model rewrites GlmMoeDsaForCausalLM to the DeepSeek NextN class
-    assert dsa.engines["sglang"].draft_architecture == "DeepseekV3ForCausalLMNextN"
+    # SG:configs/model_config.py _config_draft_model (0.5.23) rewrites GlmMoeDsaForCausalLM to its own
+    # DeepSeek-NextN subclass, overriding the inherited draft class (test_families_2026_c reads that function)
+    assert dsa.engines["sglang"].draft_architecture == "GlmMoeDsaForCausalLMNextN"
+    assert ruleset.get("deepseek_v32").engines["sglang"].draft_architecture == "DeepseekV3ForCausalLMNextN"
     mimo_v2 = ruleset.get("mimo_v2")
     assert "mtp-extra-layers-unused" not in {d.code for d in mimo_v2.engines["sglang"].defects}
     assert "mtp-extra-layers-unused" in {d.code for d in mimo_v2.engines["vllm"].defects}
