@@ -7,6 +7,9 @@
 - Every concrete family in `rules list` has a generated fixture that the real pipeline assigns to it.
 - GigaChat 3.5 (new): the MTP layer is found at model.layers.{L}, both engines are ready, and the
   dropped-MTP variant is unusable in both.
+- IQuest Q1 (new): the target says its draft ships separately; the separate draft checkpoint
+  (iquest_q1_mtp) has its layer under `mtp.`, is ready for SGLang (IQuestQ1MTP) and unusable when the
+  layer is dropped; vLLM has no IQuest model.
 """
 
 from __future__ import annotations
@@ -126,3 +129,33 @@ def test_gigachat35_gate_tensors_count_as_mtp(fixture_specs):
     mtp_names = {t.name for t in fixture_specs["gigachat35"].tensors if t.mtp}
     assert "model.layers.2.enorm.gate_up_projection.weight" in mtp_names
     assert "model.layers.2.self_attn.gate_proj.weight" in mtp_names
+
+
+def test_iquest_q1_draft_checkpoint_is_ready_in_sglang(report, fixture_specs):
+    r = report("iquest_q1_mtp")
+    mtp = r.mtp
+    assert mtp.family == "iquest_q1_mtp" and [layer.prefix for layer in mtp.layers] == ["mtp."]
+    assert mtp.tensors == fixture_specs["iquest_q1_mtp"].mtp_tensors and not mtp.layers[0].missing
+    assert (mtp.verdicts["sglang"].verdict, mtp.verdicts["sglang"].draft_architecture) == ("ready", "IQuestQ1MTP")
+    assert mtp.verdicts["vllm"].verdict == "unusable" and mtp.verdicts["vllm"].draft_architecture is None
+    # its fused experts (experts.fc / experts.proj) are routed experts of the draft layer, not "no experts"
+    assert "no-routed-experts" not in {f.code for f in r.checkpoint.findings}
+    assert any(g.component == "routed_expert" and g.pattern.endswith("experts.fc")
+               for g in r.checkpoint.inventory.mtp_groups())
+
+
+def test_iquest_q1_draft_without_its_layer_is_unusable(report):
+    mtp = report("iquest_q1_mtp_nomtp").mtp
+    assert (mtp.declared_layers, mtp.present_layers) == (1, 0)
+    assert mtp.verdicts["sglang"].verdict == "unusable"
+    assert "mtp-declared-but-absent" in mtp.verdicts["sglang"].reasons
+    note = next(f for f in mtp.findings if f.engine == "sglang" and f.code == "mtp-declared-but-absent")
+    assert "check_all_params_loaded" in note.message and note.severity == "error"
+
+
+def test_iquest_q1_target_points_to_its_separate_draft(report):
+    r = report("iquest_q1")
+    assert r.mtp.family == "iquest_q1" and r.mtp.present_layers == 0
+    assert {v.verdict for v in r.mtp.verdicts.values()} == {"absent"}
+    note = next(f for f in (*r.checkpoint.findings, *r.mtp.findings) if f.code == "mtp-ships-separately")
+    assert note.severity == "info" and "--speculative-draft-model-path" in note.message

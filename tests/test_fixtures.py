@@ -36,6 +36,8 @@ MTP_RE = {
     "minimax_m3": r"^(language_model\.)?model\.mtp\.", "exaone_moe": r"^mtp\.", "exaone4_5": r"^mtp\.",
     "inkling": r"^model\.mtp\.", "mimo_v2_omni": r"^model\.mtp\.", "longcat_flash_ngram": r"^model\.mtp\.",
     "nemotron_h_omni": r"^language_model\.mtp\.",
+    # issue 20 §5 (fixtures/families_2026_c.py): IQuest Q1's separate draft checkpoint
+    "iquest_q1_mtp": r"^mtp\.",
 }
 # DeepSeek-style families whose MTP layer may also (or instead) live under a second prefix: HY V4
 # releases name it model.mtp_layers.0 (SG:models/hunyuan_v4_nextn.py), dots3 ships a draft embedding

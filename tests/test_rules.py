@@ -34,7 +34,7 @@ FAMILIES = {
 FAMILIES |= {"hy_v3", "hy_v4", "minimax_m3", "exaone_moe", "exaone4_5", "pangu_ultra_moe", "dots3_note", "inkling",
              "gemma4", "gemma4_assistant", "mimo_v2_omni", "nemotron_h_omni", "bailing_moe_v3", "longcat_flash_ngram"}
 # issue 20 §5 (tests/test_families_2026_c.py)
-FAMILIES |= {"gigachat35"}
+FAMILIES |= {"gigachat35", "iquest_q1", "iquest_q1_mtp"}
 MINIMAL = TOY_FAMILY_RULE
 
 

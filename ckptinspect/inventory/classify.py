@@ -48,7 +48,9 @@ _ROLE_SUFFIXES: tuple[tuple[str, str], ...] = (
     ("_scales", "scale"),
     ("_bias", "bias"),
 )
-_BARE_WEIGHT = re.compile(r"\.experts\.(gate_up_proj|down_proj|gate_proj|up_proj|w1|w2|w3|w13)$")
+# IQuest Q1 stores its fused 3-D experts as bare "experts.fc" [E, 2I, H] / "experts.proj" [E, H, I]
+# (SG:models/iquest_q1.py load_iquest_q1_weights).
+_BARE_WEIGHT = re.compile(r"\.experts\.(gate_up_proj|down_proj|gate_proj|up_proj|w1|w2|w3|w13|fc|proj)$")
 _BNB_STATE = re.compile(r"\.weight\.quant_state\.bitsandbytes__\w+$")
 
 # Roles whose tensors are quantization companions: counted in tensors/bytes, never in params.
