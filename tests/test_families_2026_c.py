@@ -110,7 +110,7 @@ def test_gigachat35_mtp_layer_found_and_ready(report, fixture_specs):
     assert mtp.tensors == fixture_specs["gigachat35"].mtp_tensors and not mtp.layers[0].missing
     assert (mtp.verdicts["sglang"].verdict, mtp.verdicts["sglang"].draft_architecture) == \
            ("ready", "GigaChat35ForCausalLMNextN")
-    assert (mtp.verdicts["vllm"].verdict, mtp.verdicts["vllm"].draft_architecture) == ("ready", "GigaChat35MTP")
+    assert (mtp.verdicts["vllm"].verdict, mtp.verdicts["vllm"].draft_architecture) == ("ready", "GigaChat35MTPModel")
     assert not [f for f in mtp.findings if f.severity == "error"]
 
 
