@@ -42,7 +42,7 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
     if getattr(raw, "format", None) == "gguf":
         from ckptinspect.pipeline_gguf import checkpoint_from_gguf
 
-        return checkpoint_from_gguf(raw)
+        return checkpoint_from_gguf(raw, expert_findings=_expert_findings)
     checkpoint, _ = checkpoint_from_raw(raw, rules_dirs=rules_dirs)
     return checkpoint
 
@@ -52,9 +52,10 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
     """Checkpoint plus its MTP assessment."""
     raw = open_source(ref, revision=revision, token=token, progress=progress, scan=scan_header_unpaused)
     if getattr(raw, "format", None) == "gguf":
-        from ckptinspect.pipeline_gguf import report_from_gguf
+        from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf
 
-        return report_from_gguf(raw)
+        checkpoint = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
+        return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
     return report_from_raw(raw, rules_dirs=rules_dirs)
 
 

@@ -8,22 +8,21 @@ declared quantization, and the MTP verdict comes from rules/engines/llamacpp.yam
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ckptinspect.config.gguf_config import gguf_declared, gguf_model_config
 from ckptinspect.inventory.gguf_inventory import build_gguf_inventory
-from ckptinspect.records import Checkpoint, Finding
+from ckptinspect.records import Checkpoint, Finding, Inventory, ModelConfig, MtpAssessment
 from ckptinspect.sources.gguf_files import RawGguf
 
 
-def checkpoint_from_gguf(raw: RawGguf) -> Checkpoint:
+def checkpoint_from_gguf(raw: RawGguf, *, expert_findings: Callable[[Inventory, ModelConfig], list[Finding]]) -> Checkpoint:
+    """``expert_findings``: pipeline.py's routed-experts check (passed in: this module never imports pipeline)."""
     first_name, first = raw.parts[0]
     names = {t.name for _, h in raw.parts for t in h.tensors}
     config = gguf_model_config(first, names, source=f"{raw.location}/{first_name}")
     inventory = build_gguf_inventory(raw.parts, config.num_hidden_layers)
-    from ckptinspect.pipeline import _expert_findings
-
-    findings: list[Finding] = list(_expert_findings(inventory, config))
+    findings: list[Finding] = list(expert_findings(inventory, config))
     projectors = [f for f in raw.files if f.rsplit("/", 1)[-1].lower().startswith("mmproj")]
     if projectors:
         findings.append(Finding("gguf-projector-present", "info",
@@ -38,10 +37,7 @@ def checkpoint_from_gguf(raw: RawGguf) -> Checkpoint:
                       stats=stats, format="gguf")
 
 
-def report_from_gguf(raw: RawGguf, *, engine_version: str | None = None) -> Any:
-    from ckptinspect.pipeline import Report
+def assess_gguf(checkpoint: Checkpoint, raw: RawGguf, *, engine_version: str | None = None) -> MtpAssessment:
     from ckptinspect.readiness.gguf_mtp import assess_gguf_mtp
 
-    checkpoint = checkpoint_from_gguf(raw)
-    mtp = assess_gguf_mtp(checkpoint, raw.parts, raw.companions, version=engine_version)
-    return Report(checkpoint=checkpoint, mtp=mtp)
+    return assess_gguf_mtp(checkpoint, raw.parts, raw.companions, version=engine_version)

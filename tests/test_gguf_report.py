@@ -1,0 +1,146 @@
+"""GGUF checkpoints through the real report pipeline and CLI: inventory, llama.cpp MTP verdicts, hostile files.
+
+Fixtures are written by ggml's own writer (fixtures/gguf_models.py) with llama.cpp's metadata keys and
+tensor names: head inside (Q8_0), heavily quantized head (IQ3_S), head declared but dropped, head in an
+``mtp-*.gguf`` companion, no head, a split set, and qwen4exp (Qwen3.8-Flash-Next, heads fail to load).
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import report_json, run_cli  # noqa: E402
+
+from ckptinspect.header.gguf import ByteWindow, parse_gguf  # noqa: E402
+from ckptinspect.pipeline import build_report  # noqa: E402
+from ckptinspect.readiness.gguf_conditions import version_in  # noqa: E402
+from ckptinspect.readiness.gguf_mtp import assess_gguf_mtp, gguf_engine_rules  # noqa: E402
+from ckptinspect.sources import open_source  # noqa: E402
+from fixtures.gguf_models import MODEL_DIRS, MODELS, build  # noqa: E402
+
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    build(root)
+    return {name: root / MODEL_DIRS[name] for name in MODELS}
+
+
+EXPECTED = {  # model -> (verdict, reason code, present layers)
+    "GLM-4.5-Air-Q4_K_M": ("ready", "gguf-mtp-head-inside", 1),
+    "GLM-4.5-Air-Q8_0": ("ready", "gguf-mtp-head-inside", 1),
+    "GLM-4.5-Air-IQ3_S": ("degraded", "gguf-mtp-head-low-bits", 1),
+    "GLM-4.5-Air-noMTP-Q4_K_M": ("unusable", "gguf-mtp-declared-missing", 0),
+    "GLM-4.5-Air-trunk-Q4_K_M": ("ready", "gguf-mtp-head-companion", 1),
+    "GLM-4.5-Air-plain-Q4_K_M": ("absent", "gguf-no-mtp-head", 0),
+    "Qwen3.8-Flash-Next-UD-Q4_K_XL": ("unusable", "llamacpp-head-fails-to-load", 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_llamacpp_verdict_per_fixture(models, name):
+    report = build_report(str(models[name]), progress=False)
+    verdict, code, present = EXPECTED[name]
+    v = report.mtp.verdicts["llamacpp"]
+    assert (v.verdict, v.reasons, report.mtp.present_layers) == (verdict, (code,), present)
+    assert report.checkpoint.format == "gguf"
+    finding = next(f for f in report.mtp.findings if f.code == code)
+    if code == "gguf-mtp-head-companion":
+        assert "--spec-draft-model mtp-GLM-4.5-Air-trunk-Q8_0.gguf" in finding.message
+    if code == "gguf-mtp-head-low-bits":
+        assert "IQ3_S" in finding.message and "measure acceptance" in finding.message
+    if code == "llamacpp-head-fails-to-load":
+        assert finding.reference == "ggml-org/llama.cpp#29174"
+
+
+def test_inventory_counts_blocks_layers_experts_and_types(models):
+    report = build_report(str(models["GLM-4.5-Air-Q4_K_M"]), progress=False)
+    ck = report.checkpoint
+    # block_count (4) includes the NextN block: 3 main layers, MTP layer k=0 is blk.3
+    assert ck.config.num_hidden_layers == 3 and ck.config.routed_experts == 4
+    assert ck.declared.label == "gguf:Q4_K_M"
+    header = parse_gguf(ByteWindow((models["GLM-4.5-Air-Q4_K_M"] / "GLM-4.5-Air-Q4_K_M.gguf").read_bytes(),
+                                   source="x"))
+    assert ck.inventory.totals.tensors == len(header.tensors)
+    assert ck.inventory.totals.bytes == sum(t.nbytes for t in header.tensors)
+    mtp = ck.inventory.mtp_groups(0)
+    assert {g.pattern for g in mtp if ".nextn." in g.pattern} == {
+        f"blk.{{}}.nextn.{n}.weight" for n in ("eh_proj", "enorm", "hnorm", "embed_tokens", "shared_head_head",
+                                               "shared_head_norm")}
+    assert all(g.index == 3 for g in mtp)
+    assert {g.component for g in mtp if ".nextn.eh_proj" in g.pattern} == {"mtp_fusion"}
+    assert ck.inventory.experts_per_layer() == {1: 4, 2: 4}
+    matrices = {g.scheme for g in ck.inventory.main_groups() if g.role == "weight" and len(g.shape) > 1
+                and g.component != "router"}
+    assert matrices == {"Q4_K", "Q6_K"}  # output.weight stays Q6_K in Q4_K_M mixes
+
+
+def test_json_contract_has_format_and_ggml_schemes(models):
+    doc = report_json(models["GLM-4.5-Air-IQ3_S"])
+    assert doc["format"] == "gguf"
+    assert set(doc["quantization"]["schemes"]) == {"IQ3_S", "Q6_K", "F32"}
+    assert doc["mtp"]["verdict"] == {"llamacpp": "degraded"}
+    assert doc["mtp"]["engines"]["llamacpp"]["draft_quantization"] == "IQ3_S"
+    assert doc["model"]["num_hidden_layers"] == 3
+
+
+def test_split_set_report_equals_the_single_file_inventory_shape(models):
+    split = build_report(str(models["GLM-4.5-Air-Q8_0"]), progress=False)
+    assert len(split.checkpoint.inventory.shards) == 3
+    names = {g.pattern for g in split.checkpoint.inventory.groups}
+    single = build_report(str(models["GLM-4.5-Air-Q4_K_M"]), progress=False)
+    assert names == {g.pattern for g in single.checkpoint.inventory.groups}
+
+
+def test_version_ranges_and_drafted_architectures(models):
+    assert version_in("b10795", ">=b9180,<b11058") and not version_in("b11058", ">=b9180,<b11058")
+    assert not version_in("b9000", ">=b9180")
+    raw = open_source(str(models["GLM-4.5-Air-Q4_K_M"]), progress=False)
+    from ckptinspect.pipeline import _expert_findings
+    from ckptinspect.pipeline_gguf import checkpoint_from_gguf
+
+    ck = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
+    # before MTP landed (PR #22673, b9180) llama.cpp drafts with no architecture's head
+    old = assess_gguf_mtp(ck, raw.parts, raw.companions, version="b9000").verdicts["llamacpp"]
+    assert (old.verdict, old.reasons) == ("unusable", ("llamacpp-arch-not-drafted",))
+    rules = gguf_engine_rules()
+    assert rules["flags"]["spec_type"] == {"flag": "--spec-type", "value": "draft-mtp", "source": rules["flags"]["spec_type"]["source"]}
+
+
+def _truncated(path: Path, tmp: Path) -> Path:
+    out = tmp / "cut.gguf"
+    out.write_bytes(path.read_bytes()[:5000])
+    return out
+
+
+HOSTILE_FILES = {
+    "truncated": lambda models, tmp: _truncated(models["GLM-4.5-Air-Q4_K_M"] / "GLM-4.5-Air-Q4_K_M.gguf", tmp),
+    "huge-counts": lambda models, tmp: _write(tmp, b"GGUF" + struct.pack("<IQQ", 3, 2**62, 2**62)),
+    "string-past-file": lambda models, tmp: _write(tmp, b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 2**40 - 1) + b"k"),
+    "unknown-type": lambda models, tmp: _write(tmp, b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1) + b"k"
+                                               + struct.pack("<I", 99)),
+    "deep-arrays": lambda models, tmp: _write(tmp, b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1) + b"k"
+                                              + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 200),
+}
+
+
+def _write(tmp: Path, data: bytes) -> Path:
+    out = tmp / "bad.gguf"
+    out.write_bytes(data)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_FILES))
+def test_hostile_gguf_is_one_line_and_exit_2(models, tmp_path, case):
+    path = HOSTILE_FILES[case](models, tmp_path)
+    result = run_cli("report", str(path), "--quiet", timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and "Traceback" not in result.stderr
