@@ -107,6 +107,14 @@ def plan(ref: str, *, gpu: str, gpus: int, context: int | None = None, goal: str
 
     find_gpu(gpu)  # fail on a bad GPU name before reading any checkpoint
     report = build_report(check_ref(ref), rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    if report.checkpoint.format == "gguf":  # GGUF runs on llama.cpp (plan/llamacpp.py)
+        if engine not in ("both", "llamacpp"):
+            raise PlanError(f"{ref} is a GGUF checkpoint: plans are made for llama.cpp (--engine llamacpp), not {engine}")
+        from ckptinspect.plan.llamacpp import plan_llamacpp
+
+        return plan_llamacpp(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context)
+    if engine == "llamacpp":
+        raise PlanError(f"{ref} is not a GGUF checkpoint: llama.cpp plans are made for GGUF files")
     return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
                            engine=engine, probe_report=probe_report, max_context=max_context,
                            concurrency=concurrency)
