@@ -127,7 +127,16 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
 
     ra = build_report(check_ref(ref_a), rules_dirs=tuple(rules_dirs), progress=progress)
     rb = build_report(check_ref(ref_b), rules_dirs=tuple(rules_dirs), progress=progress)
-    return diff_checkpoints(ra.checkpoint, rb.checkpoint, ra.mtp, rb.mtp)
+    a, b = ra.checkpoint, rb.checkpoint
+    if a.format != b.format:  # safetensors vs GGUF: compare under the converter's Hugging Face names
+        from dataclasses import replace
+
+        from ckptinspect.inventory.gguf_names import hf_view
+
+        # a GGUF matches no family rule: take the other side's, so the layouts are compared, not the rule match
+        a = replace(hf_view(a), family=b.family) if a.format == "gguf" else a
+        b = replace(hf_view(b), family=a.family) if b.format == "gguf" else b
+    return diff_checkpoints(a, b, ra.mtp, rb.mtp)
 
 
 def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str | None = None,
