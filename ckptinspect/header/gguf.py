@@ -1,6 +1,6 @@
 """Bounded, validating GGUF header parser: metadata key/values and tensor infos, never tensor data.
 
-Layout (ggml docs/gguf.md; llama.cpp ggml/src/gguf.cpp ``gguf_init_from_file_impl``): magic ``GGUF``,
+Layout (ggml-org/ggml:docs/gguf.md; llama.cpp ggml/src/gguf.cpp ``gguf_init_from_file_impl``): magic ``GGUF``,
 u32 version (2 or 3; version 1 used 32-bit counts and is refused, as llama.cpp does), u64 tensor count,
 u64 key/value count, the key/values (u64-length UTF-8 key, u32 value type, value; arrays are u32 item
 type + u64 count + items), the tensor infos (name, u32 n_dims, u64 dims, u32 ggml type, u64 offset),

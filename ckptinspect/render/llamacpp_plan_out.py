@@ -23,14 +23,19 @@ def llamacpp_plan_json(plan: Any) -> dict[str, Any]:
     }
 
 
+def _size(n: int) -> str:
+    return f"{n / 1024 ** 3:.2f} GiB" if n >= 1024 ** 3 else f"{n / 1024 ** 2:.2f} MiB"
+
+
 def _text(plan: Any, markdown: bool) -> str:
-    gib = 1024 ** 3
-    cmd = " ".join(shlex.quote(x) for x in plan.command)
+    # one flag per line with backslash continuations: wrap_text leaves such lines whole, so it pastes
+    pairs = [f.flag if f.value is None else f"{f.flag} {shlex.quote(f.value)}" for f in plan.flags]
+    cmd = " \\\n  ".join([plan.command[0], *pairs])
     head = (f"llama.cpp {plan.engine_version} on {plan.gpus} x {plan.gpu}: {plan.gpu_layers}/{plan.total_layers} "
             f"blocks on GPU, context {plan.context:,}, MTP {plan.mtp}"
             f"{' (on)' if plan.mtp_on else ' (off)'}")
-    mem = (f"weights {plan.weight_bytes / gib:.2f} GiB ({plan.gpu_weight_bytes / gib:.2f} GiB on GPU), "
-           f"KV {plan.kv_bytes / gib:.2f} GiB, usable GPU memory {plan.gpu_bytes / gib:.2f} GiB")
+    mem = (f"weights {_size(plan.weight_bytes)} ({_size(plan.gpu_weight_bytes)} on GPU), "
+           f"KV {_size(plan.kv_bytes)}, usable GPU memory {_size(plan.gpu_bytes)}")
     fence = ["```"] if markdown else []
     lines = [f"# {head}" if markdown else head, "", mem, "", *fence, cmd, *fence, ""]
     lines.append("| flag | value | why |\n|---|---|---|" if markdown else "flag / value / why")
