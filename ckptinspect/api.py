@@ -74,6 +74,9 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
         raise PlanError("--gpu and --gpus go together")
     ref = example_ref() if ref is None else check_ref(ref)
     report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    if report.checkpoint.format == "gguf" and (tp is not None or gpu is not None):
+        raise PlanError("--tp / --gpu describe SGLang / vLLM deployments; for a GGUF run "
+                        "`ckptinspect plan MODEL --gpu GPU --gpus N` (a llama-server command)", path=ref)
     if tp is not None:
         report = replace(report, mtp_costs=(_mtp_cost(report, tp, ep),))
     if gpu is not None and gpus is not None:
@@ -149,6 +152,9 @@ def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str 
     if not str(output).endswith(".json.gz"):
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
     raw = open_source(check_ref(ref), revision=revision, token=token, progress=progress)
+    if getattr(raw, "format", None) == "gguf":
+        raise CkptInspectError("snapshots hold safetensors headers; a GGUF checkpoint is reported from its files",
+                               path=ref)
     write_snapshot(raw, output)
     return raw
 
@@ -164,7 +170,11 @@ def probe(ref: str, **options: Any) -> Any:
         raise ProbeError(f"probe needs torch and transformers: pip install 'ckptinspect[probe]' "
                          f"({exc.name} missing)") from exc
     from ckptinspect.probe.runner import run_probe
+    from ckptinspect.sources.gguf_local import looks_like_gguf
 
+    if looks_like_gguf(ref):
+        raise ProbeError("the probe runs safetensors checkpoints with transformers; GGUF files are not probed "
+                         "(llama-server logs its draft acceptance)", path=ref)
     return run_probe(check_ref(ref), **options)
 
 
@@ -176,7 +186,12 @@ def gate(report: Any, fail_on: str, engine: str = "both") -> list[str]:
                 if f.severity == "error"]
     if report.mtp is None:
         return []
-    engines = ENGINES if engine == "both" else (engine,)
+    # "both" gates every engine judged (sglang and vllm, or llamacpp for a GGUF); naming an engine that was
+    # not judged is an error, never a silent pass
+    engines = tuple(report.mtp.verdicts) if engine == "both" else (engine,)
+    if any(e not in report.mtp.verdicts for e in engines):
+        raise CkptInspectError(f"--fail-on: no {engine} verdict for this checkpoint (judged: "
+                               f"{', '.join(report.mtp.verdicts)})")
     return [f"{e}={report.mtp.verdicts[e].verdict}" for e in engines
             if e in report.mtp.verdicts and VERDICT_RANK[report.mtp.verdicts[e].verdict] >= FAIL_ON[fail_on]]
 

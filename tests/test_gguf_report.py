@@ -144,3 +144,18 @@ def test_hostile_gguf_is_one_line_and_exit_2(models, tmp_path, case):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and "Traceback" not in result.stderr
+
+
+def test_fail_on_gates_the_llamacpp_verdict_and_never_passes_silently(models, tmp_path):
+    low = str(models["GLM-4.5-Air-IQ3_S"])
+    gated = run_cli("report", low, "--fail-on", "degraded", "--quiet")
+    assert gated.returncode == 1 and "llamacpp=degraded" in gated.stderr
+    assert run_cli("report", str(models["GLM-4.5-Air-Q4_K_M"]), "--fail-on", "degraded", "--quiet").returncode == 0
+    wrong = run_cli("report", low, "--fail-on", "degraded", "--engine", "sglang", "--quiet")
+    assert wrong.returncode == 2 and "no sglang verdict" in wrong.stderr
+    for args in (("report", low, "--tp", "2"), ("snapshot", low, "-o", str(tmp_path / "s.json.gz"))):
+        refused = run_cli(*args, "--quiet")
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    from ckptinspect.sources.gguf_local import looks_like_gguf
+
+    assert looks_like_gguf(low) and looks_like_gguf(f"{low}:IQ3_S") and not looks_like_gguf("org/model")

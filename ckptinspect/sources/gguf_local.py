@@ -107,6 +107,12 @@ def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | Non
     return open_gguf_hub(repo_id, ref=ref, tag=tag, revision=rev, token=token)
 
 
+def looks_like_gguf(ref: str) -> bool:
+    """A local GGUF file or directory (no network: for commands that refuse GGUF before reading it)."""
+    path = Path(ref.rpartition(":")[0] if ":" in ref and not Path(ref).exists() else ref).expanduser()
+    return (path.is_file() and is_gguf(path.name)) or (path.is_dir() and _is_gguf_dir(path))
+
+
 def _is_gguf_dir(directory: Path) -> bool:
     """GGUF files present and no safetensors weights (a safetensors checkpoint with a GGUF copy stays safetensors)."""
     try:
