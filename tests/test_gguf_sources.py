@@ -140,3 +140,30 @@ def test_hub_repo_without_the_tag_lists_the_quants(quants):
                 open_source("org/missing-GGUF", progress=False)
         finally:
             del os.environ["HF_ENDPOINT"]
+
+
+def test_hub_reads_a_tokenizer_over_8_mib_in_a_few_ranges(tmp_path):
+    """The tokenizer comes first and can exceed 8 MiB: the reader extends from the current offset, sized
+    from the strings seen so far, so a few requests cover it and little past the header is received."""
+    tokens = [f"token-{i:08d}-with-a-longer-tail" for i in range(280_000)]  # ~10 MB: fewer, longer strings write faster
+    model = replace(MODELS["GLM-4.5-Air-Q4_K_M"], name="BigVocab-Q4_K_M",
+                    extra_kv={"tokenizer.ggml.tokens": ("strs", tokens)})
+    root = tmp_path / "big"
+    write_model(model, root)
+    with HubServer() as server:
+        server.add_repo("org/BigVocab-GGUF", root)
+        import os
+
+        os.environ["HF_ENDPOINT"] = server.url
+        try:
+            raw = open_source("org/BigVocab-GGUF", progress=False)
+            stats = server.stats()
+        finally:
+            del os.environ["HF_ENDPOINT"]
+    header_bytes = raw.parts[0][1].header_bytes
+    assert header_bytes > 8 * 1024 * 1024
+    assert raw.parts[0][1].metadata["tokenizer.ggml.tokens"].count == 280_000
+    ranges = [e for e in stats["log"] if "/api/models/" not in e[1] and e[3] == 206]
+    assert 2 <= len(ranges) <= 8
+    assert header_bytes <= raw.stats["bytes_received"] <= 1.05 * header_bytes
+    assert _summary(raw) == _summary(open_source(str(root), progress=False))
