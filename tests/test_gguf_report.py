@@ -159,3 +159,32 @@ def test_fail_on_gates_the_llamacpp_verdict_and_never_passes_silently(models, tm
     from ckptinspect.sources.gguf_local import looks_like_gguf
 
     assert looks_like_gguf(low) and looks_like_gguf(f"{low}:IQ3_S") and not looks_like_gguf("org/model")
+
+
+def test_a_separate_draft_model_companion_counts_as_the_head(tmp_path):
+    """Gemma 4 ships its MTP drafter as its own GGUF (mtp-*.gguf, loaded with -md): no nextn.* names, another
+    architecture string. The trunk below is a gemma4 dense layout in llama.cpp's names; the drafter's
+    architecture value is a stand-in (not taken from a real file)."""
+    from fixtures.gguf_models import write_gguf
+
+    def block(b: int, wtype: str) -> list:
+        return [(f"blk.{b}.attn_norm.weight", (256,), "F32"), (f"blk.{b}.attn_q.weight", (256, 256), wtype),
+                (f"blk.{b}.attn_k.weight", (128, 256), wtype), (f"blk.{b}.attn_v.weight", (128, 256), wtype),
+                (f"blk.{b}.attn_output.weight", (256, 256), wtype), (f"blk.{b}.ffn_up.weight", (256, 256), wtype),
+                (f"blk.{b}.ffn_gate.weight", (256, 256), wtype), (f"blk.{b}.ffn_down.weight", (256, 256), wtype)]
+
+    kv = {"gemma4.block_count": ("u32", 2), "gemma4.embedding_length": ("u32", 256),
+          "gemma4.attention.head_count": ("u32", 2), "gemma4.attention.head_count_kv": ("u32", 1),
+          "gemma4.context_length": ("u32", 8192), "general.file_type": ("u32", 15)}
+    trunk = [("token_embd.weight", (512, 256), "Q4_K"), ("output_norm.weight", (256,), "F32")] + block(0, "Q4_K") + block(1, "Q4_K")
+    write_gguf(tmp_path / "gemma-4-31B-it-Q4_K_M.gguf", "gemma4", kv, trunk)
+    draft_kv = {"gemma4-assistant.block_count": ("u32", 1), "gemma4-assistant.embedding_length": ("u32", 256)}
+    write_gguf(tmp_path / "mtp-gemma-4-31B-it-Q8_0.gguf", "gemma4-assistant", draft_kv, block(0, "Q8_0"))
+    report = build_report(str(tmp_path), progress=False)
+    v = report.mtp.verdicts["llamacpp"]
+    assert (v.verdict, v.reasons, report.mtp.present_layers) == ("ready", ("gguf-mtp-head-companion",), 1)
+    assert report.mtp.schemes == {"F32": 1, "Q8_0": 7}
+    from ckptinspect import api
+
+    plan = api.plan(str(tmp_path), gpu="h200", gpus=1)
+    assert any(f.flag == "--spec-draft-model" and f.value.endswith("mtp-gemma-4-31B-it-Q8_0.gguf") for f in plan.flags)

@@ -70,9 +70,26 @@ def locate_head(checkpoint: Checkpoint, parts: tuple, companions: tuple) -> dict
             tensors = [(name, t) for t in header.tensors if _bid(t.name) in cbids]
             return {"head": "companion", "declared": declared, "bids": cbids, "tensors": tensors,
                     "companion": name, "missing": []}
+    for name, header in companions:
+        # A separate draft model of its own architecture (Gemma 4's mtp-*.gguf "assistant"): no nextn.*
+        # names, the whole file is the head; its blocks are numbered from 0.
+        own = header.metadata.get("general.architecture")
+        if not found_nextn(header) and isinstance(own, str) and own != arch and header.tensors:
+            cbids = sorted({b for t in header.tensors if (b := _bid(t.name)) is not None}) or [0]
+            return {"head": "companion", "declared": declared, "bids": cbids, "companion": name, "missing": [],
+                    "tensors": [(name, t) for t in header.tensors]}
     missing = [f"blk.{b}.nextn.{r}" for b in bids for r in REQUIRED if r not in main.get(b, set())]
     head = "missing" if declared or main else "none"
     return {"head": head, "declared": declared, "bids": bids, "tensors": [], "companion": None, "missing": missing}
+
+
+def found_nextn(header: GgufHeader) -> bool:
+    return any(_NEXTN.match(t.name) for t in header.tensors)
+
+
+def _bid_or(name: str, default: int) -> int:
+    bid = _bid(name)
+    return default if bid is None else bid
 
 
 def _bid(name: str) -> int | None:
@@ -130,7 +147,7 @@ def _layers(where: dict[str, Any], checkpoint: Checkpoint) -> list[MtpLayerInfo]
     out = []
     first_bid = min(where["bids"]) if where["bids"] else 0
     for bid in where["bids"]:
-        tensors = [(f, t) for f, t in where["tensors"] if _bid(t.name) == bid]
+        tensors = [(f, t) for f, t in where["tensors"] if _bid_or(t.name, first_bid) == bid]
         if not tensors:
             continue
         schemes: dict[str, int] = {}
