@@ -188,3 +188,27 @@ def test_a_separate_draft_model_companion_counts_as_the_head(tmp_path):
 
     plan = api.plan(str(tmp_path), gpu="h200", gpus=1)
     assert any(f.flag == "--spec-draft-model" and f.value.endswith("mtp-gemma-4-31B-it-Q8_0.gguf") for f in plan.flags)
+
+
+def test_the_llamacpp_rule_file_is_checked_like_every_rule_file(tmp_path, monkeypatch):
+    from ckptinspect.errors import RuleError
+    from ckptinspect.readiness import gguf_mtp
+    from ckptinspect.rules import documents
+
+    good = (documents.rules_root() / "engines" / "llamacpp.yaml").read_text(encoding="utf-8")
+    bad = tmp_path / "llamacpp.yaml"
+    bad.write_text(good.replace("head_below: Q6_K", "head_belwo: Q6_K"))
+    result = run_cli("rules", "validate", str(bad))
+    assert result.returncode == 2 and "'head_belwo' was unexpected" in result.stderr
+    import shutil
+
+    shutil.copytree(documents.rules_root() / "schema", tmp_path / "schema")
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / "llamacpp.yaml").write_text(good.replace("{lowest_type}", "{lowest_kind}", 1))
+    monkeypatch.setattr(documents, "rules_root", lambda: tmp_path)
+    gguf_mtp.gguf_engine_rules.cache_clear()
+    try:
+        with pytest.raises(RuleError, match="unknown placeholder"):
+            gguf_mtp.gguf_engine_rules()
+    finally:
+        gguf_mtp.gguf_engine_rules.cache_clear()

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from string import Formatter
 from typing import Any
 
 from ckptinspect.config.gguf_config import nextn_layers
+from ckptinspect.errors import RuleError
 from ckptinspect.header.gguf import GgufHeader
 from ckptinspect.header.gguf_types import FLOAT_TYPES, GGML_TYPE_BY_NAME, INTEGER_TYPES
 from ckptinspect.readiness.gguf_conditions import GgufHeadFacts, version_in
@@ -25,6 +27,8 @@ from ckptinspect.records import Checkpoint, EngineVerdict, Finding, MtpAssessmen
 from ckptinspect.rules.conditions import evaluate
 
 REQUIRED = ("eh_proj", "enorm", "hnorm")
+# what a verdict's message / hint may name (rules/engines/llamacpp.yaml)
+PLACEHOLDERS = frozenset({"arch", "declared", "companion", "lowest_type", "lowest_tensor", "missing", "version"})
 ENGINE = "llamacpp"
 _NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.([a-z_0-9]+)\.")
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
@@ -35,7 +39,15 @@ def gguf_engine_rules(engine: str = ENGINE) -> dict[str, Any]:
     """rules/engines/<engine>.yaml, read through the safe loader and validated against its schema."""
     from ckptinspect.rules.documents import load_validated, rules_root
 
-    return load_validated(rules_root() / "engines" / f"{engine}.yaml", "gguf_engine.schema.json")
+    path = rules_root() / "engines" / f"{engine}.yaml"
+    doc = load_validated(path, "gguf_engine.schema.json")
+    for i, rule in enumerate(doc["verdicts"]):
+        for key in ("message", "hint"):
+            names = {field for _, field, _, _ in Formatter().parse(rule.get(key, "")) if field is not None}
+            if names - PLACEHOLDERS:
+                raise RuleError(f"$.verdicts[{i}].{key} uses unknown placeholder(s) {sorted(names - PLACEHOLDERS)}; "
+                                f"known: {', '.join(sorted(PLACEHOLDERS))}", path=str(path))
+    return doc
 
 
 def _nextn_parts(tensors) -> dict[int, set[str]]:
@@ -123,9 +135,10 @@ def assess_gguf_mtp(checkpoint: Checkpoint, parts: tuple, companions: tuple, *,
     values = {"arch": arch, "declared": where["declared"], "companion": where["companion"] or "-",
               "lowest_type": lowest_type or "-", "lowest_tensor": lowest_tensor or "-",
               "missing": ", ".join(where["missing"][:3]) or "-", "version": version}
+    hint = rule.get("hint")
     finding = Finding(rule["code"], rule["severity"], rule["message"].format_map(values), engine=engine,
                       subject=where["companion"] or lowest_tensor, reference=rule.get("reference"),
-                      hint=rule.get("hint"))
+                      hint=hint.format_map(values) if hint else None)
     layers = _layers(where, checkpoint)
     schemes: dict[str, int] = {}
     for _, t in where["tensors"]:
