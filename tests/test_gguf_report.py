@@ -204,7 +204,7 @@ def test_the_llamacpp_rule_file_is_checked_like_every_rule_file(tmp_path, monkey
 
     shutil.copytree(documents.rules_root() / "schema", tmp_path / "schema")
     (tmp_path / "engines").mkdir()
-    (tmp_path / "engines" / "llamacpp.yaml").write_text(good.replace("{lowest_type}", "{lowest_kind}", 1))
+    (tmp_path / "engines" / "llamacpp.yaml").write_text(good.replace("quantized to {lowest_type}", "quantized to {lowest_kind}"))
     monkeypatch.setattr(documents, "rules_root", lambda: tmp_path)
     gguf_mtp.gguf_engine_rules.cache_clear()
     try:
