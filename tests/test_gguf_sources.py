@@ -167,3 +167,19 @@ def test_hub_reads_a_tokenizer_over_8_mib_in_a_few_ranges(tmp_path):
     assert 2 <= len(ranges) <= 8
     assert header_bytes <= raw.stats["bytes_received"] <= 1.05 * header_bytes
     assert _summary(raw) == _summary(open_source(str(root), progress=False))
+
+
+def test_a_cache_holding_another_quant_falls_back_to_the_hub(quants, tmp_path, monkeypatch):
+    storage = tmp_path / "hf_home" / "hub" / "models--org--GLM-4.5-Air-GGUF"
+    with HubServer() as server:
+        server.add_repo("org/GLM-4.5-Air-GGUF", quants)
+        commit = server._repos["org/GLM-4.5-Air-GGUF"].commits["main"]
+        shutil.copytree(quants / "Q8_0", storage / "snapshots" / commit / "Q8_0")
+        (storage / "refs").mkdir()
+        (storage / "refs" / "main").write_text(commit)
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        assert open_source("org/GLM-4.5-Air-GGUF:Q8_0", progress=False).kind == "hf-cache"
+        assert open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False).kind == "hub"
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        with pytest.raises(NotFoundError, match="no GGUF model matches :Q4_K_M"):
+            open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False)

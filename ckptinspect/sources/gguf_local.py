@@ -93,13 +93,18 @@ def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | Non
     if m is None or ref.startswith((".", "/", "~")):
         return None
     repo_id, tag, rev = m.group("repo"), m.group("tag"), revision or m.group("rev")
-    cached = _cached_snapshot(repo_id, rev)
-    if cached is not None and _is_gguf_dir(cached):
-        return open_gguf_dir(cached, ref=ref, tag=tag, kind="hf-cache", revision=rev)
-    if tag is None and not repo_id.lower().endswith("gguf"):
-        return None
     from ckptinspect.sources.offline import hub_offline
 
+    cached = _cached_snapshot(repo_id, rev)
+    if cached is not None and _is_gguf_dir(cached):
+        try:
+            return open_gguf_dir(cached, ref=ref, tag=tag, kind="hf-cache", revision=rev)
+        except NotFoundError:
+            if hub_offline():
+                raise
+            # the cache holds another quant or part of a split set: read the headers from the Hub
+    elif tag is None and not repo_id.lower().endswith("gguf"):
+        return None
     if hub_offline():
         raise NotFoundError("HF_HUB_OFFLINE=1 and the GGUF repo is not in the local Hugging Face cache", path=ref)
     from ckptinspect.sources.gguf_hub import open_gguf_hub
