@@ -183,3 +183,23 @@ def test_a_cache_holding_another_quant_falls_back_to_the_hub(quants, tmp_path, m
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         with pytest.raises(NotFoundError, match="no GGUF model matches :Q4_K_M"):
             open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False)
+
+
+@pytest.mark.parametrize("kind, outcome", [("5xx", "retried"), ("ignore-range", "refused"), ("wrong-range", "refused")])
+def test_hub_faults_are_retried_or_refused_in_one_line(quants, monkeypatch, kind, outcome):
+    from ckptinspect.errors import SourceError
+
+    with HubServer() as server:
+        server.add_repo("org/GLM-4.5-Air-GGUF", quants)
+        server.add_fault(kind, path_contains=".gguf", times=1)
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        if outcome == "retried":
+            raw = open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False)
+            assert _summary(raw) == _summary(open_source(f"{quants}:Q4_K_M", progress=False))
+            return
+        with pytest.raises(SourceError) as err:
+            open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False)
+        message = str(err.value)
+        assert "GLM-4.5-Air-Q4_K_M.gguf" in message and "\n" not in message
+        # a 200 answer is closed unread (tensor data is never downloaded); a shifted range is not used
+        assert ("ranges are required" in message) if kind == "ignore-range" else ("got 'bytes 8-" in message)
