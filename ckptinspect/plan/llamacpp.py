@@ -101,15 +101,16 @@ def plan_llamacpp(ck: Checkpoint, mtp: MtpAssessment, *, gpu: str, gpus: int, co
         ctx //= 2
     if ctx < want:
         notes.append(f"context lowered from {want:,} to {ctx:,} so the KV cache leaves room for the weights")
-    fitted, used = 0, other
+    # the output head is counted against the GPUs from the start (it joins them once every block is there)
+    fitted, used, gpu_weights = 0, other, 0
     for bid in sorted(block_bytes, reverse=True):  # -ngl offloads the last blocks first
         need = block_bytes[bid] + kv_token * ctx
         if used + need > gpu_bytes:
             break
         used += need
+        gpu_weights += block_bytes[bid]
         fitted += 1
     all_in = fitted == total_layers
-    gpu_weights = sum(sorted(block_bytes.values())[-fitted:]) if fitted else 0
     flag_rows = _flags(ck, mtp, flags_rules, verdict.verdict, ctx, fitted, all_in, total_layers, companion)
     command = (rules["launcher"],) + tuple(x for f in flag_rows for x in ((f.flag,) if f.value is None else (f.flag, f.value)))
     if not all_in:
