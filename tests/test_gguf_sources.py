@@ -203,3 +203,14 @@ def test_hub_faults_are_retried_or_refused_in_one_line(quants, monkeypatch, kind
         assert "GLM-4.5-Air-Q4_K_M.gguf" in message and "\n" not in message
         # a 200 answer is closed unread (tensor data is never downloaded); a shifted range is not used
         assert ("ranges are required" in message) if kind == "ignore-range" else ("got 'bytes 8-" in message)
+
+
+def test_a_missing_gguf_path_is_not_taken_for_a_repo_id(tmp_path):
+    with pytest.raises(NotFoundError, match="no such GGUF file"):
+        open_source("models/GLM-4.5-Air-Q4_K_M.gguf", progress=False)
+    fifo = tmp_path / "pipe.gguf"
+    import os
+
+    os.mkfifo(fifo)
+    with pytest.raises(NotFoundError):  # never opened: a FIFO would block a reader
+        open_source(str(fifo), progress=False)

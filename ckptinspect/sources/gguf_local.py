@@ -89,6 +89,8 @@ def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | Non
         return open_gguf_dir(Path(base).expanduser(), ref=ref, tag=tag)
     if path.exists():
         return None
+    if is_gguf(ref):  # a file path that is not there, not a repo id
+        raise NotFoundError("no such GGUF file", path=ref)
     m = TAGGED_REF.match(ref)
     if m is None or ref.startswith((".", "/", "~")):
         return None
