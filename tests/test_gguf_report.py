@@ -212,3 +212,18 @@ def test_the_llamacpp_rule_file_is_checked_like_every_rule_file(tmp_path, monkey
             gguf_mtp.gguf_engine_rules()
     finally:
         gguf_mtp.gguf_engine_rules.cache_clear()
+
+
+def test_nextn_tensors_without_the_key_are_mtp_layers_and_unusable(tmp_path):
+    from fixtures.gguf_models import metadata, trunk_tensors, write_gguf
+
+    model = MODELS["GLM-4.5-Air-Q4_K_M"]
+    kv = metadata(model, nextn=0)
+    kv["glm4moe.block_count"] = ("u32", model.block_count)  # the NextN block counted, the key dropped
+    write_gguf(tmp_path / "GLM-4.5-Air-undeclared-Q4_K_M.gguf", "glm4moe", kv, trunk_tensors(model))
+    report = build_report(str(tmp_path), progress=False)
+    assert report.checkpoint.config.num_hidden_layers == 3
+    assert {g.mtp_layer for g in report.checkpoint.inventory.groups if g.index == 3} == {0}
+    v = report.mtp.verdicts["llamacpp"]
+    assert (v.verdict, v.reasons) == ("unusable", ("gguf-nextn-undeclared",))
+    assert any(f.code == "gguf-nextn-undeclared" and f.severity == "error" for f in report.mtp.findings)

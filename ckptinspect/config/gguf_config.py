@@ -59,6 +59,10 @@ def gguf_model_config(header: GgufHeader, tensor_names: set[str], *, source: str
     if nextn > blocks:
         raise ConfigError(f"{arch}.nextn_predict_layers ({nextn}) exceeds {arch}.block_count ({blocks})", path=source)
     layers = blocks - nextn
+    if not nextn:  # NextN tensors without the key: their blocks are still not decoder layers
+        nextn_bids = [int(n.split(".")[1]) for n in tensor_names if n.startswith("blk.") and ".nextn." in n
+                      and n.split(".")[1].isdigit()]
+        layers = min([layers, *nextn_bids])
     heads = _int(meta, f"{arch}.attention.head_count")
     kv_heads = _int(meta, f"{arch}.attention.head_count_kv")
     experts = _int(meta, f"{arch}.expert_count") or None

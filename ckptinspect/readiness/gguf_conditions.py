@@ -21,7 +21,7 @@ _RANGE = re.compile(r"^\s*(>=|<=|>|<|==)\s*b(\d+)\s*$")
 @dataclass(frozen=True)
 class GgufHeadFacts:
     arch: str
-    head: str  # inside | companion | missing | none
+    head: str  # inside | companion | missing | undeclared | none
     drafted: bool  # this engine version drafts with the architecture's NextN head
     lowest_bits: float | None  # bits per weight of the head's lowest-precision quantized weight
     version: str  # engine build, e.g. "b11058"

@@ -73,7 +73,7 @@ def locate_head(checkpoint: Checkpoint, parts: tuple, companions: tuple) -> dict
     bids = list(range(layers, layers + declared)) if declared else sorted(main)
     if _complete(main, bids):
         tensors = [(f, t) for f, h in parts for t in h.tensors if _bid(t.name) in bids]
-        return {"head": "inside", "declared": declared, "bids": bids, "tensors": tensors, "companion": None,
+        return {"head": "inside" if declared else "undeclared", "declared": declared, "bids": bids, "tensors": tensors, "companion": None,
                 "missing": []}
     for name, header in companions:
         found = _nextn_parts(header.tensors)
@@ -93,6 +93,7 @@ def locate_head(checkpoint: Checkpoint, parts: tuple, companions: tuple) -> dict
     missing = [f"blk.{b}.nextn.{r}" for b in bids for r in REQUIRED if r not in main.get(b, set())]
     head = "missing" if declared or main else "none"
     return {"head": head, "declared": declared, "bids": bids, "tensors": [], "companion": None, "missing": missing}
+    # "undeclared": NextN tensors inside, {arch}.nextn_predict_layers absent (llama.cpp sizes the head from the key)
 
 
 def found_nextn(header: GgufHeader) -> bool:
@@ -151,7 +152,7 @@ def assess_gguf_mtp(checkpoint: Checkpoint, parts: tuple, companions: tuple, *,
         declared_layers=where["declared"] or None, present_layers=len(layers),
         tensors=len(where["tensors"]), params=sum(t.elements for _, t in where["tensors"] if len(t.shape) > 1),
         bytes=sum(t.nbytes for _, t in where["tensors"]), schemes=schemes,
-        complete=where["head"] in ("inside", "companion"), layers=tuple(layers), verdicts={engine: verdict},
+        complete=where["head"] in ("inside", "companion", "undeclared"), layers=tuple(layers), verdicts={engine: verdict},
         findings=(finding,),
     )
 
