@@ -215,3 +215,34 @@ def test_extending_window_reads_only_what_the_header_needs(gguf_models):
     fetched = 16 + sum(b - a for a, b in calls)
     assert header.header_bytes - header.alignment <= fetched <= header.header_bytes * 1.25 + 16384
     assert all(a == b for (_, a), (b, _) in zip(calls, calls[1:]))  # each read extends from the current end
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small_gguf(tmp_path_factory) -> bytes:
+    path = tmp_path_factory.mktemp("fuzz") / "small.gguf"
+    kv = {"general.name": ("str", "fuzz"), "llama.block_count": ("u32", 1), "t.strs": ("strs", ["a", "bc"]),
+          "t.i32s": ("i32s", [1, 2, 3])}
+    write_gguf(path, "llama", kv, [("blk.0.attn_q.weight", (2, 256), "Q4_K"), ("output_norm.weight", (8,), "F32")])
+    return path.read_bytes()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 255)), min_size=1, max_size=6),
+       cut=st.one_of(st.none(), st.integers(0, 800)))
+def test_mutated_headers_parse_or_raise_header_error_only(small_gguf, edits, cut):
+    data = bytearray(small_gguf)
+    for pos, value in edits:
+        if pos < len(data):
+            data[pos] = value
+    if cut is not None:
+        data = data[:cut]
+    try:
+        header = parse_gguf(ByteWindow(bytes(data), source="fuzz.gguf", file_size=len(data)))
+    except HeaderError as err:
+        assert str(err).startswith("fuzz.gguf: ") and "\n" not in str(err)
+    else:
+        assert header.header_bytes <= len(data) + header.alignment and all(t.nbytes >= 0 for t in header.tensors)
