@@ -214,3 +214,13 @@ def test_a_missing_gguf_path_is_not_taken_for_a_repo_id(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(NotFoundError):  # never opened: a FIFO would block a reader
         open_source(str(fifo), progress=False)
+
+
+def test_companions_are_found_nearest_first():
+    from ckptinspect.sources.gguf_files import companions_for
+
+    names = ["UD-Q4_K_XL/M-UD-Q4_K_XL-00001-of-00002.gguf", "UD-Q4_K_XL/M-UD-Q4_K_XL-00002-of-00002.gguf",
+             "mtp-M-shared-Q8_0.gguf", "UD-Q4_K_XL/mtp-M-shared-Q4_K_M.gguf", "MTP/M-Q4_0-MTP.gguf",
+             "Q8_0/mtp-M-Q8_0.gguf"]
+    assert companions_for(names, "UD-Q4_K_XL/M-UD-Q4_K_XL") == [
+        "UD-Q4_K_XL/mtp-M-shared-Q4_K_M.gguf", "mtp-M-shared-Q8_0.gguf", "MTP/M-Q4_0-MTP.gguf"]

@@ -97,16 +97,19 @@ def select_set(names: list[str], tag: str | None, *, where: str) -> tuple[str, l
 
 
 def companions_for(names: list[str], chosen: str) -> list[str]:
-    """MTP head files shipped with the chosen set: in its folder, or in an ``MTP`` folder next to it."""
+    """MTP head files shipped with the chosen set, nearest first: in its folder, in an ``MTP`` folder next
+    to it, then at the top of the repo (a quant folder's model with one head file for all quants)."""
     folder = chosen.rsplit("/", 1)[0] if "/" in chosen else ""
-    out = []
+    places = [folder, f"{folder}/mtp" if folder else "mtp", "", "mtp"]
+    found: list[tuple[int, str]] = []
     for name in sorted(names):
         if not is_gguf(name) or not is_companion(name) or set_name(name) == chosen:
             continue
-        parent = name.rsplit("/", 1)[0] if "/" in name else ""
-        if parent == folder or parent.lower() == (f"{folder}/mtp" if folder else "mtp"):
-            out.append(name)
-    return out
+        parent = (name.rsplit("/", 1)[0] if "/" in name else "").lower()
+        rank = next((i for i, place in enumerate(places) if parent == place.lower()), None)
+        if rank is not None:
+            found.append((rank, name))
+    return [name for _, name in sorted(found)]
 
 
 def _short(name: str) -> str:
