@@ -126,9 +126,22 @@ HOSTILE_FILES = {
     "string-past-file": lambda models, tmp: _write(tmp, b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 2**40 - 1) + b"k"),
     "unknown-type": lambda models, tmp: _write(tmp, b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1) + b"k"
                                                + struct.pack("<I", 99)),
+    "no-architecture": lambda models, tmp: _write(tmp, b"GGUF" + struct.pack("<IQQ", 3, 0, 0)),
+    "nextn-over-block-count": lambda models, tmp: _write(tmp, b"GGUF" + struct.pack("<IQQ", 3, 0, 3)
+                                                         + _kv_str("general.architecture", "glm4moe")
+                                                         + _kv_u32("glm4moe.block_count", 2)
+                                                         + _kv_u32("glm4moe.nextn_predict_layers", 5)),
     "deep-arrays": lambda models, tmp: _write(tmp, b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1) + b"k"
                                               + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 200),
 }
+
+
+def _kv_str(key: str, value: str) -> bytes:
+    return struct.pack("<Q", len(key)) + key.encode() + struct.pack("<IQ", 8, len(value)) + value.encode()
+
+
+def _kv_u32(key: str, value: int) -> bytes:
+    return struct.pack("<Q", len(key)) + key.encode() + struct.pack("<II", 4, value)
 
 
 def _write(tmp: Path, data: bytes) -> Path:
