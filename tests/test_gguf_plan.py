@@ -49,7 +49,7 @@ def test_head_inside_gets_mtp_flags_from_the_rule_file(models):
 def test_companion_head_is_loaded_with_the_draft_model_flag(models):
     plan = api.plan(str(models["GLM-4.5-Air-trunk-Q4_K_M"]), gpu="h200", gpus=1)
     args = _args(plan)
-    assert args["--spec-draft-model"].endswith("/mtp-GLM-4.5-Air-trunk-Q8_0.gguf")
+    assert args["-md"].endswith("/mtp-GLM-4.5-Air-trunk-Q8_0.gguf")
     assert args["--spec-type"] == "draft-mtp"
 
 

@@ -53,7 +53,7 @@ def test_llamacpp_verdict_per_fixture(models, name):
     assert report.checkpoint.format == "gguf"
     finding = next(f for f in report.mtp.findings if f.code == code)
     if code == "gguf-mtp-head-companion":
-        assert "--spec-draft-model mtp-GLM-4.5-Air-trunk-Q8_0.gguf" in finding.message
+        assert "-md mtp-GLM-4.5-Air-trunk-Q8_0.gguf" in finding.message
     if code == "gguf-mtp-head-low-bits":
         assert "IQ3_S" in finding.message and "measure acceptance" in finding.message
     if code == "llamacpp-head-fails-to-load":
@@ -200,7 +200,7 @@ def test_a_separate_draft_model_companion_counts_as_the_head(tmp_path):
     from ckptinspect import api
 
     plan = api.plan(str(tmp_path), gpu="h200", gpus=1)
-    assert any(f.flag == "--spec-draft-model" and f.value.endswith("mtp-gemma-4-31B-it-Q8_0.gguf") for f in plan.flags)
+    assert any(f.flag == "-md" and f.value.endswith("mtp-gemma-4-31B-it-Q8_0.gguf") for f in plan.flags)
 
 
 def test_the_llamacpp_rule_file_is_checked_like_every_rule_file(tmp_path, monkeypatch):

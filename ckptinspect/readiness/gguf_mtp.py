@@ -7,7 +7,7 @@ block plus ``blk.{bid}.nextn.*`` tensors (convert_hf_to_gguf.py maps ``eh_proj``
 ``MODEL_TENSOR.NEXTN_*``). A block counts as present when its ``eh_proj``, ``enorm`` and ``hnorm`` are
 (the tensors every NextN architecture has; ``embed_tokens`` / ``shared_head_head`` are often shared
 with the trunk and dropped). The head is ``inside`` the model, in a ``companion`` file
-(``mtp-*.gguf``, loaded with ``--spec-draft-model``), ``missing`` (declared, absent) or ``none``.
+(``mtp-*.gguf``, loaded with ``-md``), ``missing`` (declared, absent) or ``none``.
 The rule file's first matching verdict decides; its message names the file, type and flag.
 """
 
