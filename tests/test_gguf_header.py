@@ -246,3 +246,17 @@ def test_mutated_headers_parse_or_raise_header_error_only(small_gguf, edits, cut
         assert str(err).startswith("fuzz.gguf: ") and "\n" not in str(err)
     else:
         assert header.header_bytes <= len(data) + header.alignment and all(t.nbytes >= 0 for t in header.tensors)
+
+
+def test_nested_short_arrays_are_kept_only_within_a_budget(tmp_path):
+    """4,000 arrays of 4,000 items each would build 16M Python ints: past the header's budget they are summarized."""
+    from ckptinspect.header.gguf import MAX_KEPT_ITEMS
+
+    inner = struct.pack("<IQ", 0, 4000) + bytes(4000)
+    body = struct.pack("<Q", 1) + b"k" + struct.pack("<IIQ", 9, 9, 4000) + inner * 4000
+    data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + body
+    header = parse_gguf(ByteWindow(data, source="n.gguf", file_size=len(data)))
+    value = header.metadata["k"]
+    assert len(value) == 4000
+    kept = sum(len(v) for v in value if isinstance(v, tuple))
+    assert kept <= MAX_KEPT_ITEMS and any(isinstance(v, GgufArray) and v.count == 4000 for v in value)

@@ -38,6 +38,7 @@ MAX_KEY_BYTES = 1 << 16
 MAX_STRING_BYTES = 16 << 20  # one string value (chat templates are ~10-100 kB)
 MAX_ARRAY_DEPTH = 3  # gguf.cpp reads no nested arrays at all; the writer can nest one level
 MAX_KEPT_ARRAY = 4096  # per-layer arrays (block_count items) are kept, vocabularies summarized
+MAX_KEPT_ITEMS = 1 << 16  # array items kept over a whole header (real headers keep a few hundred)
 MAX_HEADER_BYTES = 512 << 20  # ~30x the largest real header (262k-token vocabularies, ~15 MB)
 
 # GGUF value types (gguf-py constants.py ``class GGUFValueType``): id -> (name, struct code, size)
@@ -133,6 +134,7 @@ class _Parser:
         self.e = "<"
         self.source = window.source
         self.item_type = ""  # item type of the last top-level array read
+        self.keep_budget = MAX_KEPT_ITEMS  # array items kept as Python values, over the whole header
 
     def fail(self, message: str) -> HeaderError:
         return HeaderError(message, path=self.source)
@@ -191,10 +193,10 @@ class _Parser:
                             f"{max(self.w.cap - self.pos, 0):,} bytes that can follow")
         if item_type not in (STRING, ARRAY):
             at = self.take(count * size)
-            if count > MAX_KEPT_ARRAY:
+            if not self._keep(count):
                 return GgufArray(name, count)
             return tuple(struct.unpack_from(f"{self.e}{count}{code}", self.w.data, at))
-        keep = count <= MAX_KEPT_ARRAY
+        keep = self._keep(count)
         if item_type == STRING and not keep:
             self._skip_strings(key, count)
             return GgufArray("STRING", count)
@@ -222,6 +224,14 @@ class _Parser:
             return GgufArray("STRING" if item_type == STRING else "ARRAY", count)
         return tuple(items)
 
+
+    def _keep(self, count: int) -> bool:
+        """Whether an array of ``count`` items is kept as values (short, and within the header's budget:
+        nested arrays of short arrays could otherwise build millions of Python objects)."""
+        if count > MAX_KEPT_ARRAY or count > self.keep_budget:
+            return False
+        self.keep_budget -= count
+        return True
 
     def _skip_strings(self, key: str, count: int) -> None:
         """Walk ``count`` strings without decoding them (a tokenizer's 150k-600k tokens, in one tight loop).
