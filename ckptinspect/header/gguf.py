@@ -155,14 +155,16 @@ class _Parser:
     def u64(self) -> int:
         return self.num("Q", 8)
 
-    def string(self, what: str, cap: int, want: int = 0) -> str:
+    def string(self, what: str, cap: int, want: int = 0, *, strict: bool = True) -> str:
+        """A u64-length string. Keys and tensor names must be UTF-8 (they are matched exactly); values are
+        decoded with replacement, as llama.cpp's reader does not validate them either."""
         length = self.u64()
         if length > cap:
             raise self.fail(f"{what} is {length:,} bytes long, over the {cap:,}-byte cap")
         at = self.take(length, want)
         raw = bytes(self.w.data[at:at + length])
         try:
-            return raw.decode("utf-8")
+            return raw.decode("utf-8", "strict" if strict else "replace")
         except UnicodeDecodeError:
             raise self.fail(f"{what} at byte {at:,} is not valid UTF-8") from None
 
@@ -172,7 +174,7 @@ class _Parser:
             raise self.fail(f"key '{key}' has unknown value type {vtype}")
         name, code, size = spec
         if vtype == STRING:
-            return self.string(f"the value of '{key}'", MAX_STRING_BYTES)
+            return self.string(f"the value of '{key}'", MAX_STRING_BYTES, strict=False)
         if vtype == ARRAY:
             return self.array(key, depth + 1)
         return self.num(code, size)
@@ -212,10 +214,7 @@ class _Parser:
                 want = self.pos + int((count - i) * mean * 1.02) + 1024
                 at = self.take(length, want)
                 if keep:
-                    try:
-                        items.append(bytes(self.w.data[at:at + length]).decode("utf-8"))
-                    except UnicodeDecodeError:
-                        raise self.fail(f"item {i} of array '{key}' is not valid UTF-8") from None
+                    items.append(bytes(self.w.data[at:at + length]).decode("utf-8", "replace"))
             else:
                 value = self.array(key, depth + 1)
                 if keep:
