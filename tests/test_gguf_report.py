@@ -41,6 +41,7 @@ EXPECTED = {  # model -> (verdict, reason code, present layers)
     "GLM-4.5-Air-trunk-Q4_K_M": ("ready", "gguf-mtp-head-companion", 1),
     "GLM-4.5-Air-plain-Q4_K_M": ("absent", "gguf-no-mtp-head", 0),
     "Qwen3.8-Flash-Next-UD-Q4_K_XL": ("unusable", "llamacpp-head-fails-to-load", 1),
+    "Qwen3.6-35B-A3B-MTP-UD-Q4_K_XL": ("ready", "gguf-mtp-head-inside", 1),
 }
 
 
@@ -240,3 +241,17 @@ def test_nextn_tensors_without_the_key_are_mtp_layers_and_unusable(tmp_path):
     v = report.mtp.verdicts["llamacpp"]
     assert (v.verdict, v.reasons) == ("unusable", ("gguf-nextn-undeclared",))
     assert any(f.code == "gguf-nextn-undeclared" and f.severity == "error" for f in report.mtp.findings)
+
+
+def test_hybrid_qwen35moe_layers_and_a_head_without_embedding_or_lm_head(models):
+    """Qwen3.6 MTP GGUFs: Gated-DeltaNet blocks (ssm_*) with every 4th block attention, and a NextN block with
+    only eh_proj / enorm / hnorm / shared_head_norm (the trunk's embedding and head are shared)."""
+    report = build_report(str(models["Qwen3.6-35B-A3B-MTP-UD-Q4_K_XL"]), progress=False)
+    cfg = report.checkpoint.config
+    assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",) and cfg.attention_kind == "hybrid_linear"
+    assert report.mtp.present_layers == 1 and report.mtp.layers[0].prefix == "blk.4."
+    from ckptinspect.plan.llamacpp import _kv_per_token_layer, plan_llamacpp
+
+    plan = plan_llamacpp(report.checkpoint, report.mtp, gpu="h200", gpus=1, context=8192)
+    # KV for the one attention layer and the NextN block only: the recurrent layers keep a fixed state
+    assert plan.kv_bytes == 2 * 8192 * _kv_per_token_layer(report.checkpoint)

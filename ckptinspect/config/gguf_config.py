@@ -70,7 +70,14 @@ def gguf_model_config(header: GgufHeader, tensor_names: set[str], *, source: str
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = _int(meta, f"{arch}.vocab_size") or (tokens.count if isinstance(tokens, GgufArray)
                                                  else len(tokens) if isinstance(tokens, tuple) else None)
+    # Hybrid models (qwen3next, qwen35*) mix Gated-DeltaNet blocks (ssm_* tensors, a fixed-size state)
+    # with attention blocks: per layer from the tensors, since the layout keys differ per architecture.
+    linear = {int(n.split(".")[1]) for n in tensor_names if n.startswith("blk.") and ".ssm_" in n
+              and n.split(".")[1].isdigit()}
+    layer_types = tuple("linear_attention" if b in linear else "full_attention" for b in range(layers))
     attention = "mla" if kv_lora else ("gqa" if heads and kv_heads and kv_heads < heads else "mha")
+    if "linear_attention" in layer_types:
+        attention = "hybrid_linear"
     plain = {k: v for k, v in meta.items() if not isinstance(v, (GgufArray, tuple))}
     return ModelConfig(
         architecture=arch, model_type=arch, text_model_type=None, text_config_path="",
@@ -82,7 +89,7 @@ def gguf_model_config(header: GgufHeader, tensor_names: set[str], *, source: str
         shared_experts=(_int(meta, f"{arch}.expert_shared_count") or 0) if experts else None,
         shared_expert_intermediate_size=_int(meta, f"{arch}.expert_shared_feed_forward_length"),
         first_dense_layers=_int(meta, f"{arch}.leading_dense_block_count") or 0,
-        layer_types=("full_attention",) * layers, attention_kind=attention, kv_lora_rank=kv_lora,
+        layer_types=layer_types, attention_kind=attention, kv_lora_rank=kv_lora,
         qk_rope_head_dim=_int(meta, f"{arch}.rope.dimension_count") if kv_lora else None,
         qk_nope_head_dim=None, v_head_dim=_int(meta, f"{arch}.attention.value_length"),
         max_position_embeddings=_int(meta, f"{arch}.context_length"), sliding_window=_int(meta, f"{arch}.attention.sliding_window"),

@@ -97,14 +97,15 @@ def plan_llamacpp(ck: Checkpoint, mtp: MtpAssessment, *, gpu: str, gpus: int, co
     want = context or min(ck.config.max_position_embeddings or DEFAULT_CONTEXT_CAP, DEFAULT_CONTEXT_CAP)
     ctx, notes = want, []
     # Halve the context while its KV cache alone would take over half the GPUs (weights need the rest).
-    while ctx > MIN_CONTEXT and context is None and kv_token * ctx * total_layers > gpu_bytes // 2:
+    kv_layers = sum(1 for bid in block_bytes if _has_kv(ck, bid))
+    while ctx > MIN_CONTEXT and context is None and kv_token * ctx * kv_layers > gpu_bytes // 2:
         ctx //= 2
     if ctx < want:
         notes.append(f"context lowered from {want:,} to {ctx:,} so the KV cache leaves room for the weights")
     # the output head is counted against the GPUs from the start (it joins them once every block is there)
     fitted, used, gpu_weights = 0, other, 0
     for bid in sorted(block_bytes, reverse=True):  # -ngl offloads the last blocks first
-        need = block_bytes[bid] + kv_token * ctx
+        need = block_bytes[bid] + (kv_token * ctx if _has_kv(ck, bid) else 0)
         if used + need > gpu_bytes:
             break
         used += need
@@ -121,8 +122,16 @@ def plan_llamacpp(ck: Checkpoint, mtp: MtpAssessment, *, gpu: str, gpus: int, co
     return LlamaCppPlan(ok=True, engine_version=verdict.engine_version, gpu=spec.name, gpus=gpus, context=ctx,
                         gpu_layers=fitted, total_layers=total_layers, mtp=verdict.verdict, mtp_on=mtp_on,
                         weight_bytes=sum(block_bytes.values()) + other, gpu_weight_bytes=gpu_weights + (other if all_in else 0),
-                        kv_bytes=kv_token * ctx * fitted, gpu_bytes=gpu_bytes, flags=tuple(flag_rows),
+                        kv_bytes=kv_token * ctx * sum(1 for b in sorted(block_bytes)[total_layers - fitted:]
+                                                      if _has_kv(ck, b)),
+                        gpu_bytes=gpu_bytes, flags=tuple(flag_rows),
                         command=command, notes=tuple(notes))
+
+
+def _has_kv(ck: Checkpoint, bid: int) -> bool:
+    """A KV cache per token: attention layers and the NextN blocks; recurrent (ssm) layers keep a fixed state."""
+    types = ck.config.layer_types
+    return bid >= len(types) or types[bid] != "linear_attention"
 
 
 def _companion(ck: Checkpoint, mtp: MtpAssessment) -> str | None:
