@@ -224,3 +224,20 @@ def test_companions_are_found_nearest_first():
              "Q8_0/mtp-M-Q8_0.gguf"]
     assert companions_for(names, "UD-Q4_K_XL/M-UD-Q4_K_XL") == [
         "UD-Q4_K_XL/mtp-M-shared-Q4_K_M.gguf", "mtp-M-shared-Q8_0.gguf", "MTP/M-Q4_0-MTP.gguf"]
+
+
+def test_hub_report_equals_the_local_report(quants, monkeypatch):
+    from ckptinspect.pipeline import build_report
+    from ckptinspect.render.json_out import report_to_json, validate_report_json
+
+    with HubServer() as server:
+        server.add_repo("org/GLM-4.5-Air-GGUF", quants)
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        hub = report_to_json(build_report("org/GLM-4.5-Air-GGUF:trunk", progress=False))
+    local = report_to_json(build_report(f"{quants}:trunk", progress=False))
+    validate_report_json(hub)
+    assert hub["mtp"]["verdict"] == {"llamacpp": "ready"}
+    assert hub["mtp"]["engines"]["llamacpp"]["reasons"] == ["gguf-mtp-head-companion"]
+    for doc in (hub, local):
+        doc.pop("source")
+    assert hub == local
