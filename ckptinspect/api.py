@@ -74,6 +74,9 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
         raise PlanError("--gpu and --gpus go together")
     ref = example_ref() if ref is None else check_ref(ref)
     report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    if report.checkpoint.format == "gguf" and (tp is not None or gpu is not None):
+        raise PlanError("--tp / --gpu describe SGLang / vLLM deployments; for a GGUF run "
+                        "`ckptinspect plan MODEL --gpu GPU --gpus N` (a llama-server command)", path=ref)
     if tp is not None:
         report = replace(report, mtp_costs=(_mtp_cost(report, tp, ep),))
     if gpu is not None and gpus is not None:
@@ -107,6 +110,14 @@ def plan(ref: str, *, gpu: str, gpus: int, context: int | None = None, goal: str
 
     find_gpu(gpu)  # fail on a bad GPU name before reading any checkpoint
     report = build_report(check_ref(ref), rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    if report.checkpoint.format == "gguf":  # GGUF runs on llama.cpp (plan/llamacpp.py)
+        if engine not in ("both", "llamacpp"):
+            raise PlanError(f"{ref} is a GGUF checkpoint: plans are made for llama.cpp (--engine llamacpp), not {engine}")
+        from ckptinspect.plan.llamacpp import plan_llamacpp
+
+        return plan_llamacpp(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context)
+    if engine == "llamacpp":
+        raise PlanError(f"{ref} is not a GGUF checkpoint: llama.cpp plans are made for GGUF files")
     return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
                            engine=engine, probe_report=probe_report, max_context=max_context,
                            concurrency=concurrency)
@@ -119,7 +130,16 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
 
     ra = build_report(check_ref(ref_a), rules_dirs=tuple(rules_dirs), progress=progress)
     rb = build_report(check_ref(ref_b), rules_dirs=tuple(rules_dirs), progress=progress)
-    return diff_checkpoints(ra.checkpoint, rb.checkpoint, ra.mtp, rb.mtp)
+    a, b = ra.checkpoint, rb.checkpoint
+    if a.format != b.format:  # safetensors vs GGUF: compare under the converter's Hugging Face names
+        from dataclasses import replace
+
+        from ckptinspect.inventory.gguf_names import hf_view
+
+        # a GGUF matches no family rule: take the other side's, so the layouts are compared, not the rule match
+        a = replace(hf_view(a), family=b.family) if a.format == "gguf" else a
+        b = replace(hf_view(b), family=a.family) if b.format == "gguf" else b
+    return diff_checkpoints(a, b, ra.mtp, rb.mtp)
 
 
 def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str | None = None,
@@ -132,6 +152,9 @@ def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str 
     if not str(output).endswith(".json.gz"):
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
     raw = open_source(check_ref(ref), revision=revision, token=token, progress=progress)
+    if getattr(raw, "format", None) == "gguf":
+        raise CkptInspectError("snapshots hold safetensors headers; a GGUF checkpoint is reported from its files",
+                               path=ref)
     write_snapshot(raw, output)
     return raw
 
@@ -147,7 +170,11 @@ def probe(ref: str, **options: Any) -> Any:
         raise ProbeError(f"probe needs torch and transformers: pip install 'ckptinspect[probe]' "
                          f"({exc.name} missing)") from exc
     from ckptinspect.probe.runner import run_probe
+    from ckptinspect.sources.gguf_local import looks_like_gguf
 
+    if looks_like_gguf(ref):
+        raise ProbeError("the probe runs safetensors checkpoints with transformers; GGUF files are not probed "
+                         "(llama-server logs its draft acceptance)", path=ref)
     return run_probe(check_ref(ref), **options)
 
 
@@ -159,7 +186,12 @@ def gate(report: Any, fail_on: str, engine: str = "both") -> list[str]:
                 if f.severity == "error"]
     if report.mtp is None:
         return []
-    engines = ENGINES if engine == "both" else (engine,)
+    # "both" gates every engine judged (sglang and vllm, or llamacpp for a GGUF); naming an engine that was
+    # not judged is an error, never a silent pass
+    engines = tuple(report.mtp.verdicts) if engine == "both" else (engine,)
+    if any(e not in report.mtp.verdicts for e in engines):
+        raise CkptInspectError(f"--fail-on: no {engine} verdict for this checkpoint (judged: "
+                               f"{', '.join(report.mtp.verdicts)})")
     return [f"{e}={report.mtp.verdicts[e].verdict}" for e in engines
             if e in report.mtp.verdicts and VERDICT_RANK[report.mtp.verdicts[e].verdict] >= FAIL_ON[fail_on]]
 

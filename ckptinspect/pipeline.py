@@ -39,6 +39,10 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
                     token: str | None = None, progress: bool = True) -> Checkpoint:
     """Open ``ref`` (directory, snapshot, repo id) and build its Checkpoint."""
     raw = open_source(ref, revision=revision, token=token, progress=progress, scan=scan_header_unpaused)
+    if getattr(raw, "format", None) == "gguf":
+        from ckptinspect.pipeline_gguf import checkpoint_from_gguf
+
+        return checkpoint_from_gguf(raw, expert_findings=_expert_findings)
     checkpoint, _ = checkpoint_from_raw(raw, rules_dirs=rules_dirs)
     return checkpoint
 
@@ -47,6 +51,11 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
                  token: str | None = None, progress: bool = True) -> Report:
     """Checkpoint plus its MTP assessment."""
     raw = open_source(ref, revision=revision, token=token, progress=progress, scan=scan_header_unpaused)
+    if getattr(raw, "format", None) == "gguf":
+        from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf
+
+        checkpoint = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
+        return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
     return report_from_raw(raw, rules_dirs=rules_dirs)
 
 

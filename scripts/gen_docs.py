@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DOC_FILES = ("README.md", "CONTRIBUTING.md", "docs/json_contract.md", "docs/rules_format.md",
-             "docs/hub_and_wire.md", "docs/plan.md")
+             "docs/hub_and_wire.md", "docs/plan.md", "docs/gguf.md")
 MARKER = re.compile(r"(<!-- gen:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /gen:(?P=name) -->)", re.S)
 DOC_WIDTH = 100  # the text examples are shown as a 100-column terminal prints them
 VERDICT_FIXTURES = ("qwen3_5_moe_nvfp4", "qwen3_5_moe_nvfp4_nomtp", "qwen3_5_moe_mtp_incomplete",
@@ -54,6 +54,15 @@ class Context:
             self._fixtures[name] = build_fixture(name, self.tmp / "fixtures")
         return self._fixtures[name]
 
+    def gguf(self, name: str) -> Path:
+        """The directory of one fixtures/gguf_models.py model (all of them are written on first use)."""
+        from fixtures.gguf_models import MODEL_DIRS, build
+
+        root = self.tmp / "gguf"
+        if not root.is_dir():
+            build(root)
+        return root / MODEL_DIRS[name]
+
     def replica(self) -> Path:
         if self._replica is None:
             from fixtures.replica import build_replica
@@ -63,7 +72,7 @@ class Context:
 
     def clean(self, text: str) -> str:
         """Placeholders for the machine-specific paths."""
-        out = text.replace(str(self.tmp / "fixtures") + "/", "FIXTURES/")
+        out = text.replace(str(self.tmp / "fixtures") + "/", "FIXTURES/").replace(str(self.tmp / "gguf") + "/", "GGUF/")
         if self._replica is not None:
             out = out.replace(str(self._replica), "<replica>")
         out = out.replace(str(self.tmp / "hf-cache"), "<hf-cache>")
@@ -206,7 +215,39 @@ def fixture_table(ctx: Context) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gguf_verdicts(ctx: Context) -> str:
+    from ckptinspect import api
+    from fixtures.gguf_models import MODELS
+
+    rows = [f"{'GGUF fixture':<31} {'head':<10} {'llama.cpp b11058':<17} reason"]
+    for name in MODELS:
+        report = api.inspect(str(ctx.gguf(name)))
+        mtp, own = report.mtp, {sh.name for sh in report.checkpoint.inventory.shards}
+        v = mtp.verdicts["llamacpp"]
+        files = {f for layer in mtp.layers for f in layer.shards}
+        where = ("companion" if files - own else "inside" if files else "missing" if mtp.declared_layers else "none")
+        rows.append(f"{name:<31} {where:<10} {v.verdict:<17} {','.join(v.reasons)}")
+    return fence("text", "\n".join(rows))
+
+
+def gguf_report(ctx: Context) -> str:
+    path = ctx.gguf("GLM-4.5-Air-trunk-Q4_K_M")
+    res = ctx.cli("report", str(path))
+    assert res.returncode == 0, res.stderr
+    return fence("text", ctx.clean(f"$ ckptinspect report {path}\n{res.stdout}"))
+
+
+def gguf_plan(ctx: Context) -> str:
+    path = ctx.gguf("GLM-4.5-Air-IQ3_S")
+    res = ctx.cli("plan", str(path), "--gpu", "rtx-5090", "--gpus", "1", "--context", "32768")
+    assert res.returncode == 0, res.stderr
+    return fence("text", ctx.clean(f"$ ckptinspect plan {path} --gpu rtx-5090 --gpus 1 --context 32768\n{res.stdout}"))
+
+
 BLOCKS: dict[str, Callable[[Context], str]] = {
+    "gguf-verdicts": gguf_verdicts,
+    "gguf-report": gguf_report,
+    "gguf-plan": gguf_plan,
     "bundled-report": bundled_report,
     "bundled-json": bundled_json,
     "fail-on-gate": fail_on_gate,

@@ -15,6 +15,7 @@ import pytest
 
 import ckptinspect.plan.memory  # noqa: F401  (registers the placement conditions)
 import ckptinspect.readiness.conditions  # noqa: F401  (registers the family conditions)
+import ckptinspect.readiness.gguf_conditions  # noqa: F401  (registers the gguf conditions)
 from ckptinspect.errors import RuleError
 from ckptinspect.plan.rules import PlanFacts
 from ckptinspect.rules.conditions import CONDITION_SCHEMAS, condition_keys, evaluate, register

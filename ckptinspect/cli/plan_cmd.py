@@ -26,7 +26,8 @@ EXAMPLES = (
 @click.option("--concurrency", type=click.IntRange(1), default=1, show_default=True,
               help="Concurrent requests the max-context solver sizes the KV pool for.")
 @click.option("--goal", type=click.Choice(["latency", "throughput"]), default="latency", show_default=True)
-@click.option("--engine", type=click.Choice(["sglang", "vllm", "both"]), default="both", show_default=True)
+@click.option("--engine", type=click.Choice(["sglang", "vllm", "both", "llamacpp"]), default="both", show_default=True,
+              help="Engine(s) to plan for; a GGUF checkpoint is planned for llama.cpp (llamacpp).")
 @click.option("--probe-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Probe JSON whose recommendation sets the speculative steps / draft tokens.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)

@@ -42,7 +42,8 @@ EXAMPLES = (
 def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_dirs: tuple[Path, ...],
            gpu: str | None, gpus: int | None, context: int | None, tp: int | None, ep: int | None,
            revision: str | None, token: str | None, wide: bool, quiet: bool, verbose: bool) -> None:
-    """Inspect MODEL (a directory, org/name[@revision], or a .json.gz snapshot).
+    """Inspect MODEL (a directory, org/name[@revision], a .json.gz snapshot, or a GGUF model: a .gguf
+    file, DIR:TAG, org/repo:TAG; see docs/gguf.md).
 
     Without MODEL, reports the bundled example (a tiny checkpoint with the layout of
     nvidia/Qwen3.5-397B-A17B-NVFP4). Reads config files and safetensors headers only.

@@ -27,6 +27,7 @@ def report_to_json(report: Any) -> dict[str, Any]:
     findings = list(ck.findings) + (list(report.mtp.findings) if report.mtp else [])
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
+        "format": ck.format,
         "source": {"ref": ck.ref, "kind": ck.kind, "location": ck.location,
                    "revision": ck.stats.get("revision")},
         "model": {
@@ -55,7 +56,9 @@ def report_to_json(report: Any) -> dict[str, Any]:
             "schemes": {k: bucket_json(v) for k, v in by_scheme(inv).items()},
         },
         "components": by_component(inv),
-        "shards": {"count": len(inv.shards), "header_bytes": sum(s.header_length + 8 for s in inv.shards),
+        # a GGUF ShardInfo's header_length is its whole header (magic to data section); safetensors adds the prefix
+        "shards": {"count": len(inv.shards),
+                   "header_bytes": sum(s.header_length + (8 if ck.format == "safetensors" else 0) for s in inv.shards),
                    "files": [s.name for s in inv.shards]},
         "mtp": mtp_to_json(report.mtp),
         "findings": [finding_json(f) for f in findings],

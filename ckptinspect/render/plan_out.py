@@ -17,6 +17,10 @@ __all__ = ["FORMATS", "plan_json", "render_plan"]
 
 def render_plan(plan: Any, fmt: str, *, width: int | None = None) -> str:
     """The plan as ``fmt``; text is wrapped to ``width`` (shell command lines stay whole)."""
+    if type(plan).__name__ == "LlamaCppPlan":  # a GGUF checkpoint's llama-server plan
+        from ckptinspect.render.llamacpp_plan_out import render_llamacpp_plan
+
+        return render_llamacpp_plan(plan, fmt, width=width)
     if fmt == "json":
         return json.dumps(plan_json(plan), indent=2) + "\n"
     if fmt == "markdown":

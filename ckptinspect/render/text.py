@@ -27,7 +27,8 @@ def sections(report: Any, colour: bool = False) -> list[tuple[str, list[str], li
         ["Checkpoint", f"{ck.ref} ({ck.kind})"],
         ["Architecture", f"{cfg.architecture} / {cfg.model_type}"
          + (f" / text {cfg.text_model_type}" if cfg.text_model_type else "")],
-        ["Family rule", ck.family or "none (generic MTP scan)"],
+        ["Family rule", ck.family or ("none (GGUF: rules/engines/llamacpp.yaml)" if ck.format == "gguf"
+                                       else "none (generic MTP scan)")],
         ["Layers / hidden", f"{cfg.num_hidden_layers} / {cfg.hidden_size}"],
         ["Attention", _attention(cfg)],
         ["Experts", experts],

@@ -10,7 +10,9 @@ evaluated against:
 - ``plan``: rules/engines/*.yaml picks, caps, parsers, env, notes and divisibility checks, over the
   checkpoint's config / inventory facts and the GPU (plan/rules.py ``PlanFacts``);
 - ``placement``: rules/engines/common.yaml ``memory_model.placements``, over one tensor group
-  (plan/memory.py).
+  (plan/memory.py);
+- ``gguf``: rules/engines/llamacpp.yaml ``verdicts``, over a GGUF checkpoint's NextN head as one engine
+  version sees it (readiness/gguf_conditions.py ``GgufHeadFacts``).
 
 Conditions are over config, inventory and GPU facts only, never over the name the user typed: a local
 copy and the Hub repo of one checkpoint get the same answers. The JSON Schemas list the same keys
@@ -32,6 +34,7 @@ CONDITION_SCHEMAS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "family": ("rules/families/*.yaml", "family.schema.json", ("$defs", "condition", "properties")),
     "plan": ("rules/engines/*.yaml", "engine.schema.json", ("$defs", "when", "properties")),
     "placement": ("rules/engines/common.yaml", "engine.schema.json", ("$defs", "placement_when", "properties")),
+    "gguf": ("rules/engines/llamacpp.yaml", "gguf_engine.schema.json", ("$defs", "when", "properties")),
 }
 
 _REGISTRY: dict[str, dict[str, Condition]] = {kind: {} for kind in CONDITION_SCHEMAS}

@@ -74,6 +74,8 @@ def plan_rule_schema(path: Path) -> str | None:
     doc = load_rule_yaml(read_rule_bytes(path), path)
     if isinstance(doc, dict) and doc.get("kind") in ("engine", "common"):
         return "engine.schema.json"
+    if isinstance(doc, dict) and doc.get("kind") == "gguf_engine":
+        return "gguf_engine.schema.json"
     if isinstance(doc, dict) and "gpus" in doc and "id" not in doc:
         return "gpus.schema.json"
     return None

@@ -2,6 +2,7 @@
 
 - an existing directory                -> local (sources/local.py)
 - a ``*.json.gz`` file                 -> a metadata snapshot (sources/snapshot.py)
+- a GGUF file / directory / repo       -> sources/gguf_local.py, gguf_hub.py (a RawGguf, not a RawCheckpoint)
 - ``org/name[@revision]``              -> the local Hugging Face cache when it holds the whole
                                           checkpoint (sources/hf_cache.py), else the Hub over HTTP
                                           ranges (sources/hub.py); ``HF_HUB_OFFLINE=1`` forbids the Hub.
@@ -39,6 +40,11 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
         NotFoundError: nothing matches the reference.
         SourceError / ConfigError / HeaderError: see the individual sources.
     """
+    from ckptinspect.sources.gguf_local import open_gguf_if_gguf
+
+    gguf = open_gguf_if_gguf(ref, revision=revision, token=token)  # None unless ref names a GGUF model
+    if gguf is not None:
+        return gguf
     path = Path(ref).expanduser()
     if path.is_dir():
         from ckptinspect.sources.local import open_local
