@@ -57,6 +57,10 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
 
     repo_id, ref_revision = split_repo_ref(ref)
     revision = revision or ref_revision
+    if revision is not None:  # before it is joined into a cache path or a URL
+        from ckptinspect.sources.revisions import check_revision
+
+        check_revision(revision)
     from ckptinspect.sources.hf_cache import open_hf_cache
 
     cached = open_hf_cache(repo_id, revision=revision)
