@@ -305,10 +305,11 @@ def _plan_schema_or_none(path: Path) -> str | None:
 
 # -- what error messages quote ---------------------------------------------------------------------
 def hub_endpoint() -> str:
-    """The Hub endpoint requests go to (HF_ENDPOINT or the default)."""
+    """The Hub endpoint requests go to (HF_ENDPOINT or the default), without any userinfo password."""
     from ckptinspect.sources.hub import hub_endpoint as endpoint
+    from ckptinspect.sources.redact import redact_url
 
-    return endpoint()
+    return redact_url(endpoint())
 
 
 def cached_files(ref: str) -> tuple[str, Path, list[str]]:

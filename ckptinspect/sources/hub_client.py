@@ -274,8 +274,9 @@ class HubClient:
             have += len(part)
             self.stats.bytes_fetched += len(part)
             self.budget.take(len(part), where)
-            if have >= amount:
+            if have > amount:  # more than asked (a 200 with the whole file): stop, dropping the connection
                 break
+        # Exactly what was asked is read to the end of the answer, so the connection stays reusable.
         return b"".join(parts)[:amount]
 
     def _raise_for(self, status: int, resp: Any, name: str) -> None:
