@@ -308,31 +308,3 @@ def test_full_scale_qwen35_nvfp4_replica(qwen35_report):
     assert nvfp4["tensors"] == 60 * 512 * 3 * 4  # weight, weight_scale, weight_scale_2, input_scale
     assert doc["totals"]["tensors"] == sum(b["tensors"] for b in doc["quantization"]["schemes"].values())
     assert 390e9 < doc["totals"]["params"] < 410e9  # "397B": packed NVFP4 counted as logical values
-
-
-def test_parallel_scan_never_parses_the_index_in_the_parent(make_fixture, monkeypatch):
-    """The worker summarizes the index; the parent takes the shard list from that summary (ScanPlan),
-    so the 41 MB index of a large checkpoint is never parsed in the main process."""
-    import ckptinspect.sources.index_summary as index_summary
-    import ckptinspect.sources.interface as interface
-    from ckptinspect.inventory.parallel import scan_checkpoint
-    from ckptinspect.sources import open_source
-
-    path = make_fixture("qwen3_5_moe_nvfp4")
-    serial_scans, serial_summary = scan_checkpoint(open_source(str(path), progress=False))
-    parsed: list[str] = []
-    real = interface.parse_json_bytes
-
-    def counting(data, *, source):
-        parsed.append(source)
-        return real(data, source=source)
-
-    monkeypatch.setattr(interface, "parse_json_bytes", counting)
-    monkeypatch.setattr(index_summary, "parse_json_bytes", counting)
-    monkeypatch.setenv("CKPTINSPECT_WORKERS", "2")
-    raw = open_source(str(path), progress=False)
-    scans, summary = scan_checkpoint(raw)
-    assert summary == serial_summary and summary is not None
-    assert [s.shard for s in scans] == [s.shard for s in serial_scans] == list(summary.shards)
-    assert [s.groups for s in scans] == [s.groups for s in serial_scans]
-    assert not [p for p in parsed if p.endswith("model.safetensors.index.json")]  # parsed in the worker only

@@ -32,8 +32,9 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
                 progress: bool = True, scan: Callable[[str, bytes, int | None], Any] | None = None) -> RawCheckpoint:
     """Open a model reference (directory, snapshot file, or Hub repo id).
 
-    ``scan`` is the report's per-shard header scan: the Hub source runs it on each header as it arrives
-    (RawCheckpoint.scan_plan.scanned); the other sources read headers on demand and ignore it.
+    ``scan``, when given, is a per-shard header scan the Hub source runs on each header as it arrives
+    (RawCheckpoint.scan_plan.scanned); the report does not pass it (see pipeline.py), the other sources
+    ignore it.
 
     Raises:
         NotFoundError: nothing matches the reference.

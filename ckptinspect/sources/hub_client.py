@@ -40,6 +40,11 @@ DEFAULT_ATTEMPTS = int(os.environ.get("CKPTINSPECT_HTTP_ATTEMPTS", "4"))
 DEFAULT_BACKOFF_S = float(os.environ.get("CKPTINSPECT_HTTP_BACKOFF_S", "0.25"))
 MAX_REDIRECTS = 5
 ERROR_BODY_LIMIT = 1 << 20
+# Requests in flight at once to a server that closes the connection after every answer (HTTP/1.0, or
+# Connection: close): there every request is a new connection that waits in the server's listen queue,
+# and 20 at once overflow a small one (http.server's holds 5), each dropped SYN costing the kernel's 1 s
+# retransmit. Keep-alive servers (the Hub, its CDN) are not affected.
+CLOSING_SERVER_IN_FLIGHT = 5
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 
 
@@ -120,6 +125,8 @@ class HubClient:
         self.backoff_s = backoff_s if backoff_s is not None else DEFAULT_BACKOFF_S
         self.secrets = tuple(s for s in secrets if s)
         self.httpx = httpx_module()
+        self.closing = False  # the server closed a connection after an answer: few connects at once
+        self.closing_gate = asyncio.Semaphore(CLOSING_SERVER_IN_FLIGHT)
 
     async def get_range(self, url: str, name: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end]`` (inclusive) of ``url``; may be shorter if the server sent less.
@@ -216,9 +223,10 @@ class HubClient:
         limit = min(self.limits.request_s, self.budget.left_s())
         try:
             async with asyncio.timeout(max(0.0, limit)):
-                async with self.client.stream("GET", url, headers=headers) as resp:
-                    self.stats.requests += 1 + len(resp.history)
-                    return await answer(resp)
+                if not self.closing:
+                    return await self._send(url, headers, answer)
+                async with self.closing_gate:
+                    return await self._send(url, headers, answer)
         except TimeoutError:
             if self.budget.left_s() <= 0:
                 raise self.budget.deadline_error(where) from None
@@ -250,6 +258,13 @@ class HubClient:
             raise _Retryable(f"connection error: {type(exc).__name__}: {self._short(exc)}") from None
         except httpx.NetworkError as exc:
             raise _Retryable(f"connection error: {type(exc).__name__}: {self._short(exc)}") from None
+
+    async def _send(self, url: str, headers: dict[str, str], answer: Any) -> Any:
+        async with self.client.stream("GET", url, headers=headers) as resp:
+            self.stats.requests += 1 + len(resp.history)
+            if resp.http_version == "HTTP/1.0" or resp.headers.get("connection", "").lower() == "close":
+                self.closing = True
+            return await answer(resp)
 
     def _proxy_error(self, url: str, where: str, exc: BaseException) -> NetworkError:
         proxy = proxy_for(url)
