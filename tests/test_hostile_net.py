@@ -150,7 +150,7 @@ def test_byte_budget_stops_an_endless_answer(hub, monkeypatch):
     assert hub.sent[0] < (4 << 20) + 16 * (1 << 20)  # the budget plus socket buffers left the server
 
 
-# -- the index child, in a fresh single-threaded interpreter (as the CLI runs) ----------------------------
+# -- in a fresh interpreter, as the CLI runs ------------------------------------------------------------
 def _env(url: str, home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "XDG_CACHE_HOME", "CKPTINSPECT_DEBUG")

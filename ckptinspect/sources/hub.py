@@ -112,6 +112,7 @@ class _HubRead:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.task: asyncio.Task | None = None
         self.phases: dict[str, float] = {}
+        self.stopping = threading.Event()  # set by the caller's thread: do not start (or go on)
 
     # -- the caller's thread -------------------------------------------------------------------------
     def run(self, *, progress: bool, on_header: Callable[[str, bytes], None] | None, scan: ScanFn | None,
@@ -177,6 +178,7 @@ class _HubRead:
 
     def _stop(self, thread: threading.Thread) -> None:
         """Cancel what is still running (an error or Ctrl-C here) and wait for the thread to end."""
+        self.stopping.set()
         loop, task = self.loop, self.task
         if loop is not None and task is not None and not task.done():
             try:
@@ -195,6 +197,8 @@ class _HubRead:
     async def _main(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.task = asyncio.current_task()
+        if self.stopping.is_set():  # stopped before the loop was up: _stop found no task to cancel
+            return
         client = make_client(self.budget)
         try:
             async with client:
