@@ -175,3 +175,27 @@ def test_api_return_types_name_the_records_callers_get():
                      "snapshot": RawCheckpoint, "find_gpu": GpuSpec, "family_rule": FamilyRule}
     report = api.inspect()
     assert isinstance(report, Report)
+
+
+def test_a_registered_source_kind_is_asked_before_the_built_in_ones(tmp_path, monkeypatch):
+    """sources.register_source: a new reference kind (a file format) slots in without editing
+    open_source; references it does not claim still reach the built-in sources."""
+    import ckptinspect.sources as sources
+    from ckptinspect.records import RawCheckpoint
+
+    monkeypatch.setattr(sources, "_REGISTERED", [])
+    opened: list[str] = []
+
+    def open_toy(ref, path, *, revision, token, progress):
+        opened.append(ref)
+        return RawCheckpoint(ref=ref, kind="toy", location=str(path), files=(path.name,), json_files={},
+                             headers={}, file_sizes={})
+
+    sources.register_source(sources.SourceKind("toy", lambda ref, path: ref.endswith(".toy"), open_toy))
+    sources.register_source(sources.SourceKind("toy", lambda ref, path: True, open_toy))  # same name: ignored
+    toy = tmp_path / "m.toy"
+    toy.write_text("x")
+    assert sources.open_source(str(toy), progress=False).kind == "toy" and opened == [str(toy)]
+    spec = llama_bf16("llama_registry", 2)
+    local = write_fixture(spec, tmp_path)
+    assert sources.open_source(str(local), progress=False).kind == "local"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ckptinspect.errors import NotFoundError
@@ -28,6 +29,26 @@ def split_repo_ref(ref: str) -> tuple[str, str | None]:
     return repo, (revision or None)
 
 
+@dataclass(frozen=True)
+class SourceKind:
+    """A kind of checkpoint reference beyond the built-in ones (e.g. a file format): ``claims(ref, path)``
+    says whether ``ref`` is one of it (cheap: a suffix, a magic number), ``open(ref, path, revision=,
+    token=, progress=)`` reads it into a complete RawCheckpoint."""
+
+    name: str
+    claims: Callable[[str, Path], bool]
+    open: Callable[..., RawCheckpoint]
+
+
+_REGISTERED: list[SourceKind] = []
+
+
+def register_source(kind: SourceKind) -> None:
+    """Add ``kind`` to the kinds ``open_source`` asks first, in registration order (once per name)."""
+    if all(k.name != kind.name for k in _REGISTERED):
+        _REGISTERED.append(kind)
+
+
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
                 progress: bool = True, scan: Callable[[str, bytes, int | None], Any] | None = None) -> RawCheckpoint:
     """Open a model reference (directory, snapshot file, or Hub repo id).
@@ -41,6 +62,9 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
         SourceError / ConfigError / HeaderError: see the individual sources.
     """
     path = Path(ref).expanduser()
+    for kind in _REGISTERED:
+        if kind.claims(ref, path):
+            return kind.open(ref, path, revision=revision, token=token, progress=progress)
     if path.is_dir():
         from ckptinspect.sources.local import open_local
 
