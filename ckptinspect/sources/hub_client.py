@@ -246,7 +246,7 @@ class HubClient:
                 raise NetworkError(f"TLS certificate not trusted ({self._short(exc)})", path=where,
                                    hint="the CA must be in the system store, or named by SSL_CERT_FILE / "
                                         "SSL_CERT_DIR, as for huggingface_hub") from None
-            raise _Retryable(f"connection error: ConnectError: {self._short(exc)}") from None
+            raise _Retryable(f"connection error: {self._root_cause(exc)}") from None
         except httpx.TimeoutException as exc:
             raise _Retryable(f"timed out ({type(exc).__name__}) after {self.limits.read_s:g} s") from None
         except httpx.RemoteProtocolError as exc:
@@ -315,6 +315,14 @@ class HubClient:
         if first != start or last > end or last < first:
             raise _Retryable(f"wrong Content-Range {value[:60]!r} for bytes={start}-{end}")
         return 0
+
+    def _root_cause(self, exc: BaseException) -> str:
+        """The innermost error under httpx's ("ConnectionRefusedError: ..." rather than "All connection
+        attempts failed"), named by its type."""
+        inner, seen = exc, 0
+        while (inner.__cause__ or inner.__context__) is not None and seen < 10:
+            inner, seen = inner.__cause__ or inner.__context__, seen + 1
+        return f"{type(inner).__name__}: {self._short(inner)}"
 
     def _short(self, exc: BaseException) -> str:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
