@@ -14,10 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError
 from ckptinspect.records import VERDICT_RANK
+
+if TYPE_CHECKING:  # the return types, named without importing their stages at import time
+    from ckptinspect.diff import CheckpointDiff
+    from ckptinspect.pipeline import Report
+    from ckptinspect.plan import GpuSpec, Plan, PlanFailure
+    from ckptinspect.readiness.model import FamilyRule
+    from ckptinspect.records import RawCheckpoint
 
 # `--fail-on LEVEL`: the verdict rank at and above which a gate trips.
 FAIL_ON = {"degraded": VERDICT_RANK["degraded"], "unusable": VERDICT_RANK["unusable"]}
@@ -63,7 +70,7 @@ def example_ref() -> str:
 def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
             token: str | None = None, progress: bool = False, tp: int | None = None, ep: int | None = None,
             gpu: str | None = None, gpus: int | None = None, context: int | None = None,
-            engine: str = "both") -> Any:
+            engine: str = "both") -> "Report":
     """The `report` of ``ref`` (``None``: the bundled example) as a ``pipeline.Report``.
 
     ``tp`` (and ``ep``) add the MTP layer's cost per GPU; ``gpu`` with ``gpus`` add a deployment plan.
@@ -101,7 +108,7 @@ def _plan_section(report: Any, *, gpu: str, gpus: int, context: int | None, engi
 def plan(ref: str, *, gpu: str, gpus: int, context: int | None = None, goal: str = "latency",
          engine: str = "both", probe_report: dict | None = None, max_context: bool = False, concurrency: int = 1,
          rules_dirs: Sequence[Path] = (), revision: str | None = None, token: str | None = None,
-         progress: bool = False) -> Any:
+         progress: bool = False) -> "Plan | PlanFailure":
     """Fit ``ref`` on ``gpus`` x ``gpu``: a ``plan.Plan`` (memory, KV capacity, launch commands) or, when
     nothing runs, a ``plan.PlanFailure`` saying why. ``max_context``: solve for the longest context
     ``concurrency`` requests get."""
@@ -123,7 +130,7 @@ def plan(ref: str, *, gpu: str, gpus: int, context: int | None = None, goal: str
                            concurrency=concurrency)
 
 
-def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: bool = False) -> Any:
+def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: bool = False) -> "CheckpointDiff":
     """``diff.CheckpointDiff`` of checkpoint A (reference, e.g. BF16) against B (e.g. its quant)."""
     from ckptinspect.diff import diff_checkpoints
     from ckptinspect.pipeline import build_report
@@ -143,7 +150,7 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
 
 
 def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str | None = None,
-             progress: bool = False) -> Any:
+             progress: bool = False) -> "RawCheckpoint":
     """Write ``ref``'s config files, index and every shard header into ``output`` (.json.gz); returns the
     ``RawCheckpoint`` that was saved (its ``stats`` say how it was read)."""
     from ckptinspect.sources import open_source
@@ -227,14 +234,14 @@ def read_probe_report(path: Path) -> dict:
 
 
 # -- GPU catalog and parallel splits (option checks before any checkpoint is read) -----------------
-def gpus() -> tuple[Any, ...]:
+def gpus() -> "tuple[GpuSpec, ...]":
     """Every GPU of rules/gpus.yaml (``plan.GpuSpec``)."""
     from ckptinspect.plan import load_gpus
 
     return tuple(load_gpus())
 
 
-def find_gpu(name: str) -> Any:
+def find_gpu(name: str) -> "GpuSpec":
     """The catalog GPU named ``name`` (name or alias, case / space / '_' insensitive); PlanError if none."""
     from ckptinspect.plan import find_gpu as find
 
@@ -249,7 +256,7 @@ def split_problem(tp: int, ep: int | None) -> str:
 
 
 # -- rule files ------------------------------------------------------------------------------------
-def list_rules(rules_dirs: Sequence[Path] = (), *, include_abstract: bool = False) -> tuple[Any, ...]:
+def list_rules(rules_dirs: Sequence[Path] = (), *, include_abstract: bool = False) -> "tuple[FamilyRule, ...]":
     """The family rules (``readiness.FamilyRule``), built-ins plus ``rules_dirs``; abstract bases only
     with ``include_abstract``."""
     from ckptinspect.readiness import load_rules
@@ -258,7 +265,7 @@ def list_rules(rules_dirs: Sequence[Path] = (), *, include_abstract: bool = Fals
     return tuple(ruleset.families) if include_abstract else ruleset.concrete()
 
 
-def family_rule(family: str, rules_dirs: Sequence[Path] = ()) -> Any:
+def family_rule(family: str, rules_dirs: Sequence[Path] = ()) -> "FamilyRule":
     """One family rule with everything it inherits resolved; RuleError naming the known ids if none."""
     from ckptinspect.readiness import load_rules
 
@@ -337,10 +344,11 @@ def _plan_schema_or_none(path: Path) -> str | None:
 
 # -- what error messages quote ---------------------------------------------------------------------
 def hub_endpoint() -> str:
-    """The Hub endpoint requests go to (HF_ENDPOINT or the default)."""
+    """The Hub endpoint requests go to (HF_ENDPOINT or the default), without any userinfo password."""
     from ckptinspect.sources.hub import hub_endpoint as endpoint
+    from ckptinspect.sources.redact import redact_url
 
-    return endpoint()
+    return redact_url(endpoint())
 
 
 def cached_files(ref: str) -> tuple[str, Path, list[str]]:

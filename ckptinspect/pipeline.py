@@ -16,7 +16,7 @@ from ckptinspect.header.parser import parse_header
 from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
 from ckptinspect.inventory.parallel import start_scan
-from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
+from ckptinspect.inventory.scan import ShardScan
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
 from ckptinspect.records import (Checkpoint, Finding, IndexSummary, Inventory, ModelConfig, MtpAssessment,
@@ -38,7 +38,7 @@ class Report:
 def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                     token: str | None = None, progress: bool = True) -> Checkpoint:
     """Open ``ref`` (directory, snapshot, repo id) and build its Checkpoint."""
-    raw = open_source(ref, revision=revision, token=token, progress=progress, scan=scan_header_unpaused)
+    raw = open_source(ref, revision=revision, token=token, progress=progress)
     if getattr(raw, "format", None) == "gguf":
         from ckptinspect.pipeline_gguf import checkpoint_from_gguf
 
@@ -50,7 +50,7 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
 def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                  token: str | None = None, progress: bool = True) -> Report:
     """Checkpoint plus its MTP assessment."""
-    raw = open_source(ref, revision=revision, token=token, progress=progress, scan=scan_header_unpaused)
+    raw = open_source(ref, revision=revision, token=token, progress=progress)
     if getattr(raw, "format", None) == "gguf":
         from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf
 
@@ -70,8 +70,8 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) 
     """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage."""
     if CONFIG not in raw.json_files:
         raise ConfigError("no config.json in the checkpoint", path=raw.location)
-    # Workers scan the headers while this process reads the config, rules and quantization config
-    # (their ~60 ms, imports included, then come off the parent's share of the shards).
+    # One scan for every source (inventory/parallel.py): the Hub source only fetches; scanning while
+    # its requests are in flight was measured slower (the two threads share one GIL; BENCHMARKS.md).
     with start_scan(raw) as scan:
         from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 

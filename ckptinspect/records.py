@@ -245,7 +245,7 @@ class ScanPlan:
     # None when the index is already summarized or absent.
     index_summarizer: Callable[[], IndexSummary] | None = None
     # shard -> its scan (inventory/scan.py ShardScan), made by the source with the report's own scan
-    # function while later headers were still arriving (the Hub: sources/scan_ahead.py); used as is.
+    # function while later headers were still arriving (the Hub: sources/hub.py); used as is.
     scanned: Mapping[str, Any] = field(default_factory=dict)
 
 

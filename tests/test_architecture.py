@@ -1,5 +1,6 @@
-"""Structure the project promises (docs/architecture.md): no import cycles between modules, counting
-imports inside functions too; no module over 400 lines; the report path never imports torch; output
+"""Structure the project promises (docs/architecture.md): import-linter contracts (.importlinter: no
+import cycles between sibling modules or packages, counting imports inside functions too; cli/ thin over
+api; rules below readiness and plan; sources below the later stages); no module over 400 lines; the report path never imports torch; output
 layout is built only in render/ (records stay plain data); cli/ imports only api, render, cli and
 errors; one `when:` evaluator (ckptinspect/rules/conditions.py), which imports neither readiness nor
 plan. Every checker is first shown to flag a small bad example. (That every file path named in docs,
@@ -17,71 +18,28 @@ PACKAGE = ROOT / "ckptinspect"
 MAX_LINES = 400
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+def _lint_imports(config: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; "
+                           "sys.argv = ['lint-imports', '--config', sys.argv[1], '--no-cache']; c()", str(config)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(anchor + ([base] if base else []))
-                targets = [base] + [f"{base}.{a.name}" for a in node.names]
-            for target in targets:
-                # the deepest project module the import names (a package's __init__ counts as itself)
-                while target and target not in modules:
-                    target = target.rpartition(".")[0]
-                if target and target != name and not name.startswith(target + "."):
-                    graph[name].add(target)
-    return graph
+def test_import_contracts_flag_what_they_must(tmp_path):
+    """A contract the code breaks (the pipeline imports the sources) is reported as broken."""
+    bad = tmp_path / "contracts.ini"
+    bad.write_text("[importlinter]\nroot_package = ckptinspect\n\n[importlinter:contract:x]\nname = x\n"
+                   "type = forbidden\nsource_modules =\n    ckptinspect.pipeline\nforbidden_modules =\n"
+                   "    ckptinspect.sources\n")
+    done = _lint_imports(bad)
+    assert done.returncode != 0 and "BROKEN" in done.stdout, done.stdout + done.stderr
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
-
-
-def test_find_cycle_detects_a_cycle():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set()}) is None
-
-
-def test_no_import_cycles():
-    assert find_cycle(import_graph()) is None
+def test_import_contracts_hold():
+    """.importlinter: no import cycles between sibling modules / packages, cli/ thin over api, the rules
+    engine below readiness and plan, sources below every later stage (import-linter checks them)."""
+    done = _lint_imports(ROOT / ".importlinter")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 kept, 0 broken" in done.stdout
 
 
 def test_modules_stay_under_the_size_budget():
@@ -242,11 +200,3 @@ def test_one_when_evaluator():
             found += when_evaluators(rel, path.read_text(encoding="utf-8"))
     assert found == []
     assert when_evaluators(EVALUATOR, (ROOT / EVALUATOR).read_text(encoding="utf-8")), "the evaluator moved?"
-
-
-def test_rules_package_imports_neither_readiness_nor_plan():
-    """Readiness and plan register their conditions in ckptinspect.rules; the arrow never points back."""
-    graph = import_graph()
-    back = {(m, t) for m, targets in graph.items() if m.startswith("ckptinspect.rules")
-            for t in targets if t.startswith(("ckptinspect.readiness", "ckptinspect.plan"))}
-    assert back == set()

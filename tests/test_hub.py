@@ -14,7 +14,7 @@ from hub_repos import isolate_hf, make_sharded_repo, write_safetensors  # noqa: 
 from hub_server import HubServer  # noqa: E402
 
 from ckptinspect.errors import AccessError, NotFoundError  # noqa: E402
-from ckptinspect.sources import header_reads  # noqa: E402
+from ckptinspect.sources import header_ranges  # noqa: E402
 from ckptinspect.sources.hub import open_hub  # noqa: E402
 
 
@@ -86,8 +86,8 @@ def test_second_run_reads_json_from_hf_cache(server, repo, tmp_path):
 def test_short_prediction_asks_only_for_the_remainder(server, repo, monkeypatch):
     root, headers = repo
     server.add_repo("org/tiny", root)
-    monkeypatch.setattr(header_reads, "FIRST_ENTRY_GUESS", 5)
-    monkeypatch.setattr(header_reads, "ENTRY_MARGIN", -60)  # force every prediction short
+    monkeypatch.setattr(header_ranges, "FIRST_ENTRY_GUESS", 5)
+    monkeypatch.setattr(header_ranges, "ENTRY_MARGIN", -60)  # force every prediction short
     raw = open_hub("org/tiny", endpoint=server.url, progress=False)
     assert dict(raw.headers) == headers
     assert raw.stats["extra_requests"] == 3

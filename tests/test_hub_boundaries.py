@@ -18,7 +18,7 @@ from hub_repos import isolate_hf, names_for_header, write_safetensors  # noqa: E
 from hub_server import HubServer  # noqa: E402
 
 from ckptinspect.errors import HeaderError  # noqa: E402
-from ckptinspect.sources import header_reads  # noqa: E402
+from ckptinspect.sources import header_ranges  # noqa: E402
 from ckptinspect.sources.hub import open_hub  # noqa: E402
 
 
@@ -33,7 +33,7 @@ def test_header_at_the_100kb_range_boundary(tmp_path, monkeypatch, n):
     header = write_safetensors(root / "model.safetensors", names_for_header(n), header_len=n)
     (root / "config.json").write_text(json.dumps({"model_type": "tiny"}))
     assert len(header) == n
-    monkeypatch.setattr(header_reads, "DEFAULT_FIRST_RANGE", 100_001)  # bytes=0-100000, as huggingface_hub asks
+    monkeypatch.setattr(header_ranges, "DEFAULT_FIRST_RANGE", 100_001)  # bytes=0-100000, as huggingface_hub asks
     with HubServer(redirect_lfs=False) as server:
         server.add_repo("org/b", root)
         raw = open_hub("org/b", endpoint=server.url, progress=False)
@@ -80,7 +80,7 @@ def test_header_over_the_25mb_cap_is_refused_before_downloading(tmp_path):
             open_hub("org/huge", endpoint=server.url, progress=False)
         sent = sum(e[4] for e in server.stats()["log"] if e[1].endswith("model.safetensors"))
     assert "25,000,001" in str(err.value) and "org/huge/model.safetensors" in str(err.value)
-    assert sent <= header_reads.DEFAULT_FIRST_RANGE
+    assert sent <= header_ranges.DEFAULT_FIRST_RANGE
 
 
 def test_header_length_past_end_of_file(tmp_path):

@@ -17,7 +17,7 @@ from hub_repos import isolate_hf, make_sharded_repo, write_safetensors  # noqa: 
 from hub_server import HubServer  # noqa: E402
 
 from ckptinspect.errors import NetworkError  # noqa: E402
-from ckptinspect.sources import http_ranges  # noqa: E402
+from ckptinspect.sources import hub_client  # noqa: E402
 from ckptinspect.sources.hub import open_hub  # noqa: E402
 
 REPO = "org/faulty"
@@ -27,8 +27,8 @@ SHARD = "model-00002-of-00003.safetensors"
 @pytest.fixture(autouse=True)
 def _fast_retries(tmp_path, monkeypatch):
     isolate_hf(monkeypatch, tmp_path / "hf_home")
-    monkeypatch.setattr(http_ranges, "DEFAULT_ATTEMPTS", 3)
-    monkeypatch.setattr(http_ranges, "DEFAULT_BACKOFF_S", 0.01)
+    monkeypatch.setattr(hub_client, "DEFAULT_ATTEMPTS", 3)
+    monkeypatch.setattr(hub_client, "DEFAULT_BACKOFF_S", 0.01)
 
 
 @pytest.fixture()

@@ -13,7 +13,7 @@ from hub_repos import isolate_hf, make_sharded_repo  # noqa: E402
 from hub_server import HubServer  # noqa: E402
 
 from ckptinspect.errors import NetworkError  # noqa: E402
-from ckptinspect.sources import http_ranges  # noqa: E402
+from ckptinspect.sources import hub_client  # noqa: E402
 from ckptinspect.sources.hf_cache import hub_cache_dir  # noqa: E402
 from ckptinspect.sources.hub import open_hub  # noqa: E402
 
@@ -89,7 +89,7 @@ def test_ranges_are_inclusive_and_single(served):
 
 def test_model_info_retries_5xx_then_gives_one_line(served, monkeypatch):
     server, _ = served
-    monkeypatch.setattr(http_ranges, "DEFAULT_BACKOFF_S", 0.01)
+    monkeypatch.setattr(hub_client, "DEFAULT_BACKOFF_S", 0.01)
     server.add_fault("5xx", path_contains="/api/models/", times=1)
     raw = open_hub("org/tiny", endpoint=server.url, progress=False)
     assert raw.stats["retries"] == 1

@@ -1,8 +1,11 @@
-"""The header reads' own HTTP transport (sources/http_conn.py): proxies from the environment, and no
-credentials sent to the CDN host a redirect points at. Real sockets on 127.0.0.1, no internet."""
+"""The Hub reader's transport is huggingface_hub's own httpx client (sources/hub_client.py): proxies and
+TLS trust from the environment exactly as huggingface_hub reads them (differential tests against its
+client), no credentials sent to the CDN host a redirect points at, a dead proxy named as the cause.
+Real sockets on 127.0.0.1, no internet."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import shutil
 import ssl
@@ -20,9 +23,8 @@ from hub_repos import isolate_hf, make_sharded_repo  # noqa: E402
 from hub_server import HubServer  # noqa: E402
 
 from ckptinspect.errors import NetworkError  # noqa: E402
-from ckptinspect.sources import http_conn  # noqa: E402
-from ckptinspect.sources.http_conn import redirect_target  # noqa: E402
-from ckptinspect.sources.http_ranges import FetchStats, RangeClient  # noqa: E402
+from ckptinspect.sources.hub_client import FetchStats, HubClient, make_client  # noqa: E402
+from ckptinspect.sources.net_limits import Budget, NetLimits  # noqa: E402
 from ckptinspect.sources.hub import open_hub  # noqa: E402
 
 REPO = "org/tiny"
@@ -93,14 +95,6 @@ def test_token_goes_to_the_hub_but_not_to_the_cdn_it_redirects_to(served):
     assert sum("/resolve/" in p and p.endswith(".safetensors") for p in paths) == len(headers)
     assert not [p for p in paths if p.startswith("/cdn/")]
     assert [e for e in server.stats()["log"] if e[1].startswith("/cdn/")]  # the CDN was asked, without it
-
-
-def test_redirect_keeps_credentials_on_the_same_origin_only():
-    auth = {"authorization": "Bearer t", "Range": "bytes=0-9"}
-    same, kept = redirect_target("https://hub.example/a/resolve/x", "/b", auth)
-    other, dropped = redirect_target("https://hub.example/a/resolve/x", "https://cdn.example/b?sig=1", auth)
-    assert (same, kept) == ("https://hub.example/b", auth)
-    assert other == "https://cdn.example/b?sig=1" and dropped == {"Range": "bytes=0-9"}
 
 
 def test_header_reads_go_through_the_http_proxy_from_the_environment(served, monkeypatch):
@@ -174,20 +168,111 @@ def self_signed(tmp_path):
     return cert, key
 
 
-def test_https_reads_verify_the_certificate(self_signed, monkeypatch):
+def _ours(url: str, start: int, end: int) -> bytes:
+    """One range read through the Hub reader's client (a fresh one, as each command makes)."""
+    async def go() -> bytes:
+        budget = Budget(NetLimits.from_env())
+        async with make_client(budget) as client:
+            hub = HubClient(client, REPO, {}, budget=budget, stats=FetchStats(), attempts=1)
+            return await hub.get_range(url, "blob", start, end)
+    return asyncio.run(go())
+
+
+def _theirs(url: str, start: int, end: int) -> bytes:
+    """The same read through huggingface_hub's shared client (rebuilt: it reads the environment once)."""
+    from huggingface_hub import close_session, get_session
+
+    close_session()
+    try:
+        resp = get_session().get(url, headers={"Range": f"bytes={start}-{end}"})
+        resp.raise_for_status()
+        return resp.content
+    finally:
+        close_session()
+
+
+def _outcome(fn, url: str) -> str:
+    try:
+        fn(url, 100, 4195)
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - the class of failure is what is compared
+        return "untrusted" if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "not trusted" in str(exc) else repr(exc)
+
+
+@pytest.mark.parametrize("env", ["none", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"])
+def test_tls_trust_equals_huggingface_hubs(self_signed, monkeypatch, tmp_path, env):
+    """Whatever the CA variables say, the reader trusts a certificate exactly when huggingface_hub does:
+    SSL_CERT_FILE / SSL_CERT_DIR name extra trust, REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE are not read by
+    huggingface_hub 2.x (httpx), so not here either."""
     cert, key = self_signed
     blob = bytes(range(256)) * 64
+    for var in ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(var, raising=False)
+    if env == "SSL_CERT_DIR":
+        if shutil.which("openssl") is None:
+            pytest.skip("needs openssl to hash a CA directory")
+        cadir = tmp_path / "cadir"
+        cadir.mkdir()
+        digest = subprocess.run(["openssl", "x509", "-hash", "-noout", "-in", str(cert)], check=True,
+                                capture_output=True, text=True).stdout.strip()
+        shutil.copy(cert, cadir / f"{digest}.0")
+        monkeypatch.setenv(env, str(cadir))
+    elif env != "none":
+        monkeypatch.setenv(env, str(cert))
     server = RangeFileServer(blob, cert, key)
     try:
-        def client() -> RangeClient:
-            monkeypatch.setattr(http_conn, "_TLS", None)  # the context is built once per process
-            return RangeClient(REPO, {}, timeout=5, stats=FetchStats(), attempts=1)
-
-        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
-        monkeypatch.delenv("SSL_CERT_DIR", raising=False)
-        with pytest.raises(NetworkError, match="connection error: SSLCertVerificationError"):
-            client().get(server.url, "blob", 0, 99)
-        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusting it makes the same read work
-        assert client().get(server.url, "blob", 100, 4195) == blob[100:4196]
+        ours, theirs = _outcome(_ours, server.url), _outcome(_theirs, server.url)
     finally:
         server.close()
+    assert ours == theirs
+    assert ours == ("ok" if env in ("SSL_CERT_FILE", "SSL_CERT_DIR") else "untrusted")
+
+
+def test_without_ca_variables_the_trust_store_is_huggingface_hubs(monkeypatch):
+    """No CA variable set: the reader's TLS context holds the same CA certificates as huggingface_hub's
+    client (the system store: httpx's default, truststore on Windows / macOS), not another bundle."""
+    from huggingface_hub import close_session, get_session
+
+    for var in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+
+    def cas(client) -> list:
+        ctx = client._transport._pool._ssl_context
+        return sorted(str(c) for c in ctx.get_ca_certs()) if hasattr(ctx, "get_ca_certs") else [type(ctx).__name__]
+
+    close_session()
+    try:
+        theirs = cas(get_session())
+    finally:
+        close_session()
+    client = make_client(Budget(NetLimits.from_env()))
+    try:
+        ours = cas(client)
+    finally:
+        asyncio.run(client.aclose())
+    assert ours == theirs
+
+
+def test_a_dead_proxy_is_named_as_the_cause_and_its_password_never_shown(served, monkeypatch):
+    server, _ = served
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("HTTP_PROXY", f"http://proxyuser:s3cretpw@127.0.0.1:{port}")
+    with pytest.raises(NetworkError) as err:
+        open_hub(REPO, endpoint=server.url, token="hf_secret", progress=False)
+    message = str(err.value)
+    assert f"proxy http://127.0.0.1:{port}" in message and "\n" not in message
+    assert "s3cretpw" not in message and "hf_secret" not in message
+    # huggingface_hub goes through the same proxy: its own client fails to connect as well
+    from huggingface_hub import close_session, get_session
+
+    close_session()
+    try:
+        with pytest.raises(Exception) as theirs:
+            get_session().get(f"{server.url}/api/models/{REPO}")
+        assert "Connect" in type(theirs.value).__name__ or "Proxy" in type(theirs.value).__name__
+    finally:
+        close_session()

@@ -10,8 +10,8 @@ import pytest
 
 from ckptinspect.readiness.loader import ValidationCache
 from ckptinspect.sources import net_limits
-from ckptinspect.sources.http_ranges import CLOSING_SERVER_IN_FLIGHT, DEFAULT_ATTEMPTS, ERROR_BODY_LIMIT
-from ckptinspect.sources.index_prefetch import FIRST_RANGE_BYTES
+from ckptinspect.sources.hub import DEFAULT_MAX_WORKERS
+from ckptinspect.sources.hub_client import DEFAULT_ATTEMPTS, ERROR_BODY_LIMIT
 from ckptinspect.sources.interface import MAX_INDEX_FILE_BYTES, MAX_JSON_FILE_BYTES
 from ckptinspect.safe_regex import MAX_PATTERN_CHARS
 from ckptinspect.safe_yaml import MAX_DEPTH, MAX_RULE_FILE_BYTES
@@ -43,8 +43,7 @@ def test_every_environment_variable_the_code_reads_is_documented():
     ("CKPTINSPECT_RETRY_WAIT_S", f"{net_limits.DEFAULT_RETRY_WAIT_S:g} s"),
     ("CKPTINSPECT_HTTP_ATTEMPTS", f"| {DEFAULT_ATTEMPTS} |"),
     ("ERROR_BODY_LIMIT", _size(ERROR_BODY_LIMIT)),
-    ("FIRST_RANGE_BYTES", _size(FIRST_RANGE_BYTES)),
-    ("CLOSING_SERVER_IN_FLIGHT", f"| {CLOSING_SERVER_IN_FLIGHT} |"),
+    ("CKPTINSPECT_MAX_WORKERS", f"| {DEFAULT_MAX_WORKERS} |"),
     ("MAX_JSON_FILE_BYTES", _size(MAX_JSON_FILE_BYTES)),
     ("MAX_INDEX_FILE_BYTES", _size(MAX_INDEX_FILE_BYTES)),
     ("MAX_RULE_FILE_BYTES", _size(MAX_RULE_FILE_BYTES)),

@@ -63,8 +63,8 @@ def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout
     HF_HUB_DISABLE_PROGRESS_BARS=1 or --quiet.
     """
     ctx.obj = {"debug": debug or bool(os.environ.get("CKPTINSPECT_DEBUG"))}
-    # The Hub source reads its limits from the environment (sources/net_limits.py), as the index
-    # child it forks does; the flags only set them.
+    # The Hub source reads its limits from the environment (sources/net_limits.py); the flags only
+    # set them.
     for env, value in (("CKPTINSPECT_DEADLINE_S", deadline), ("CKPTINSPECT_REQUEST_TIMEOUT_S", request_timeout)):
         if value is not None:
             os.environ[env] = repr(value)
@@ -82,6 +82,16 @@ def hoist_debug(args: list[str]) -> tuple[list[str], bool]:
     return (["--debug"] if debug else []) + head + args[cut:], debug
 
 
+def _exit_cleanly_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C (exit 143): the Hub reader cancels its requests and the HF cache writes
+    remove their temporary files, instead of the process vanishing mid-write."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGTERM"):
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Run the CLI, turning library errors into one line on stderr and exit code 2."""
     from ckptinspect.cli.messages import explain
@@ -89,6 +99,7 @@ def main(argv: list[str] | None = None) -> Any:
 
     args, debug = hoist_debug(sys.argv[1:] if argv is None else list(argv))
     debug = debug or bool(os.environ.get("CKPTINSPECT_DEBUG"))
+    _exit_cleanly_on_sigterm()
     try:
         return cli.main(args=args, prog_name="ckptinspect", standalone_mode=False)
     except click.exceptions.Exit as exc:

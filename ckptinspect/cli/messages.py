@@ -43,7 +43,7 @@ def _network(exc: NetworkError, text: str) -> str:
     from ckptinspect.api import hub_endpoint
 
     extra = []
-    endpoint = hub_endpoint()
+    endpoint = hub_endpoint()  # without HF_ENDPOINT's userinfo
     if "://" not in text:
         extra.append(f"endpoint {endpoint} (HF_ENDPOINT)")
     cause = _root_cause(exc)

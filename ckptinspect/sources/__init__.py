@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ckptinspect.errors import NotFoundError
@@ -29,12 +30,33 @@ def split_repo_ref(ref: str) -> tuple[str, str | None]:
     return repo, (revision or None)
 
 
+@dataclass(frozen=True)
+class SourceKind:
+    """A kind of checkpoint reference beyond the built-in ones (e.g. a file format): ``claims(ref, path)``
+    says whether ``ref`` is one of it (cheap: a suffix, a magic number), ``open(ref, path, revision=,
+    token=, progress=)`` reads it into a complete RawCheckpoint."""
+
+    name: str
+    claims: Callable[[str, Path], bool]
+    open: Callable[..., RawCheckpoint]
+
+
+_REGISTERED: list[SourceKind] = []
+
+
+def register_source(kind: SourceKind) -> None:
+    """Add ``kind`` to the kinds ``open_source`` asks first, in registration order (once per name)."""
+    if all(k.name != kind.name for k in _REGISTERED):
+        _REGISTERED.append(kind)
+
+
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
                 progress: bool = True, scan: Callable[[str, bytes, int | None], Any] | None = None) -> RawCheckpoint:
     """Open a model reference (directory, snapshot file, or Hub repo id).
 
-    ``scan`` is the report's per-shard header scan: the Hub source runs it on each header as it arrives
-    (RawCheckpoint.scan_plan.scanned); the other sources read headers on demand and ignore it.
+    ``scan``, when given, is a per-shard header scan the Hub source runs on each header as it arrives
+    (RawCheckpoint.scan_plan.scanned); the report does not pass it (see pipeline.py), the other sources
+    ignore it.
 
     Raises:
         NotFoundError: nothing matches the reference.
@@ -46,6 +68,9 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
     if gguf is not None:
         return gguf
     path = Path(ref).expanduser()
+    for kind in _REGISTERED:
+        if kind.claims(ref, path):
+            return kind.open(ref, path, revision=revision, token=token, progress=progress)
     if path.is_dir():
         from ckptinspect.sources.local import open_local
 
@@ -63,6 +88,10 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
 
     repo_id, ref_revision = split_repo_ref(ref)
     revision = revision or ref_revision
+    if revision is not None:  # before it is joined into a cache path or a URL
+        from ckptinspect.sources.revisions import check_revision
+
+        check_revision(revision)
     from ckptinspect.sources.hf_cache import open_hf_cache
 
     cached = open_hf_cache(repo_id, revision=revision)

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
+import stat
+import uuid
 from pathlib import Path
 
 from ckptinspect.errors import NotFoundError
 from ckptinspect.records import RawCheckpoint
 from ckptinspect.sources.offline import hub_offline
+from ckptinspect.sources.revisions import check_revision
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -30,6 +32,8 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 # Blob names huggingface_hub uses: a git blob sha1 or an LFS sha256. The etag comes from the server (repo
 # info, X-Linked-Etag): anything else could name a path outside the cache, so it is not stored.
 _ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_MAX_REF_BYTES = 256  # a ref file holds one 40-hex commit hash
+_LOCK_WAIT_S = 10.0  # another process writing the same blob: wait this long, then skip caching
 
 
 def hub_cache_dir() -> Path:
@@ -50,76 +54,97 @@ def repo_storage(repo_id: str) -> Path:
 
 
 def resolve_commit(repo_id: str, revision: str | None) -> str | None:
-    """The commit a revision points to in the cache (a 40-hex revision is itself), None if unknown."""
+    """The commit a revision points to in the cache (a 40-hex revision is itself), None if unknown.
+
+    The revision must be valid (sources/revisions.py): it is joined under ``refs/``. The ref file is read
+    as a regular file of at most a few bytes (it holds one commit hash), never a FIFO or a device."""
     rev = revision or "main"
     if _COMMIT.fullmatch(rev):
         return rev
+    check_revision(rev)
     ref = repo_storage(repo_id) / "refs" / rev
     try:
-        commit = ref.read_text().strip()
+        fd = os.open(ref, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        commit = os.read(fd, _MAX_REF_BYTES + 1).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return commit if _COMMIT.fullmatch(commit) else None
 
 
 def cached_file(repo_id: str, commit: str, filename: str) -> Path | None:
-    """The cached copy of ``filename`` at ``commit`` (a resolved blob), or None."""
-    path = repo_storage(repo_id) / "snapshots" / commit / filename
-    return path if path.is_file() else None
+    """The cached copy of ``filename`` at ``commit`` (huggingface_hub's ``try_to_load_from_cache``), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if not _COMMIT.fullmatch(commit):
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, filename, cache_dir=hub_cache_dir(), revision=commit)
+    except (ValueError, OSError):
+        return None
+    return Path(found) if isinstance(found, str) and os.path.isfile(found) else None
 
 
 def cache_store(repo_id: str, commit: str, revision: str | None, filename: str, data: bytes,
-                etag: str | None, *, source_fd: int | None = None) -> None:
-    """Put ``data`` into the cache as huggingface_hub would (blob + relative symlink + ref).
+                etag: str | None) -> None:
+    """Put ``data`` into the cache as huggingface_hub does (blob + relative symlink + ref).
 
-    Best effort: a read-only or missing cache never fails the command. Without an etag (blob id) the file
-    is not cached, since the blob name must be the one huggingface_hub would use. ``source_fd``: a file
-    that already holds ``data`` from offset 0 (the index child's memory file); the blob is then copied
-    from it by the kernel (sendfile: ~0.02 CPU-s for a 41 MB index where write() took ~0.12 here).
+    As huggingface_hub's ``hf_hub_download``: under its per-blob lock (``.locks/models--org--name/<etag>.lock``,
+    ``WeakFileLock``), written to a temporary ``.incomplete`` file created with mode 0666 less the umask
+    (0664 under the usual umask, so a shared HF_HOME works for another user), then renamed into place.
+    The temporary file is removed on every failure path (a full disk, Ctrl-C, SIGTERM as SystemExit).
+
+    Best effort: a read-only or full cache never fails the command. Without an etag (blob id) the file
+    is not cached, since the blob name must be the one huggingface_hub would use.
     """
     if not etag or not _ETAG.fullmatch(etag) or not _COMMIT.fullmatch(commit) or not _safe_ref(revision):
         return
+    from huggingface_hub.utils import WeakFileLock
+
     storage = repo_storage(repo_id)
+    blob = storage / "blobs" / etag
     try:
-        blob = storage / "blobs" / etag
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        if not blob.exists():
-            with tempfile.NamedTemporaryFile(dir=blob.parent, delete=False, suffix=".incomplete") as tmp:
-                if source_fd is None or not _copy_from(source_fd, tmp.fileno(), len(data)):
-                    tmp.seek(0)
-                    tmp.truncate()
-                    tmp.write(data)
-            os.replace(tmp.name, blob)
-        pointer = storage / "snapshots" / commit / filename
-        pointer.parent.mkdir(parents=True, exist_ok=True)
-        if not pointer.exists():
-            try:
-                pointer.symlink_to(os.path.relpath(blob, pointer.parent))
-            except OSError:  # no symlinks (some Windows setups): huggingface_hub copies too
-                pointer.write_bytes(data)
+        lock = hub_cache_dir() / ".locks" / storage.name / f"{etag}.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with WeakFileLock(lock, timeout=_LOCK_WAIT_S):
+            if not blob.exists():
+                blob.parent.mkdir(parents=True, exist_ok=True)
+                _write_new(blob, data)
+            pointer = storage / "snapshots" / commit / filename
+            pointer.parent.mkdir(parents=True, exist_ok=True)
+            if not os.path.lexists(pointer):
+                try:
+                    pointer.symlink_to(os.path.relpath(blob, pointer.parent))
+                except OSError:  # no symlinks (some Windows setups): huggingface_hub copies too
+                    _write_new(pointer, data)
         if revision and revision != commit:
             ref = storage / "refs" / revision
             ref.parent.mkdir(parents=True, exist_ok=True)
-            ref.write_text(commit)
-    except OSError:
+            _write_new(ref, commit.encode())
+    except Exception:  # noqa: BLE001 - OSError, a lock timeout: the cache is an optimisation only
         return
 
 
-def _copy_from(source_fd: int, target_fd: int, size: int) -> bool:
-    """Copy bytes [0, size) of ``source_fd`` to ``target_fd`` in the kernel; False when that is not
-    possible here (then the caller writes the bytes it holds)."""
-    if not hasattr(os, "sendfile"):
-        return False
-    done = 0
+def _write_new(target: Path, data: bytes) -> None:
+    """Write ``target`` atomically through ``<target>.<random>.incomplete``, removed on any failure."""
+    tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex[:12]}.incomplete")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
-        while done < size:
-            sent = os.sendfile(target_fd, source_fd, done, size - done)
-            if sent <= 0:
-                return False
-            done += sent
-    except OSError:
-        return False
-    return True
+        with open(fd, "wb", closefd=True) as handle:
+            handle.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _safe_ref(revision: str | None) -> bool:

@@ -2,57 +2,46 @@
 downloading weights: the file list, the small JSON files, and every shard's safetensors header.
 
 Round trips, for a repo of S shards: 1 (model info with blob metadata: file list, sizes, commit) + one GET
-per small JSON file that is not yet in the HF cache + S header GETs, in parallel over keep-alive
-connections. On a cold cache the index GET is made by a child process forked first thing, so its
-download and parse overlap this process's start-up and repo-info call (sources/index_prefetch.py).
-huggingface_hub's ``get_safetensors_metadata`` asks every shard for ``bytes=0-100000`` and needs a second
-GET for every header over 99,992 bytes (hf_api.py ``parse_safetensors_file_metadata``); per-expert NVFP4 /
-FP8 MoE shards are far above that. Here the first range is sized per shard (sources/header_reads.py):
-from the index, or, while the index is still on its way, from the headers read so far, for the files
-that form one complete set of shard names; the index then decides which headers count. A second GET
-happens only for the remainder when a prediction falls short. Each header is scanned as it arrives, in
-a helper process (sources/scan_ahead.py), when the caller passes the report's scan function.
+per small JSON file not yet in the HF cache + S header GETs (first ranges sized from the index:
+sources/header_ranges.py), over one ``httpx`` client (sources/hub_client.py) with bounded concurrency.
+The network side runs as an ``asyncio`` task in one helper thread (so the reader works the same inside a
+program that has its own event loop); this thread consumes the headers as they arrive and hands each to
+the caller's ``scan`` at once, so parsing overlaps the remaining requests. No process is started.
 
-Small JSON files go through the HF cache layout (``models--org--name/blobs`` + ``snapshots/<commit>``), so
-a later run, ``HF_HUB_OFFLINE=1`` and huggingface_hub itself find them. They are fetched with one GET each
-instead of ``hf_hub_download``'s HEAD + GET because the model-info call already returned their blob ids.
+Small JSON files go through the HF cache layout (``models--org--name/blobs`` + ``snapshots/<commit>``,
+sources/hf_cache.py), so a second run reads them from disk and ``hf_hub_download`` finds them too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import queue
+import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from typing import Any, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import quote
 
-from ckptinspect.errors import ConfigError, NotFoundError
+from ckptinspect.errors import CkptInspectError, ConfigError, HeaderError, NotFoundError
+from ckptinspect.header.parser import read_length_prefix
 from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
-from ckptinspect.sources import http_ranges
-from ckptinspect.sources.header_reads import (HeaderReader, cancel, early_reads_enabled, shard_set,
-                                              typical_size)
-from ckptinspect.sources.http_ranges import FetchStats, RangeClient
-from ckptinspect.sources.index_prefetch import IndexPrefetch
-from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap, resolve_commit
+from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH, RangeSizer
+from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap
+from ckptinspect.sources.hub_client import FetchStats, HubClient, make_client
 from ckptinspect.sources.index_summary import summarize_index
-from ckptinspect.sources.offline import hub_offline
-from ckptinspect.sources.interface import (INDEX as INDEX_FILE, JSON_FILES, LazyJson, json_file_cap, parse_json_bytes,
-                                           read_file_bytes)
+from ckptinspect.sources.interface import JSON_FILES, json_file_cap, parse_json_bytes, read_file_bytes
 from ckptinspect.sources.net_limits import Budget, NetLimits
+from ckptinspect.sources.offline import hub_offline
+from ckptinspect.sources.redact import redact_url, scrub
 from ckptinspect.sources.repo_info import model_info
-from ckptinspect.sources.scan_ahead import ScanAhead, ScanFn
 
-# Concurrent header requests: 32 halves the waves of 16 on a 94-shard repo at 20 ms per request
-# (BENCHMARKS.md section 2); each thread keeps its own keep-alive connection.
-DEFAULT_MAX_WORKERS = int(os.environ.get("CKPTINSPECT_MAX_WORKERS", "32"))
-PREFETCH_ENV = "CKPTINSPECT_INDEX_PREFETCH"  # "0": read the index after the repo info, in this process
-# How long to wait for the index child before reading the index here. Only a safety net: the child
-# runs under the same deadline (what is left of it bounds the wait) and per-request limits.
-PREFETCH_WAIT_S = 600.0
-# How long to wait for the scan helper's answer once the parent has scanned its share: the helper is
-# then at most one header behind. Past it the parent scans what the helper did not return.
-SCAN_WAIT_S = 60.0
+INDEX_FILE = "model.safetensors.index.json"
+# Header requests in flight at once: httpx's default keep-alive pool holds 20 connections, so every
+# request reuses one (more would open and close a connection per request).
+DEFAULT_MAX_WORKERS = 20
+WORKERS_ENV = "CKPTINSPECT_MAX_WORKERS"
+ScanFn = Callable[[str, bytes, "int | None"], Any]
 
 
 def hub_endpoint(endpoint: str | None = None) -> str:
@@ -79,226 +68,247 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         token: access token; default HF_TOKEN / the saved login (huggingface_hub's rules).
         endpoint: Hub URL; default HF_ENDPOINT or https://huggingface.co.
         progress: tqdm bar on stderr for the header reads.
-        max_workers: concurrent header requests (default 32, env CKPTINSPECT_MAX_WORKERS).
+        max_workers: header requests in flight at once (default 20, env CKPTINSPECT_MAX_WORKERS).
         timeout: seconds per socket read (default HF_HUB_DOWNLOAD_TIMEOUT, 10); the connect timeout,
             the per-request and whole-read deadlines and the byte budget come from the environment
             (sources/net_limits.py, docs/security.md).
-        on_header: called from a worker thread with (shard, header bytes) as soon as each header is in,
-            so a caller can parse while later headers are still on the wire (also for a file read before
-            the index is in that the index then does not name).
-        scan: the report's per-shard scan, ``scan(shard, header bytes, file size)``: run on each header
-            as it arrives, in a helper process (sources/scan_ahead.py), and the results returned in
-            ``scan_plan.scanned`` for every shard. None: headers only.
+        on_header: called in the calling thread with (shard, header bytes) as each header arrives.
+        scan: the report's per-shard scan, ``scan(shard, header bytes, file size)``: run in the calling
+            thread on each header as it arrives (later headers are still on the wire), the results
+            returned in ``scan_plan.scanned``. A shard whose scan raises is left out (the report scans
+            it again, in index order, and reports the first error). None: headers only.
 
     Raises:
         NotFoundError: repo, revision or file missing, or HF_HUB_OFFLINE=1 (names what the cache lacks).
         AccessError: gated / private repo without a token that grants access.
         NetworkError: timeouts, 5xx, resets, broken ranges after bounded retries; the deadline or
-            the byte budget of the whole read.
+            the byte budget of the whole read; a proxy that cannot be reached (named).
         HeaderError: a header length prefix over 25,000,000 bytes or beyond the file size.
     """
     if hub_offline():
-
         raise NotFoundError(f"HF_HUB_OFFLINE=1 and the HF cache cannot answer: {describe_cache_gap(repo_id, revision)}",
                             path=repo_id, hint="run once online, or use a .json.gz snapshot")
     started = time.perf_counter()
     endpoint = hub_endpoint(endpoint)
-    limits = NetLimits.from_env(read_s=timeout)
-    budget = Budget(limits)
-    prefetch = _start_index_prefetch(endpoint, repo_id, revision, token, budget)
-    ahead = ScanAhead.start(scan) if scan is not None else None  # forked while still single-threaded
-    try:
-        raw = _read_repo(repo_id, revision, token, endpoint, budget, progress, max_workers, on_header, prefetch,
-                         started, ahead)
-    except BaseException:
-        if prefetch is not None:
-            prefetch.close(kill=True)  # its answer is not wanted: do not wait for its download
-        raise
-    finally:
-        if ahead is not None:
-            ahead.close()
-    if prefetch is not None:
-        prefetch.close()
-    return raw
-
-
-def _start_index_prefetch(endpoint: str, repo_id: str, revision: str | None, token: str | None,
-                          budget: Budget) -> IndexPrefetch | None:
-    """Read the index in a child while this process starts up (sources/index_prefetch.py), unless the HF
-    cache already holds it for the commit the revision last pointed to."""
-
-    if os.environ.get(PREFETCH_ENV, "1").strip() == "0":
-        return None
-    commit = resolve_commit(repo_id, revision)
-    if commit is not None and cached_file(repo_id, commit, INDEX_FILE) is not None:
-        return None
-    return IndexPrefetch.start(endpoint, repo_id, revision, token, budget.limits.read_s, budget=budget)
-
-
-def _read_repo(repo_id: str, revision: str | None, token: str | None, endpoint: str, budget: Budget,
-               progress: bool, max_workers: int | None, on_header: Callable[[str, bytes], None] | None,
-               prefetch: IndexPrefetch | None, started: float, ahead: ScanAhead | None) -> RawCheckpoint:
     from huggingface_hub.utils import build_hf_headers
 
-    stats = FetchStats()
     headers = build_hf_headers(token=token)
-    client = RangeClient(repo_id, headers, timeout=budget.limits.read_s, stats=stats, budget=budget)
-    try:
-        return _read_with(client, repo_id, revision, endpoint, progress, max_workers, on_header, prefetch,
-                          started, ahead)
-    finally:
-        client.close()
+    secrets = tuple(filter(None, [token, headers.get("authorization", "").removeprefix("Bearer ")]))
+    limits = NetLimits.from_env(read_s=timeout)
+    reader = _HubRead(repo_id, revision, endpoint, headers, Budget(limits), secrets,
+                      max(1, max_workers or int(os.environ.get(WORKERS_ENV) or DEFAULT_MAX_WORKERS)))
+    return reader.run(progress=progress, on_header=on_header, scan=scan, started=started)
 
 
-def _read_with(client: RangeClient, repo_id: str, revision: str | None, endpoint: str, progress: bool,
-               max_workers: int | None, on_header: Callable[[str, bytes], None] | None,
-               prefetch: IndexPrefetch | None, started: float, ahead: ScanAhead | None) -> RawCheckpoint:
-    stats, budget = client.stats, client.budget
-    info = model_info(client, endpoint, repo_id, revision)
-    phases = {"info_s": time.perf_counter() - started}
-    commit = info.sha or revision or "main"
-    siblings = {s.rfilename: s for s in (info.siblings or [])}
+class _HubRead:
+    """One Hub read: the ``asyncio`` side in a helper thread, its results consumed by the caller's thread."""
 
-    def url(filename: str) -> str:  # huggingface_hub's HUGGINGFACE_CO_URL_TEMPLATE, pinned to the commit
-        return f"{endpoint}/{repo_id}/resolve/{quote(commit, safe='')}/{quote(filename)}"
+    def __init__(self, repo_id: str, revision: str | None, endpoint: str, headers: Mapping[str, str],
+                 budget: Budget, secrets: tuple[str, ...], workers: int) -> None:
+        self.repo_id, self.revision, self.endpoint = repo_id, revision, endpoint
+        self.headers, self.budget, self.secrets, self.workers = dict(headers), budget, secrets, workers
+        self.stats = FetchStats()
+        self.out: queue.Queue = queue.Queue()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.task: asyncio.Task | None = None
+        self.phases: dict[str, float] = {}
+        self.stopping = threading.Event()  # set by the caller's thread: do not start (or go on)
 
-    json_files: dict[str, Any] = {}
-    workers = max(1, max_workers or DEFAULT_MAX_WORKERS)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        def fetch(name: str) -> Any:
-            return pool.submit(_json_file, client, repo_id, revision, commit, name, siblings[name], url(name))
+    # -- the caller's thread -------------------------------------------------------------------------
+    def run(self, *, progress: bool, on_header: Callable[[str, bytes], None] | None, scan: ScanFn | None,
+            started: float) -> RawCheckpoint:
+        thread = threading.Thread(target=self._thread_main, name="ckptinspect-hub", daemon=True)
+        thread.start()
+        header_bytes: dict[str, bytes] = {}
+        scanned: dict[str, Any] = {}
+        bar = None
+        try:
+            meta = self._next("meta")
+            shards, sizes = meta["shards"], meta["sizes"]
+            bar = _progress_bar(len(shards), progress)
+            for _ in shards:
+                shard, header = self._next("header")
+                header_bytes[shard] = header
+                if on_header is not None:
+                    on_header(shard, header)
+                if scan is not None:
+                    try:
+                        scanned[shard] = scan(shard, header, sizes[shard])
+                    except CkptInspectError:
+                        pass  # scanned again by the report, in index order, which reports the error
+                if bar is not None:
+                    bar.update(1)
+            self._next("done")
+        finally:
+            if bar is not None:
+                bar.close()
+            self._stop(thread)
+        wall = time.perf_counter() - started
+        commit = meta["commit"]
+        plan = None
+        if scan is not None:
+            plan = ScanPlan(early={}, header_bytes=sum(len(h) for h in header_bytes.values()), scanned=scanned)
+        shown = redact_url(self.endpoint)
+        return RawCheckpoint(
+            ref=self.repo_id if self.revision is None else f"{self.repo_id}@{self.revision}",
+            kind="hub",
+            location=f"{shown}/{self.repo_id}@{commit}",
+            files=meta["files"],
+            json_files=meta["json_files"],
+            headers={s: header_bytes[s] for s in shards},
+            file_sizes=sizes,
+            revision=commit,
+            stats={**self.stats.as_dict(), "wall_s": round(wall, 3), "shards": len(shards),
+                   "json_from_cache": meta["cached"], "header_bytes": sum(len(h) for h in header_bytes.values()),
+                   "endpoint": shown, **{k: round(v, 3) for k, v in self.phases.items()}},
+            index_summary=meta["summary"],
+            scan_plan=plan,
+        )
+
+    def _next(self, kind: str) -> Any:
+        while True:
+            try:
+                got, value = self.out.get(timeout=0.5)  # a timeout keeps Ctrl-C responsive everywhere
+            except queue.Empty:
+                continue
+            if got == "error":
+                raise value
+            assert got == kind, (got, kind)
+            return value
+
+    def _stop(self, thread: threading.Thread) -> None:
+        """Cancel what is still running (an error or Ctrl-C here) and wait for the thread to end."""
+        self.stopping.set()
+        loop, task = self.loop, self.task
+        if loop is not None and task is not None and not task.done():
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop has just closed
+                pass
+        thread.join()
+
+    # -- the helper thread ---------------------------------------------------------------------------
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+            self.out.put(("error", exc))
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        if self.stopping.is_set():  # stopped before the loop was up: _stop found no task to cancel
+            return
+        client = make_client(self.budget)
+        try:
+            async with client:
+                hub = HubClient(client, self.repo_id, self.headers, budget=self.budget, stats=self.stats,
+                                secrets=self.secrets)
+                await self._read(hub)
+        except asyncio.CancelledError:
+            return
+        except CkptInspectError as exc:
+            clean = scrub(str(exc), self.secrets)
+            if clean != str(exc):
+                raise type(exc)(clean) from None
+            raise
+        self.out.put(("done", None))
+
+    async def _read(self, hub: HubClient) -> None:
+        t0 = time.perf_counter()
+        info = await model_info(hub, self.endpoint, self.repo_id, self.revision)
+        self.phases["info_s"] = time.perf_counter() - t0
+        commit = info.sha or self.revision or "main"
+        siblings = {s.rfilename: s for s in (info.siblings or [])}
+
+        def url(filename: str) -> str:  # huggingface_hub's HUGGINGFACE_CO_URL_TEMPLATE, pinned to the commit
+            return f"{self.endpoint}/{self.repo_id}/resolve/{quote(commit, safe='')}/{quote(filename)}"
 
         wanted = [name for name in JSON_FILES if name in siblings]
-        futures = {fetch(name): name for name in wanted if not (name == INDEX_FILE and prefetch is not None)}
-        reader = HeaderReader(client, None, _arrivals(on_header, ahead, siblings))
-        reads: dict[Future, str] = {}
-        try:
-            if prefetch is not None and INDEX_FILE in siblings and early_reads_enabled():
-                # While the index is on its way, read the headers of the files it almost surely names
-                # (sources/header_reads.py); it then decides which of them count.
-                guessed = {s: siblings[s].size for s in shard_set(siblings)}
-                reads = reader.start(pool, typical_size(list(guessed), guessed), url, guessed, speculative=True)
-            early = len(reads)  # requested before the index was in
-            prefetched, summary, json_view, cached = _index_and_json(prefetch, info.sha, siblings, client, repo_id,
-                                                                     fetch, futures, json_files)
-            phases["json_s"] = time.perf_counter() - started - phases["info_s"]
-            shards = _shard_plan(repo_id, summary, siblings)
-            sizes = {shard: siblings[shard].size for shard in shards}
-            if summary is not None:
-                reader.use_index(summary)
-            asked = set(reads.values())
-            later = [s for s in shards if s not in asked]
-            reads.update(reader.start(pool, later, url, sizes))
-            header_bytes = reader.collect(reads, shards, progress=progress)
-        except BaseException:
-            cancel(reads)
-            raise
-        finally:
-            pool.shutdown(wait=True)  # the threads first: then no connection is in use
-    phases["headers_s"] = time.perf_counter() - started - phases["info_s"] - phases["json_s"]
-    plan, ahead_stats = None, {}
-    if ahead is not None:  # else the report's scan stage scans them (in worker processes when that pays)
-        fetched = time.perf_counter()
-        scans = ahead.finish(header_bytes, sizes, wait_s=min(SCAN_WAIT_S, max(0.0, budget.left_s())))
-        plan = ScanPlan(early={}, header_bytes=sum(len(h) for h in header_bytes.values()), scanned=scans)
-        ahead_stats = {"scanned_ahead": ahead.fed, "scan_rest_s": time.perf_counter() - fetched}
-    wall = time.perf_counter() - started
-    return RawCheckpoint(
-        ref=repo_id if revision is None else f"{repo_id}@{revision}",
-        kind="hub",
-        location=f"{endpoint}/{repo_id}@{commit}",
-        files=tuple(sorted(siblings)),
-        json_files=json_view,
-        headers=header_bytes,
-        file_sizes=sizes,
-        revision=commit,
-        stats={**stats.as_dict(), "wall_s": round(wall, 3), "shards": len(shards), "json_from_cache": cached,
-               "header_bytes": sum(len(h) for h in header_bytes.values()), "endpoint": endpoint,
-               "index_prefetched": prefetched is not None, "headers_before_index": early,
-               **{k: round(v, 3) for k, v in {**phases, **ahead_stats}.items()}},
-        index_summary=summary,
-        scan_plan=plan,
-    )
-
-
-def _index_and_json(prefetch: IndexPrefetch | None, commit: str | None, siblings: Mapping[str, Any],
-                    client: RangeClient, repo_id: str, fetch: Callable[[str], Future], futures: dict[Future, str],
-                    json_files: dict[str, Any]) -> tuple[Any, IndexSummary | None, Mapping[str, Any], int]:
-    """The index child's answer (or the index read here when it is not usable) and the small JSON files:
-    (prefetched index or None, index summary or None, the JSON files view, how many came from the cache)."""
-    stats, budget = client.stats, client.budget
-    prefetched = None
-    if prefetch is not None and INDEX_FILE in siblings:
-        # The child's index counts only if it is this commit's (the small files download meanwhile).
-        prefetched = prefetch.result(commit, wait_s=max(0.0, min(PREFETCH_WAIT_S, budget.left_s())))
-        # The child's requests count whether or not its answer is used (--verbose, byte budget).
-        child = prefetch.stats
-        stats.add(requests=child.get("requests", 0), nbytes=child.get("bytes_fetched", 0),
-                  retries=child.get("retries", 0))
-        budget.take(child.get("bytes_fetched", 0), f"{repo_id}/{INDEX_FILE}")
-        declared = siblings[INDEX_FILE].size
-        if prefetched is not None and declared is not None and prefetched.size != declared:
-            prefetched = None  # not the file the repo info describes
-        if prefetched is None:
-            budget.check_time(f"{repo_id}/{INDEX_FILE}")
-            futures[fetch(INDEX_FILE)] = INDEX_FILE
-    cached = 0
-    for fut in as_completed(futures):
-        value, from_cache = fut.result()
-        json_files[futures[fut]] = value
-        cached += from_cache
-    if prefetched is not None:
-        summary: IndexSummary | None = prefetched.summary
-        view: Mapping[str, Any] = LazyJson(json_files, {INDEX_FILE: prefetched.load}, prefix=repo_id)
-    else:
-        summary = (summarize_index(json_files[INDEX_FILE], source=f"{repo_id}/{INDEX_FILE}")
+        answers = await asyncio.gather(*(self._json_file(hub, commit, name, siblings[name], url(name))
+                                         for name in wanted))
+        json_files = {name: value for name, (value, _) in zip(wanted, answers)}
+        self.phases["json_s"] = time.perf_counter() - t0 - self.phases["info_s"]
+        summary = (summarize_index(json_files[INDEX_FILE], source=f"{self.repo_id}/{INDEX_FILE}")
                    if INDEX_FILE in json_files else None)
-        view = json_files
-    return prefetched, summary, view, cached
+        shards = _shard_plan(self.repo_id, summary, siblings)
+        sizes = {shard: siblings[shard].size for shard in shards}
+        self.out.put(("meta", {"commit": commit, "files": tuple(sorted(siblings)), "json_files": json_files,
+                               "shards": shards, "sizes": sizes, "summary": summary,
+                               "cached": sum(cached for _, cached in answers)}))
+        async for shard, header in read_headers(hub, shards, sizes, url, summary, self.workers):
+            self.out.put(("header", (shard, header)))
+        self.phases["headers_s"] = time.perf_counter() - t0 - self.phases["info_s"] - self.phases["json_s"]
 
-
-def _arrivals(on_header: Callable[[str, bytes], None] | None, ahead: ScanAhead | None,
-              siblings: Mapping[str, Any]) -> Callable[[str, bytes], None] | None:
-    """What a fetch thread calls with each header as it arrives: the caller's hook, the scan helper."""
-    if ahead is None:
-        return on_header
-
-    def arrived(shard: str, header: bytes) -> None:
-        if on_header is not None:
-            on_header(shard, header)
-        ahead.feed(shard, header, siblings[shard].size)
-    return arrived
-
-
-# -- small JSON files through the HF cache ----------------------------------------------------------
-def _json_file(client: RangeClient, repo_id: str, revision: str | None, commit: str, name: str,
-               sibling: Any, url: str) -> tuple[Any, int]:
-
-    local = cached_file(repo_id, commit, name)
-    cap = json_file_cap(name)  # the local files' caps (16 MiB, 512 MiB for the index): sources/interface.py
-    if local is not None:
-        data, from_cache = read_file_bytes(local), 1
-    else:
+    async def _json_file(self, hub: HubClient, commit: str, name: str, sibling: Any, url: str) -> tuple[Any, int]:
+        local = cached_file(self.repo_id, commit, name)
+        cap = json_file_cap(name)  # the local files' caps (16 MiB, 512 MiB for the index): sources/interface.py
+        where = f"{self.repo_id}/{name}"
+        if local is not None:
+            return parse_json_bytes(read_file_bytes(local), source=where), 1
         size = sibling.size
         if size is not None and size > cap:
-            raise ConfigError(f"is {size:,} bytes, over the {cap:,}-byte cap for this file", path=f"{repo_id}/{name}")
+            raise ConfigError(f"is {size:,} bytes, over the {cap:,}-byte cap for this file", path=where)
         end = (size if size else cap) - 1
-        data = client.get(url, name, 0, end) if end >= 0 else b""
+        data = await hub.get_range(url, name, 0, end) if end >= 0 else b""
         if size is not None and len(data) < size:
-            data += client.rest(url, name, len(data), size)
+            data += await hub.rest(url, name, len(data), size)
         etag = sibling.lfs.sha256 if sibling.lfs is not None else sibling.blob_id
-        # Written while this thread parses: the write releases the GIL, and a 41 MB index takes ~0.1 s
-        # to write and ~0.3 s to parse here.
-        writer = threading.Thread(target=cache_store, args=(repo_id, commit, revision or "main", name, data, etag))
-        writer.start()
-        try:
-            return parse_json_bytes(data, source=f"{repo_id}/{name}"), 0
-        finally:
-            writer.join()
-    return parse_json_bytes(data, source=f"{repo_id}/{name}"), from_cache
+        # Stored and parsed off the event loop: the other files' requests go on meanwhile.
+        await asyncio.to_thread(cache_store, self.repo_id, commit, self.revision or "main", name, data, etag)
+        return await asyncio.to_thread(parse_json_bytes, data, source=where), 0
 
 
-# -- shards ------------------------------------------------------------------------------------------
+async def read_headers(hub: HubClient, shards: list[str], sizes: Mapping[str, int | None],
+                       url: Callable[[str], str], summary: IndexSummary | None,
+                       workers: int) -> AsyncIterator[tuple[str, bytes]]:
+    """``(shard, header bytes)`` for every shard, in arrival order: one calibration shard first (its header
+    sizes the others' first ranges), then the rest with at most ``workers`` requests in flight.
+    Fails fast: the first error cancels the requests still running."""
+    sizer = RangeSizer(summary)
+    rest = list(shards)
+    if not sizer.calibrated and len(rest) > 1:
+        first = sizer.calibration_shard(rest)
+        rest.remove(first)
+        yield first, await _read_header(hub, sizer, first, url(first), sizes.get(first))
+    gate = asyncio.Semaphore(workers)
+
+    async def one(shard: str) -> tuple[str, bytes]:
+        async with gate:
+            return shard, await _read_header(hub, sizer, shard, url(shard), sizes.get(shard))
+
+    tasks = [asyncio.ensure_future(one(shard)) for shard in rest]
+    try:
+        for done in asyncio.as_completed(tasks):
+            yield await done
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _read_header(hub: HubClient, sizer: RangeSizer, shard: str, url: str, size: int | None) -> bytes:
+    where = f"{hub.repo_id}/{shard}"
+    if size is not None and size < 8:
+        raise HeaderError(f"file is {size} bytes, too small for a safetensors header", path=where)
+    body = await hub.get_range(url, shard, 0, sizer.first_range(shard, size) - 1)
+    if len(body) < 8:  # a short 206 that did not even cover the length prefix
+        body += await hub.rest(url, shard, len(body), 8)
+    n = read_length_prefix(body[:8], source=where, file_size=size, max_length=MAX_HEADER_LENGTH)
+    if n > len(body) - 8:  # ranges are inclusive: the header is complete iff n <= len(body) - 8
+        body += await hub.rest(url, shard, len(body), 8 + n)
+    sizer.learn(shard, n)
+    return body[8:8 + n]
+
+
+def _progress_bar(total: int, progress: bool) -> Any:
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Reading headers", unit="shard", file=sys.stderr, leave=False)
+
+
 def _shard_plan(repo_id: str, summary: IndexSummary | None, siblings: Mapping[str, Any]) -> list[str]:
     """Shard names from the index's weight_map values (never from a name regex), else top-level files."""
     if summary is None:
@@ -315,4 +325,4 @@ def _shard_plan(repo_id: str, summary: IndexSummary | None, siblings: Mapping[st
     return list(summary.shards)  # first-seen order, like the local source
 
 
-__all__ = ["open_hub", "hub_endpoint"]
+__all__ = ["open_hub", "hub_endpoint", "read_headers"]

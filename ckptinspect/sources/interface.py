@@ -237,15 +237,3 @@ class LocalSizes(Mapping[str, "int | None"]):
 
     def __len__(self) -> int:
         return len(self.headers)
-
-
-def open_spool(tag: str) -> int:
-    """A file descriptor a parent and its forked child share (the index child's copy of the index, the
-    scan helper's headers), memory-backed where the OS offers it; ``tag`` names it in /proc."""
-    if hasattr(os, "memfd_create"):
-        return os.memfd_create(f"ckptinspect-{tag}", os.MFD_CLOEXEC)
-    import tempfile
-
-    handle, path = tempfile.mkstemp(prefix=f"ckptinspect-{tag}-")
-    os.unlink(path)
-    return handle

@@ -1,10 +1,10 @@
 """Time and byte limits for every Hub request, and for the whole Hub read of one command.
 
-A socket timeout alone bounds only the wait for the *next* packet: a server that answers one byte per
+A read timeout alone bounds only the wait for the *next* packet: a server that answers one byte per
 second keeps a request alive for ever. So each request also has a deadline for the whole exchange
-(connect, status line, headers, body), enforced by a watchdog thread that shuts the socket down when it
-passes, and the whole command has a deadline and a byte budget that every request (the repo info, the
-small JSON files, the index child's read, every header range, error and redirect bodies) draws from.
+(connect, redirects, headers, body: ``asyncio.timeout`` in sources/hub_client.py), and the whole command
+has a deadline and a byte budget that every request (the repo info, the small JSON files, every header
+range, error bodies) draws from.
 
 Defaults and the environment variables that change them (``ckptinspect --deadline`` and
 ``--request-timeout`` set the two deadlines; docs/security.md lists every limit):
@@ -20,11 +20,9 @@ Defaults and the environment variables that change them (``ckptinspect --deadlin
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from ckptinspect.errors import NetworkError
 
@@ -83,8 +81,7 @@ class NetLimits:
 class Budget:
     """What is left of one command's deadline and byte budget; shared by all its threads.
 
-    ``ends_at`` is a ``time.monotonic()`` value: CLOCK_MONOTONIC is one clock for every process of the
-    machine, so the index child forked by the Hub reader keeps the parent's deadline.
+    ``ends_at`` is a ``time.monotonic()`` value.
     """
 
     def __init__(self, limits: NetLimits, *, ends_at: float | None = None, max_bytes: int | None = None) -> None:
@@ -114,74 +111,3 @@ class Budget:
             raise NetworkError(f"received more than the {self.max_bytes:,} byte budget of this command "
                                "(a server that ignores ranges or streams without end?)",
                                path=where, hint=f"raise it with {MAX_BYTES_ENV}")
-
-
-class Watchdog:
-    """One thread that shuts down the socket of a request still running at its deadline.
-
-    Shutting the socket down (not closing it: another thread is using the descriptor) wakes a read
-    blocked in that thread at once, with end-of-file; the request then sees that it was ``fired``.
-    The thread starts on the first ``arm`` and ends in ``close()``, so a process that is done with
-    the Hub is single-threaded again (the index child is forked only then).
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._armed: dict[int, tuple[float, Any]] = {}
-        self._fired: set[int] = set()
-        self._next = 0
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    def arm(self, at: float, conn: Any) -> int:
-        """Watch ``conn`` (an http.client connection; its socket is looked up when the time comes)."""
-        with self._cond:
-            self._next += 1
-            token = self._next
-            self._armed[token] = (at, conn)
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._run, name="ckptinspect-deadlines", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-        return token
-
-    def disarm(self, token: int) -> bool:
-        """Stop watching; True when the deadline had already fired for this request."""
-        with self._cond:
-            self._armed.pop(token, None)
-            if token in self._fired:
-                self._fired.discard(token)
-                return True
-            return False
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
-
-    def _run(self) -> None:
-        with self._cond:
-            while not self._closed:
-                now = time.monotonic()
-                due = [t for t, (at, _) in self._armed.items() if at <= now]
-                for token in due:
-                    _, conn = self._armed.pop(token)
-                    self._fired.add(token)
-                    _shutdown(conn)
-                upcoming = min((at for at, _ in self._armed.values()), default=None)
-                self._cond.wait(None if upcoming is None else max(0.0, upcoming - time.monotonic()))
-
-
-def _shutdown(conn: Any) -> None:
-    sock = getattr(conn, "sock", None)
-    if sock is None:
-        return
-    try:
-        # The plain socket's shutdown: ssl.SSLSocket.shutdown would also drop the TLS object that the
-        # reading thread is using.
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except OSError:  # already closed or never connected
-        pass

@@ -1,5 +1,5 @@
 """The repo-info call of the Hub reader: ``HfApi.model_info(files_metadata=True)``'s request, made by the
-range client so that the deadlines, the byte budget and ``--verbose``'s byte count cover it too, and its
+Hub client (sources/hub_client.py) so that the deadlines, the byte budget and ``--verbose``'s byte count cover it too, and its
 answer read by huggingface_hub's own error mapping (``hf_raise_for_status``) and ``ModelInfo`` after the
 fields later code computes with have been type-checked (a server's answer is input like any other)."""
 
@@ -9,18 +9,18 @@ from typing import Any
 from urllib.parse import quote
 
 from ckptinspect.errors import AccessError, NetworkError, NotFoundError
-from ckptinspect.sources.http_ranges import RangeClient
+from ckptinspect.sources.hub_client import HubClient, httpx_module
 from ckptinspect.sources.interface import parse_json_bytes
 
 MAX_INFO_BYTES = 64 * 1024 * 1024  # repo info with blob metadata: ~200 bytes per file
 INFO_NAME = "repo info"  # how the request is named in the range client's messages
 
 
-def model_info(client: RangeClient, endpoint: str, repo_id: str, revision: str | None) -> Any:
-    """``HfApi.model_info(files_metadata=True)``, the request made by the range client (so the deadlines,
+async def model_info(client: HubClient, endpoint: str, repo_id: str, revision: str | None) -> Any:
+    """``HfApi.model_info(files_metadata=True)``, the request made by the Hub client (so the deadlines,
     byte budget and byte count apply to it too) and the answer read by huggingface_hub's own error
     mapping (``hf_raise_for_status``) and ``ModelInfo``."""
-    httpx = _httpx()
+    httpx = httpx_module()
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
                                         RevisionNotFoundError)
     from huggingface_hub.hf_api import ModelInfo
@@ -34,7 +34,7 @@ def model_info(client: RangeClient, endpoint: str, repo_id: str, revision: str |
     url = f"{endpoint}/api/models/{repo_id}"  # the URL model_info builds (hf_api.py)
     url += ("" if revision is None else f"/revision/{quote(revision, safe='')}") + "?blobs=True"
     try:
-        status, headers, body = client.get_document(url, INFO_NAME, {"Accept": "application/json"}, MAX_INFO_BYTES)
+        status, headers, body = await client.get_document(url, INFO_NAME, {"Accept": "application/json"}, MAX_INFO_BYTES)
     except NetworkError as exc:
         detail = str(exc).removeprefix(f"{repo_id}/{INFO_NAME}: ")
         raise NetworkError(f"cannot read the repo info: {detail}", path=repo_id) from None
@@ -85,12 +85,3 @@ def _check_repo_info(data: Any, repo_id: str) -> None:
         lfs = sib.get("lfs")
         if lfs is not None and not (isinstance(lfs, dict) and isinstance(lfs.get("sha256", ""), str)):
             raise bad(f"siblings[{i}].lfs", lfs)
-
-
-def _httpx() -> Any:
-    """huggingface_hub's HTTP library (httpx2 from 2.x, httpx before), for its Response type."""
-    try:
-        import httpx2 as httpx
-    except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
-        import httpx  # type: ignore[no-redef]
-    return httpx

@@ -1,0 +1,64 @@
+"""How many bytes to ask for first when reading a safetensors header over HTTP ranges (pure functions).
+
+From the index (the usual case): a header holds each tensor name of the shard once (the index lists them)
+plus a JSON entry of nearly constant size, so one shard is read first to measure that entry size and the
+rest are asked for exactly what they need plus a small margin. A prediction that falls short costs one
+more GET, for the remainder only. huggingface_hub's ``get_safetensors_metadata`` asks every shard for
+``bytes=0-100000`` and needs a second GET for every header over 99,992 bytes (hf_api.py
+``parse_safetensors_file_metadata``); per-expert NVFP4 / FP8 MoE shards are far above that.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from ckptinspect.records import IndexSummary
+
+# huggingface_hub SAFETENSORS_MAX_HEADER_LENGTH and huggingface.js MAX_HEADER_LENGTH: checked on the
+# 8-byte prefix, before any header byte beyond the first range is requested.
+MAX_HEADER_LENGTH = 25_000_000
+# Used when no index names the shard's tensors (single-file repos); covers a 7B dense model's header.
+DEFAULT_FIRST_RANGE = 131_072
+# First-guess bytes per header entry beyond the tensor name. An entry is
+# `"<name>":{"dtype":"BF16","shape":[7168,2048],"data_offsets":[1234567890,1249247938]},`: 70-90 bytes
+# besides the name for 2-D tensors in multi-GB shards; 100 covers long dtypes and 4-D shapes, so the
+# calibration shard nearly always needs one request.
+FIRST_ENTRY_GUESS = 100
+# Margin over the largest per-entry size measured so far: offsets grow by a digit between shards at most,
+# and shapes differ by a few digits. Measured on the 94-shard Qwen3.5-397B NVFP4 replica: BENCHMARKS.md
+# (0 second requests, total bytes within 1.05x of the exact header bytes).
+ENTRY_MARGIN = 3
+FIXED_SLACK = 256  # __metadata__ ({"format":"pt"}) and the writer's padding to a multiple of 8
+
+
+class RangeSizer:
+    """First-range sizes for the shards of one checkpoint, learning the entry size from each header read."""
+
+    def __init__(self, summary: IndexSummary | None) -> None:
+        self.counts: Mapping[str, int] = summary.counts if summary is not None else {}
+        self.name_bytes: Mapping[str, int] = summary.name_bytes if summary is not None else {}
+        self.entry_size: float | None = None  # largest measured bytes per entry beyond the name
+
+    @property
+    def calibrated(self) -> bool:
+        return self.entry_size is not None or not self.counts
+
+    def calibration_shard(self, shards: list[str]) -> str:
+        """The shard to read first: the median tensor count."""
+        return sorted(shards, key=lambda s: self.counts.get(s, 0))[len(shards) // 2]
+
+    def first_range(self, shard: str, size: int | None) -> int:
+        """Bytes to ask for first, the 8-byte length prefix included (never past the file's end)."""
+        count = self.counts.get(shard)
+        if count:
+            per_entry = FIRST_ENTRY_GUESS if self.entry_size is None else self.entry_size + ENTRY_MARGIN
+            want = 8 + int(self.name_bytes[shard] + count * per_entry) + FIXED_SLACK
+        else:
+            want = DEFAULT_FIRST_RANGE
+        return min(want, size) if size is not None else want
+
+    def learn(self, shard: str, length: int) -> None:
+        count = self.counts.get(shard)
+        if count:
+            measured = (length - self.name_bytes[shard]) / count
+            self.entry_size = measured if self.entry_size is None else max(self.entry_size, measured)

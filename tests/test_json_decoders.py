@@ -1,0 +1,106 @@
+"""orjson (the compiled parser) never changes an answer: the header parser on the whole conformance
+corpus (tests/test_conformance.py) and ``decode_json`` on hostile JSON (duplicate keys, integers past 64
+bits, NaN / Infinity, lone surrogates, -0, deep nesting) give the same result or the same error line
+with orjson as with the standard library's json alone."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_conformance import CORPUS  # noqa: E402
+
+import ckptinspect.config.json_text as json_text  # noqa: E402
+import ckptinspect.header.parser as parser  # noqa: E402
+from ckptinspect.errors import CkptInspectError  # noqa: E402
+
+pytestmark = pytest.mark.skipif(parser._loads is None, reason="orjson is not installed")
+
+
+def _same(a, b) -> bool:
+    """Equal, with NaN equal to NaN, -0.0 told from 0.0, and int told from float (1 vs 1.0)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return a == b
+
+
+def _outcome(fn, *args, **kwargs):
+    try:
+        return ("ok", fn(*args, **kwargs))
+    except CkptInspectError as exc:
+        return ("error", str(exc))
+
+
+def _header(data: bytes, monkeypatch, compiled: bool):
+    monkeypatch.setattr(parser, "_loads", parser._loads if compiled else None)
+    out = _outcome(parser.parse_header, data, source="x.safetensors")
+    if out[0] == "ok":
+        h = out[1]
+        return ("ok", (h.length, h.names, h.dtypes, h.shapes, h.sizes, h.data_bytes, h.metadata))
+    return out
+
+
+@pytest.mark.parametrize("name,header,data_len,stricter", CORPUS, ids=[c[0] for c in CORPUS])
+def test_header_parser_answers_the_same_with_and_without_orjson(name, header, data_len, stricter, monkeypatch):
+    data = header.encode("utf-8", "surrogatepass") if isinstance(header, str) else header
+    compiled = parser._loads
+    with_orjson = _header(data, monkeypatch, True)
+    monkeypatch.setattr(parser, "_loads", compiled)
+    without = _header(data, monkeypatch, False)
+    assert with_orjson[0] == without[0]
+    assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
+
+
+HOSTILE = [
+    '{"a": 1, "a": 2}', '{"a": {"b": 1}, "a": [3]}', "[18446744073709551615, 18446744073709551616]",
+    "[-9223372036854775808, -9223372036854775809]", "[" + "9" * 30 + "]", "[" + "9" * 5000 + "]",
+    "[NaN, Infinity, -Infinity]", "[1e400, -1e400]", '["\\ud800"]', '["\\udfff\\ud800"]', '["\\ud83d\\ude00"]',
+    "[-0, -0.0, 0.0]", "[" * 127 + "]" * 127, "[" * 128 + "]" * 128, "[" * 2000 + "]" * 2000,
+    '{"weight_map": {"a.weight": "model-00001-of-00002.safetensors"}}', "[1.7976931348623157e308, 5e-324]",
+    '"\\u0000"', "[tru]", "{", "", " [1] ", "[1] x", '{"a":1,}', "[01]", '["a\tb"]',
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_decode_json_answers_the_same_with_and_without_orjson(text, monkeypatch):
+    with_orjson = _outcome(json_text.decode_json, text.encode(), source="f.json")
+    monkeypatch.setattr(json_text, "_compiled_loads", None)
+    without = _outcome(json_text.decode_json, text.encode(), source="f.json")
+    assert with_orjson[0] == without[0]
+    assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2 ** 70), max_value=2 ** 70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_json)
+def test_generated_documents_decode_the_same(value):
+    import json
+
+    text = json.dumps(value)
+    compiled = json_text._compiled_loads
+    try:
+        with_orjson = _outcome(json_text.decode_json, text, source="f.json")
+        json_text._compiled_loads = None
+        without = _outcome(json_text.decode_json, text, source="f.json")
+    finally:
+        json_text._compiled_loads = compiled
+    assert with_orjson[0] == without[0]
+    assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
