@@ -1,0 +1,108 @@
+"""`audit` output: one row per repo as text, markdown, JSON (the sorted rows in one document) or JSONL
+(one line per repo, written as each finishes). The row layout is docs/json_contract.md's "audit rows".
+
+Every value comes from the row (ckptinspect/audit/row.py), which reads it from the repo's own report
+document; nothing here computes a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+AUDIT_SCHEMA_VERSION = 1
+
+
+def row_json(row: Any, *, full: bool = False) -> dict[str, Any]:
+    """The JSON object of one row; ``full`` adds the repo's whole report document."""
+    out: dict[str, Any] = {"repo": row.repo, "revision": row.revision, "status": "ok" if row.ok else "error",
+                           "cached": row.cached}
+    if not row.ok:
+        out["error"] = {"kind": row.error.kind, "message": row.error.message}
+        return out
+    f = row.fields
+    out.update({
+        "format": f["format"], "family": f["family"], "declared": f["declared"],
+        "stored_schemes": list(f["stored_schemes"]), "bytes": f["bytes"], "params": f["params"],
+        "mtp": {"declared_layers": f["mtp_declared"], "present_layers": f["mtp_present"],
+                "complete": f["mtp_complete"], "schemes": list(f["mtp_schemes"])},
+        "verdict": dict(f["verdicts"]), "error_findings": f["errors"], "worst_finding": f["worst_finding"],
+        "fit": f["fit"],
+    })
+    if full:
+        out["report"] = row.report
+    return out
+
+
+def jsonl_line(row: Any, *, full: bool = False) -> str:
+    return json.dumps(row_json(row, full=full), separators=(",", ":")) + "\n"
+
+
+def render_audit(rows: Sequence[Any], fmt: str, *, width: int | None = None, colour: bool = False,
+                 full: bool = False, gpu: str | None = None, gpus: int | None = None) -> str:
+    """``rows`` (already sorted) as ``fmt`` ("text", "markdown", "json" or "jsonl")."""
+    if fmt == "json":
+        doc = {"schema_version": AUDIT_SCHEMA_VERSION, "repos": len(rows),
+               "readable": sum(1 for r in rows if r.ok), "rows": [row_json(r, full=full) for r in rows]}
+        return json.dumps(doc, indent=2) + "\n"
+    if fmt == "jsonl":
+        return "".join(jsonl_line(r, full=full) for r in rows)
+    return _table(rows, fmt, width=width, colour=colour, fit=gpu is not None, gpu_label=f"{gpus}x {gpu}")
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _mtp(f: dict[str, Any]) -> str:
+    declared = f["mtp_declared"]
+    if not declared and not f["mtp_present"]:
+        return "none"
+    text = f"{f['mtp_present']}/{declared if declared is not None else '?'}"
+    text += " complete" if f["mtp_complete"] else " incomplete"
+    if f["mtp_schemes"]:
+        text += " " + "+".join(f["mtp_schemes"])
+    return text
+
+
+def _fit(fit: dict[str, Any] | None) -> str:
+    if fit is None:
+        return ""
+    if not fit["fits"]:
+        return "no"
+    used, least = fit["gpus_used"], fit["min_gpus"]
+    return f"yes ({used} GPUs" + (f", min {least})" if least and least != used else ")")
+
+
+def _table(rows: Sequence[Any], fmt: str, *, width: int | None, colour: bool, fit: bool, gpu_label: str) -> str:
+    from ckptinspect.render.terminal import table, verdict
+
+    headers = ["repo", "quant", "size", "MTP", "sglang", "vllm"] + ([f"fits {gpu_label}"] if fit else []) + \
+        ["worst finding"]
+    body = []
+    for row in rows:
+        if not row.ok:
+            cells = [row.repo, "-", "-", "-", "-", "-"] + (["-"] if fit else []) + \
+                [f"{row.error.kind}: {row.error.message}"]
+        else:
+            f = row.fields
+            worst = f["worst_finding"]
+            quant = f["declared"] or "+".join(f["stored_schemes"][:2]) or "-"
+            v = f["verdicts"]
+            cells = [row.repo, f"{quant} ({f['format']})", _size(f["bytes"]), _mtp(f),
+                     verdict(v.get("sglang", "absent"), colour and fmt == "text"),
+                     verdict(v.get("vllm", "absent"), colour and fmt == "text")] + \
+                ([_fit(f["fit"])] if fit else []) + \
+                [f"{worst['severity']} {worst['code']}: {worst['message']}" if worst else "none"]
+        body.append(cells)
+    readable = sum(1 for r in rows if r.ok)
+    summary = f"{len(rows)} repos, {readable} read, {len(rows) - readable} could not be read"
+    if fmt == "markdown":
+        from tabulate import tabulate
+
+        cleaned = [[str(c).replace("|", "\\|").replace("\n", " ") for c in r] for r in body]
+        return tabulate(cleaned, headers=headers, tablefmt="github") + f"\n\n{summary}\n"
+    return table(headers, body, width) + f"\n{summary}\n"
