@@ -194,3 +194,43 @@ def test_usage_errors_exit_2(cli):
     assert done.returncode == 2 and "name repos" in done.stderr
     done = cli("audit", "org/x", "--gpu", "h200")
     assert done.returncode == 2 and "--gpu and --gpus go together" in done.stderr
+
+
+def test_ctrl_c_leaves_valid_partial_jsonl(make_fixture):
+    import signal
+
+    with HubServer(latency_s=0.25) as srv:
+        names = GOOD[:10]
+        for name in names:
+            srv.add_repo(f"org/{name}", make_fixture(name))
+        proc = subprocess.Popen([sys.executable, "-m", "ckptinspect", "audit", *[f"org/{n}" for n in names],
+                                 "--format", "jsonl", "--jobs", "2", "--no-cache"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=_env(srv), cwd=str(ROOT))
+        first = proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    lines = [first] + rest.splitlines(keepends=True)
+    rows = [json.loads(line) for line in lines]  # every line is a whole JSON object
+    assert proc.returncode == 130, err
+    assert "interrupted after" in err
+    assert 1 <= len(rows) < len(names) and all(line.endswith("\n") for line in lines)
+
+
+def crashing_report(repo: str, options: dict) -> str:
+    """An audit report function whose process dies on one repo (as on an out-of-memory kill)."""
+    if repo.endswith("llama_awq"):
+        os._exit(7)
+    from ckptinspect import api
+
+    return api._audit_report(repo, options)
+
+
+def test_a_worker_that_dies_is_that_repos_row_and_the_audit_goes_on(make_fixture):
+    from ckptinspect.audit import AuditOptions, RepoRef, run_audit
+
+    names = ("llama_bf16", "llama_awq", "llama_gptq", "mimo_7b")
+    refs = [RepoRef(str(make_fixture(n))) for n in names]
+    rows = {Path(r.repo).name: r for r in run_audit(refs, AuditOptions(jobs=2, cache=False), crashing_report)}
+    assert sorted(rows) == sorted(names)
+    assert rows["llama_awq"].error.kind == "WorkerError" and "code 7" in rows["llama_awq"].error.message
+    assert all(rows[n].ok for n in names if n != "llama_awq")

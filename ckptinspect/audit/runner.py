@@ -109,89 +109,117 @@ def _cached(refs: Sequence[RepoRef], cache: AuditCache, options: AuditOptions,
 
 def _run_pool(refs: list[RepoRef], options: AuditOptions, cache: AuditCache, jobs: int, per_repo: int,
               ends_at: float, report_fn: ReportFn) -> Iterator[AuditRow]:
-    import multiprocessing
     from multiprocessing.connection import wait
 
-    ctx = multiprocessing.get_context("spawn")  # never fork a process that has threads
     task = {"gpu": options.gpu, "gpus": options.gpus, "context": options.context, "engine": options.engine,
             "rules_dirs": [str(d) for d in options.rules_dirs], "token": options.token, "report_fn": report_fn}
     queued = list(range(len(refs)))[::-1]  # popped from the end: the given order
     left = set(queued)
-    workers: list[_Worker] = []
-    restarts = len(refs)  # a worker that dies is replaced, but a worker that cannot start is not retried for ever
+    pool = _Pool(min(jobs, len(refs)), per_repo, restarts=len(refs), task=task)
     try:
-        workers = [_Worker(ctx, per_repo) for _ in range(min(jobs, len(refs)))]
-        while left:
-            for w in workers:
-                if w.index is None and queued and w.alive:
-                    w.give(queued.pop(), refs, task, ends_at)
+        while left and pool.alive():
+            for i in pool.idle():
+                if queued:
+                    pool.give(i, queued.pop(), refs, task, ends_at)
             wait_s = ends_at + GRACE_S - time.monotonic()
-            if wait_s <= 0 or not workers:
+            if wait_s <= 0:
                 break
-            ready = set(wait([w.conn for w in workers] + [w.proc.sentinel for w in workers], timeout=wait_s))
-            for w in list(workers):
-                out = w.take() if w.conn in ready else None
-                if out is not None:
-                    left.discard(out[0])
-                    yield _row(refs[out[0]], out[1], cache)
-                elif w.conn in ready or w.proc.sentinel in ready:  # the process ended
-                    w.stop()
-                    workers.remove(w)
-                    if w.index is not None:
-                        left.discard(w.index)
-                        ref = refs[w.index]
-                        yield error_row(ref.repo_id, ref.sha, RepoError(
-                            "WorkerError", f"{ref.repo_id}: the process reading it exited (code {w.proc.exitcode})"))
-                    if (queued or left) and restarts > 0:
-                        restarts -= 1
-                        workers.append(_Worker(ctx, per_repo))
+            for event in pool.events(wait(pool.waitables(), timeout=wait_s)):
+                kind, index, value = event
+                if index not in left:
+                    continue
+                left.discard(index)
+                ref = refs[index]
+                if kind == "done":
+                    yield _row(ref, value, cache)
+                else:
+                    yield error_row(ref.repo_id, ref.sha, RepoError(
+                        "WorkerError", f"{ref.repo_id}: the process reading it exited (code {value})"))
         why = ("not finished within the audit's deadline (raise it with --deadline or CKPTINSPECT_DEADLINE_S)"
-               if workers else "no worker process could be started")
-        for index in sorted(left):  # still running when the deadline (and its grace) passed
+               if pool.alive() else "the audit's worker processes ended")
+        for index in sorted(left):
             ref = refs[index]
-            yield error_row(ref.repo_id, ref.sha, RepoError("NetworkError" if workers else "WorkerError",
+            yield error_row(ref.repo_id, ref.sha, RepoError("NetworkError" if pool.alive() else "WorkerError",
                                                             f"{ref.repo_id}: {why}"))
     finally:
-        for w in workers:
-            w.stop()
+        pool.close()
 
 
-class _Worker:
-    """One worker process and the pipe it takes tasks from and answers on (a pipe, not a queue: a
-    queue's feeder thread would make the worker multithreaded before the Hub reader forks)."""
+class _Pool:
+    """Worker processes forked by one spawned parent of theirs (the zygote), which imports the report's
+    code once: a fresh interpreter per worker would spend ~1.5 s of CPU each on imports and first-use
+    set-up, more than the reports themselves on a small machine. Tasks and answers go over one pipe
+    per worker (not a queue: its feeder thread would make a worker multithreaded before the Hub reader
+    forks); the zygote reports a worker that died (its task becomes an error row) and forks another."""
 
-    def __init__(self, ctx: Any, per_repo: int) -> None:
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, per_repo), name="ckptinspect-audit")
-        self.proc.start()
-        child.close()
-        self.index: int | None = None
+    def __init__(self, size: int, per_repo: int, restarts: int, task: dict) -> None:
+        import multiprocessing
 
-    @property
+        ctx = multiprocessing.get_context("spawn")  # never fork the caller: it may have threads
+        pairs = [ctx.Pipe() for _ in range(size)]
+        self.conns = [p for p, _ in pairs]
+        self.ctl, ctl_child = ctx.Pipe()
+        self.zygote = ctx.Process(target=_zygote_main, args=(ctl_child, [c for _, c in pairs], per_repo, restarts, task),
+                                  name="ckptinspect-audit")
+        self.zygote.start()
+        for _, child in pairs:
+            child.close()
+        ctl_child.close()
+        self.running: list[int | None] = [None] * size
+        self.usable = [True] * size
+
     def alive(self) -> bool:
-        return self.proc.is_alive()
+        return self.zygote.is_alive() and any(self.usable)
 
-    def give(self, index: int, refs: list[RepoRef], task: dict[str, Any], ends_at: float) -> None:
-        self.index = index
-        self.conn.send((index, refs[index].repo_id, task, ends_at))
+    def idle(self) -> list[int]:
+        return [i for i, r in enumerate(self.running) if r is None and self.usable[i]]
 
-    def take(self) -> tuple | None:
-        """(index, outcome) of the finished task, or None when the process is gone."""
-        try:
-            out = self.conn.recv()
-        except (EOFError, OSError):
-            return None
-        self.index = None
+    def give(self, worker: int, index: int, refs: list[RepoRef], task: dict, ends_at: float) -> None:
+        self.running[worker] = index
+        self.conns[worker].send((index, refs[index].repo_id, task, ends_at))
+
+    def waitables(self) -> list[Any]:
+        return [c for i, c in enumerate(self.conns) if self.usable[i]] + [self.ctl, self.zygote.sentinel]
+
+    def events(self, ready: list[Any]) -> list[tuple[str, int, Any]]:
+        """("done", task index, outcome) and ("died", task index, exit code) for what ``ready`` holds."""
+        out = []
+        # Answers first: a worker that answered and then died has no task left to report as lost.
+        for worker, conn in enumerate(self.conns):
+            if conn in ready and self.usable[worker]:
+                try:
+                    index, outcome = conn.recv()
+                except (EOFError, OSError):
+                    continue  # the worker died: the zygote's message says so
+                self.running[worker] = None
+                out.append(("done", index, outcome))
+        if self.ctl in ready:
+            while self.ctl.poll():
+                try:
+                    what, worker, code = self.ctl.recv()
+                except (EOFError, OSError):
+                    break
+                index, self.running[worker] = self.running[worker], None
+                if what == "gone":
+                    self.usable[worker] = False
+                if index is not None:
+                    out.append(("died", index, code))
         return out
 
-    def stop(self) -> None:
-        if self.proc.is_alive():
-            self.proc.terminate()  # SIGTERM: the worker's handler unwinds, ending its own helpers
-            self.proc.join(2.0)
-            if self.proc.is_alive():
-                self.proc.kill()
-        self.proc.join()
-        self.conn.close()
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        if self.zygote.is_alive():
+            self.zygote.terminate()  # SIGTERM: the zygote ends its workers, then itself
+            self.zygote.join(3.0)
+            if self.zygote.is_alive():
+                self.zygote.kill()
+        self.zygote.join()
+        for conn in (*self.conns, self.ctl):
+            conn.close()
 
 
 def _row(ref: RepoRef, out: tuple, cache: AuditCache) -> AuditRow:
@@ -203,18 +231,80 @@ def _row(ref: RepoRef, out: tuple, cache: AuditCache) -> AuditRow:
     return error_row(ref.repo_id, ref.sha, RepoError(out[1], out[2]))
 
 
-# -- in the worker process ----------------------------------------------------------------------------
-def _worker_main(conn: Any, per_repo: int) -> None:
-    # Ctrl-C goes to the whole process group: the parent alone decides (it ends the workers). SIGTERM
-    # unwinds like an exception, so the Hub reader ends the helpers it forked.
+# -- in the zygote and the worker processes ----------------------------------------------------------
+def _zygote_main(ctl: Any, conns: list[Any], per_repo: int, restarts: int, task: dict) -> None:
+    """Warm up, fork one worker per pipe, fork a new one when one dies."""
+    # Ctrl-C goes to the whole process group: the caller alone decides (it ends the zygote). SIGTERM
+    # unwinds like an exception, in the zygote and in the workers it forks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    # Read by sources/hub.py at import: set before the first report imports it.
+    # Read by sources/hub.py at import: set before the imports below.
     os.environ["CKPTINSPECT_MAX_WORKERS"] = str(per_repo)
+    # One repo's latency savers fork helper processes per report (the index reader, the header scanner,
+    # scan workers); with many repos at once the other repos fill that wait, and the forks only cost
+    # CPU. The report is the same either way (sources/hub.py, inventory/parallel.py).
+    os.environ.update({"CKPTINSPECT_INDEX_PREFETCH": "0", "CKPTINSPECT_SCAN_AHEAD": "0", "CKPTINSPECT_WORKERS": "1"})
+    import huggingface_hub.hf_api  # noqa: F401 - what the Hub reader imports on first use (~0.5 s)
+    import huggingface_hub.utils  # noqa: F401
+
+    import ckptinspect.sources.hub  # noqa: F401 - not reached by the warm-up below
+    from ckptinspect.errors import CkptInspectError
+    from ckptinspect.examples import EXAMPLE_DIR
+
+    # One report of the bundled example with the audit's options: every lazy import of the report path
+    # and the rule files' validation (kept in the rule cache) happen once here, not once per worker.
+    # Only code and file-derived caches are warmed; no answer depends on it.
+    try:
+        task["report_fn"](str(EXAMPLE_DIR), task)
+    except CkptInspectError:
+        pass
+    from tqdm import tqdm
+
+    # tqdm makes a process-shared lock on first use; made here, the workers share it (each worker's own
+    # would outlive it: workers leave with os._exit, which skips the lock's unlinking).
+    tqdm.get_lock()
+
+    pids = {_fork_worker(conns[i]): i for i in range(len(conns))}
+    try:
+        while pids:
+            pid, status = os.wait()
+            worker = pids.pop(pid, None)
+            code = os.waitstatus_to_exitcode(status)
+            if worker is None or code == 0:
+                continue  # a worker that was told to stop
+            if restarts > 0:
+                restarts -= 1
+                ctl.send(("died", worker, code))
+                pids[_fork_worker(conns[worker])] = worker
+            else:
+                ctl.send(("gone", worker, code))
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+
+
+def _fork_worker(conn: Any) -> int:
+    pid = os.fork()  # the zygote is single-threaded: nothing is held at the fork
+    if pid:
+        return pid
+    code = 0
+    try:
+        _serve(conn)
+    except BaseException:  # noqa: BLE001 - SIGTERM's SystemExit included: leave without cleanup of the zygote's state
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _serve(conn: Any) -> None:
     while True:
         try:
             item = conn.recv()
-        except (EOFError, OSError):
+        except (EOFError, OSError):  # the caller is gone
             return
         if item is None:
             return

@@ -12,7 +12,6 @@ from ckptinspect.cli.options import Command, check_gpu, gpu_list_help, quiet_opt
 
 EXAMPLES = (
     "ckptinspect audit --quantized-from Qwen/Qwen3.5-397B-A17B --gpu h200 --gpus 8",
-    "ckptinspect audit --author nvidia --search Qwen3.5 --format markdown",
     "ckptinspect audit org/quant-a org/quant-b --repos-file more.txt --format jsonl > audit.jsonl",
     "ckptinspect audit --author my-org --fail-on unusable --quiet     # CI: exit 1 on any bad quant",
 )

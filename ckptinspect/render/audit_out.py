@@ -74,29 +74,37 @@ def _fit(fit: dict[str, Any] | None) -> str:
     if not fit["fits"]:
         return "no"
     used, least = fit["gpus_used"], fit["min_gpus"]
-    return f"yes ({used} GPUs" + (f", min {least})" if least and least != used else ")")
+    return f"yes: {used}" + (f" (min {least})" if least and least != used else "")
+
+
+def _worst(worst: dict[str, Any] | None, fmt: str) -> str:
+    """The code in a terminal table (the message is the report's; `report REPO` or JSON shows it)."""
+    if worst is None:
+        return "none"
+    return f"{worst['severity']} {worst['code']}" + (f": {worst['message']}" if fmt == "markdown" else "")
 
 
 def _table(rows: Sequence[Any], fmt: str, *, width: int | None, colour: bool, fit: bool, gpu_label: str) -> str:
     from ckptinspect.render.terminal import table, verdict
 
     headers = ["repo", "quant", "size", "MTP", "sglang", "vllm"] + ([f"fits {gpu_label}"] if fit else []) + \
-        ["worst finding"]
+        ["worst finding" if fmt == "markdown" else "worst"]
     body = []
     for row in rows:
         if not row.ok:
             cells = [row.repo, "-", "-", "-", "-", "-"] + (["-"] if fit else []) + \
-                [f"{row.error.kind}: {row.error.message}"]
+                [f"{row.error.kind}: {row.error.message}" if fmt == "markdown" else row.error.kind]
         else:
             f = row.fields
             worst = f["worst_finding"]
             quant = f["declared"] or "+".join(f["stored_schemes"][:2]) or "-"
             v = f["verdicts"]
-            cells = [row.repo, f"{quant} ({f['format']})", _size(f["bytes"]), _mtp(f),
+            shown = quant if f["format"] == "safetensors" else f"{quant} ({f['format']})"
+            cells = [row.repo, shown, _size(f["bytes"]), _mtp(f),
                      verdict(v.get("sglang", "absent"), colour and fmt == "text"),
                      verdict(v.get("vllm", "absent"), colour and fmt == "text")] + \
                 ([_fit(f["fit"])] if fit else []) + \
-                [f"{worst['severity']} {worst['code']}: {worst['message']}" if worst else "none"]
+                [_worst(worst, fmt)]
         body.append(cells)
     readable = sum(1 for r in rows if r.ok)
     summary = f"{len(rows)} repos, {readable} read, {len(rows) - readable} could not be read"
@@ -105,4 +113,5 @@ def _table(rows: Sequence[Any], fmt: str, *, width: int | None, colour: bool, fi
 
         cleaned = [[str(c).replace("|", "\\|").replace("\n", " ") for c in r] for r in body]
         return tabulate(cleaned, headers=headers, tablefmt="github") + f"\n\n{summary}\n"
-    return table(headers, body, width) + f"\n{summary}\n"
+    errors = [f"{r.repo}: {r.error.kind}: {r.error.message}" for r in rows if not r.ok]
+    return table(headers, body, width) + f"\n{summary}\n" + "".join(f"  {e}\n" for e in errors)
