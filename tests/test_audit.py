@@ -96,6 +96,7 @@ def test_audit_rows_equal_each_repos_own_report(hub):
     done = run_audit(hub, MISSING, "--quantized-from", BASE, "--format", "json", "--full", "--fail-on", "unusable")
     assert done.returncode == 1, done.stderr  # unreadable repos trip --fail-on
     assert "fail-on unusable" in done.stderr
+    assert "\r" not in done.stderr  # no progress line when stderr is not a terminal
     rows = json.loads(done.stdout)["rows"]
     repos = [f"org/{n}" for n in GOOD + BROKEN] + [GATED, SLOW, MISSING]
     assert sorted(r["repo"] for r in rows) == sorted(repos) and len(rows) >= 20
@@ -234,3 +235,29 @@ def test_a_worker_that_dies_is_that_repos_row_and_the_audit_goes_on(make_fixture
     assert sorted(rows) == sorted(names)
     assert rows["llama_awq"].error.kind == "WorkerError" and "code 7" in rows["llama_awq"].error.message
     assert all(rows[n].ok for n in names if n != "llama_awq")
+
+
+def test_fit_and_gate_of_a_row_are_the_reports(make_fixture):
+    """Local directories (no Hub): with --gpu/--gpus each row's fit is its report's plan, and --fail-on
+    trips on a row exactly when `report --fail-on` trips on that repo."""
+    from ckptinspect import api
+
+    names = ("qwen3_5_moe_nvfp4", "qwen3_5_moe_nvfp4_nomtp", "deepseek_v3_nvfp4", "llama_awq", "mimo_7b")
+    paths = [str(make_fixture(n)) for n in names]
+    rows = {r.repo: r for r in api.audit(paths, gpu="h200", gpus=8, engine="sglang", jobs=2, cache=False)}
+    assert sorted(rows) == sorted(paths)
+    assert {r.fields["fit"]["fits"] for r in rows.values()} == {True, False}  # both cases are compared
+    for path in paths:
+        report = api.inspect(path, gpu="h200", gpus=8, engine="sglang")
+        row = rows[path]
+        assert row.fields["fit"]["fits"] == report.plan.ok
+        if report.plan.ok:
+            assert row.fields["fit"]["gpus_used"] == (report.plan.gpus_used or report.plan.gpus)
+        for level in ("degraded", "unusable", "error"):
+            assert bool(api.audit_gate(row, level, "sglang")) == bool(api.gate(report, level, "sglang")), \
+                (path, level)
+    assert any(api.audit_gate(r, "unusable", "sglang") for r in rows.values())  # the no-MTP quant trips it
+    ordered = api.audit_sort(list(rows.values()), "sglang")
+    tiers = [(0 if not r.fields["errors"] and r.fields["fit"]["fits"] else 1 if not r.fields["errors"] else 2)
+             for r in ordered]
+    assert tiers == sorted(tiers)

@@ -15,6 +15,7 @@ running when it passes is ended with the pool and becomes a row saying so.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -247,7 +248,10 @@ def _zygote_main(ctl: Any, conns: list[Any], per_repo: int, restarts: int, task:
     import huggingface_hub.hf_api  # noqa: F401 - what the Hub reader imports on first use (~0.5 s)
     import huggingface_hub.utils  # noqa: F401
 
-    import ckptinspect.sources.hub  # noqa: F401 - not reached by the warm-up below
+    try:  # the Hub reader: not reached by the warm-up below (a warm-up only: its absence costs time)
+        importlib.import_module("ckptinspect.sources.hub")
+    except ImportError:
+        pass
     from ckptinspect.errors import CkptInspectError
     from ckptinspect.examples import EXAMPLE_DIR
 

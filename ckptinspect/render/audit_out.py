@@ -74,7 +74,7 @@ def _fit(fit: dict[str, Any] | None) -> str:
     if not fit["fits"]:
         return "no"
     used, least = fit["gpus_used"], fit["min_gpus"]
-    return f"yes: {used}" + (f" (min {least})" if least and least != used else "")
+    return f"yes, {used} used" + (f", min {least}" if least and least != used else "")
 
 
 def _worst(worst: dict[str, Any] | None, fmt: str) -> str:
