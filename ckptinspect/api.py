@@ -347,6 +347,7 @@ def audit(refs: Sequence[Any], *, gpu: str | None = None, gpus: int | None = Non
         raise PlanError("--gpu and --gpus go together")
     if gpu is not None:
         find_gpu(gpu)
+    list_rules(rules_dirs)  # a bad --rules-dir is the command's error, not one error row per repo
     wanted = [r if isinstance(r, RepoRef) else RepoRef(check_ref(r)) for r in refs]
     options = AuditOptions(gpu=gpu, gpus=gpus, context=context, engine=engine, rules_dirs=tuple(rules_dirs),
                            token=token, jobs=jobs, max_requests=max_requests, deadline_s=deadline_s, cache=cache,

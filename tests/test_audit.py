@@ -190,11 +190,15 @@ def test_requests_in_flight_stay_within_the_bound(make_fixture, monkeypatch):
         assert 2 <= srv.peak_in_flight <= 6  # repos ran at once, never more than 6 requests together
 
 
-def test_usage_errors_exit_2(cli):
+def test_usage_errors_exit_2(cli, tmp_path):
     done = cli("audit")
     assert done.returncode == 2 and "name repos" in done.stderr
     done = cli("audit", "org/x", "--gpu", "h200")
     assert done.returncode == 2 and "--gpu and --gpus go together" in done.stderr
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "bad.yaml").write_text("id: [unclosed\n")
+    done = cli("audit", "org/x", "--rules-dir", str(tmp_path / "rules"))  # before any repo is read
+    assert done.returncode == 2 and "bad.yaml" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_ctrl_c_leaves_valid_partial_jsonl(make_fixture):
