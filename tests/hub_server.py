@@ -345,13 +345,13 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(resolved, str):
             return self._error(404, resolved, f"{resolved}: {repo_id}@{rev}", method)
         repo, sha, root = resolved
-        if hub_listing.bad_expand(query):
-            return self._error(400, "BadRequest", hub_listing.bad_expand(query) or "", method)
         files = self.hub._files(repo, sha, root)
         if is_tree:
             prefix = f"{tree_path}/" if tree_path else ""
             out = [{"type": "file", **f} for f in files if f["path"].startswith(prefix)]
             return self._json(out, method)
+        if hub_listing.bad_expand(query):  # the tree's `expand` is a flag; the repo info's, property names
+            return self._error(400, "BadRequest", hub_listing.bad_expand(query) or "", method)
         blobs = query.get("blobs") == ["true"] or query.get("blobs") == ["True"]
         siblings = []
         for f in files:
