@@ -155,6 +155,13 @@ def test_cache_rereads_only_what_changed_and_never_believes_a_damaged_entry(hub,
     for repo, row in second.items():
         assert {**row_json(row, full=True), "cached": False} == row_json(first[repo], full=True)
 
+    # An explicit id (no commit from a listing): one repo-info call asks for the commit, nothing else.
+    hub.reset_stats()
+    explicit = list(api.audit([f"cache/{names[3]}"]))
+    assert len(explicit) == 1 and explicit[0].cached and explicit[0].report == first[f"cache/{names[3]}"].report
+    log = hub.stats()["log"]
+    assert len(log) == 1 and log[0][1].startswith(f"/api/models/cache/{names[3]}?") and "expand=sha" in log[0][1]
+
     # A new commit on one repo, and a damaged cache entry for another: exactly those two are read again.
     changed, damaged = f"cache/{names[0]}", f"cache/{names[1]}"
     hub._repos[changed].commits["main"] = "c" * 40
