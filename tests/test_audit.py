@@ -272,3 +272,28 @@ def test_fit_and_gate_of_a_row_are_the_reports(make_fixture):
     tiers = [(0 if not r.fields["errors"] and r.fields["fit"]["fits"] else 1 if not r.fields["errors"] else 2)
              for r in ordered]
     assert tiers == sorted(tiers)
+
+
+def test_progress_shows_on_a_terminal_only(make_fixture):
+    import pty
+
+    paths = [str(make_fixture(n)) for n in ("llama_bf16", "mimo_7b")]
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "CKPTINSPECT_DEBUG")}
+    main, tty = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "ckptinspect", "audit", *paths, "--format", "jsonl", "--no-cache"],
+                            stdout=subprocess.PIPE, stderr=tty, env=env, cwd=str(ROOT))
+    os.close(tty)
+    out, _ = proc.communicate(timeout=300)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(main)
+    assert proc.returncode == 0
+    assert len(out.decode().splitlines()) == 2
+    assert b"audit: 1/2 repos" in shown and b"audit: 2/2 repos" in shown
