@@ -297,3 +297,23 @@ def test_progress_shows_on_a_terminal_only(make_fixture):
     assert proc.returncode == 0
     assert len(out.decode().splitlines()) == 2
     assert b"audit: 1/2 repos" in shown and b"audit: 2/2 repos" in shown
+
+
+def test_selection_ids_file_and_one_narrowed_listing(make_fixture, tmp_path, monkeypatch):
+    from ckptinspect import api
+    from ckptinspect.errors import CkptInspectError
+
+    ids = tmp_path / "ids.txt"
+    ids.write_text("# our quants\norg/from-file\n\n  alpha/Base-q1  # also listed\norg/explicit\n")
+    with HubServer() as srv:
+        for repo in ("alpha/Base-q1", "alpha/Base-q2", "alpha/Other", "beta/Base-q3"):
+            srv.add_repo(repo, make_fixture("llama_bf16"), tags=(TAG,) if "Base" in repo else ())
+        monkeypatch.setenv("HF_ENDPOINT", srv.url)
+        refs = api.audit_select(ids=["org/explicit"], ids_file=ids, quantized_from=BASE, author="alpha",
+                                search="base")
+    # explicit ids first, then the file's, then the listing (BASE's quants by alpha whose id has "base")
+    assert [r.repo_id for r in refs] == ["org/explicit", "org/from-file", "alpha/Base-q1", "alpha/Base-q2"]
+    assert refs[0].sha is None and refs[2].sha == srv._repos["alpha/Base-q1"].commits["main"]
+    ids.write_text("org/a org/b\n")
+    with pytest.raises(CkptInspectError, match="line 1: one repo id per line"):
+        api.audit_select(ids_file=ids)
