@@ -97,7 +97,12 @@ def test_audit_rows_equal_each_repos_own_report(hub):
     assert done.returncode == 1, done.stderr  # unreadable repos trip --fail-on
     assert "fail-on unusable" in done.stderr
     assert "\r" not in done.stderr  # no progress line when stderr is not a terminal
-    rows = json.loads(done.stdout)["rows"]
+    from ckptinspect.render.audit_out import validate_audit_json
+    from ckptinspect.render.json_out import validate_report_json
+
+    document = json.loads(done.stdout)
+    validate_audit_json(document)
+    rows = document["rows"]
     repos = [f"org/{n}" for n in GOOD + BROKEN] + [GATED, SLOW, MISSING]
     assert sorted(r["repo"] for r in rows) == sorted(repos) and len(rows) >= 20
     own = own_reports(hub, repos)
@@ -110,6 +115,7 @@ def test_audit_rows_equal_each_repos_own_report(hub):
         doc = _strip(mine["doc"])
         assert row["status"] == "ok", (row["repo"], row.get("error"))
         assert row["report"] == doc, row["repo"]
+        validate_report_json(row["report"])
         # the columns are the report's own values
         assert row["revision"] == doc["source"]["revision"] == hub._repos[row["repo"]].commits["main"]
         assert row["verdict"] == doc["mtp"]["verdict"]
@@ -223,6 +229,10 @@ def test_ctrl_c_leaves_valid_partial_jsonl(make_fixture):
         rest, err = proc.communicate(timeout=60)
     lines = [first] + rest.splitlines(keepends=True)
     rows = [json.loads(line) for line in lines]  # every line is a whole JSON object
+    from ckptinspect.render.audit_out import validate_audit_json
+
+    for row in rows:
+        validate_audit_json(row)
     assert proc.returncode == 130, err
     assert "interrupted after" in err
     assert 1 <= len(rows) < len(names) and all(line.endswith("\n") for line in lines)
@@ -317,3 +327,17 @@ def test_selection_ids_file_and_one_narrowed_listing(make_fixture, tmp_path, mon
     ids.write_text("org/a org/b\n")
     with pytest.raises(CkptInspectError, match="line 1: one repo id per line"):
         api.audit_select(ids_file=ids)
+
+
+def test_audit_schema_rejects_what_it_must():
+    import jsonschema
+
+    from ckptinspect.render.audit_out import validate_audit_json
+
+    good = {"repo": "o/x", "revision": None, "status": "error", "cached": False,
+            "error": {"kind": "NotFoundError", "message": "o/x: repository not found"}}
+    validate_audit_json(good)
+    for bad in ({**good, "status": "ok"}, {**good, "cached": True}, {k: v for k, v in good.items() if k != "error"},
+                {"schema_version": 1, "repos": 1, "readable": 0, "rows": [{**good, "extra": 1}]}):
+        with pytest.raises(jsonschema.ValidationError):
+            validate_audit_json(bad)

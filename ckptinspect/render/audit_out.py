@@ -8,9 +8,18 @@ document; nothing here computes a verdict.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Sequence
 
 AUDIT_SCHEMA_VERSION = 1
+AUDIT_SCHEMA_PATH = Path(__file__).with_name("audit.schema.json")
+
+
+def validate_audit_json(doc: dict[str, Any]) -> None:
+    """Validate an audit document or one JSONL row against the shipped schema (jsonschema: lazily)."""
+    import jsonschema
+
+    jsonschema.validate(doc, json.loads(AUDIT_SCHEMA_PATH.read_text()))
 
 
 def row_json(row: Any, *, full: bool = False) -> dict[str, Any]:
