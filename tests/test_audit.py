@@ -341,3 +341,21 @@ def test_audit_schema_rejects_what_it_must():
                 {"schema_version": 1, "repos": 1, "readable": 0, "rows": [{**good, "extra": 1}]}):
         with pytest.raises(jsonschema.ValidationError):
             validate_audit_json(bad)
+
+
+def test_gate_and_columns_follow_the_engines_a_report_judged(make_fixture):
+    """A report that judged other engines than SGLang and vLLM (a GGUF's llama.cpp verdict): `both` gates
+    the engines it judged, a named engine it did not judge trips the gate (never a silent pass), and the
+    table has a column per engine judged."""
+    from ckptinspect import api
+    from ckptinspect.audit.row import row_from_report
+    from ckptinspect.render.audit_out import render_audit
+    from ckptinspect.render.report import render_report
+
+    doc = json.loads(render_report(api.inspect(str(make_fixture("llama_bf16"))), "json"))
+    doc["mtp"]["verdict"] = {"llamacpp": "unusable"}
+    row = row_from_report("o/gguf", doc)
+    assert api.audit_gate(row, "unusable", "both") == ["llamacpp=unusable"]
+    assert api.audit_gate(row, "unusable", "sglang") == ["no sglang verdict (judged: llamacpp)"]
+    header = render_audit([row], "text").splitlines()[0].split()
+    assert "llamacpp" in header and "sglang" not in header

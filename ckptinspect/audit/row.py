@@ -14,7 +14,6 @@ from typing import Any, Mapping
 from ckptinspect.records import VERDICT_RANK
 
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
-ENGINES = ("sglang", "vllm")
 
 
 @dataclass(frozen=True)
@@ -98,12 +97,18 @@ def _fit(plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
             "min_gpus": (plan.get("min_gpus") or {}).get("count"), "reason": None}
 
 
+def judged(verdicts: Mapping[str, str], engine: str) -> tuple[str, ...]:
+    """The engines ``engine`` names for a report: "both" is every engine the report judged (SGLang and
+    vLLM for safetensors; a report may judge others), as `report --fail-on` reads it."""
+    return tuple(verdicts) if engine == "both" else (engine,)
+
+
 def best_verdict(row: AuditRow, engine: str = "both") -> str | None:
+    """The best MTP verdict among the engines ``engine`` names; None when none of them was judged."""
     if not row.ok:
         return None
     verdicts = row.fields["verdicts"]
-    engines = ENGINES if engine == "both" else (engine,)
-    ranked = [verdicts[e] for e in engines if e in verdicts]
+    ranked = [verdicts[e] for e in judged(verdicts, engine) if e in verdicts]
     return min(ranked, key=lambda v: VERDICT_RANK[v]) if ranked else None
 
 
@@ -116,7 +121,8 @@ def sort_key(row: AuditRow, engine: str = "both") -> tuple:
     fit = f["fit"]
     tier = 2 if f["errors"] else (0 if fit is None or fit["fits"] else 1)
     verdict = best_verdict(row, engine)
-    return (tier, VERDICT_RANK.get(verdict or "absent", 0), (fit or {}).get("min_gpus") or 0, f["bytes"], row.repo)
+    rank = VERDICT_RANK[verdict] if verdict is not None else max(VERDICT_RANK.values()) + 1  # not judged: last
+    return (tier, rank, (fit or {}).get("min_gpus") or 0, f["bytes"], row.repo)
 
 
 def sort_rows(rows: list[AuditRow], engine: str = "both") -> list[AuditRow]:
@@ -133,6 +139,9 @@ def gate(row: AuditRow, fail_on: str, engine: str = "both") -> list[str]:
     if fail_on == "error":
         return [f["code"] for f in doc["findings"] if f["severity"] == "error"]
     threshold = VERDICT_RANK[fail_on]
-    engines = ENGINES if engine == "both" else (engine,)
     verdicts = doc["mtp"]["verdict"]
-    return [f"{e}={verdicts[e]}" for e in engines if e in verdicts and VERDICT_RANK[verdicts[e]] >= threshold]
+    engines = judged(verdicts, engine)
+    missing = [e for e in engines if e not in verdicts]
+    if missing:  # `report --fail-on` refuses this too: never a silent pass
+        return [f"no {missing[0]} verdict (judged: {', '.join(verdicts)})"]
+    return [f"{e}={verdicts[e]}" for e in engines if VERDICT_RANK[verdicts[e]] >= threshold]

@@ -86,6 +86,17 @@ def _fit(fit: dict[str, Any] | None) -> str:
     return f"yes, {used} used" + (f", min {least}" if least and least != used else "")
 
 
+def _engines(rows: Sequence[Any]) -> list[str]:
+    """A verdict column per engine any row was judged for: SGLang and vLLM first, then others."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        if row.ok:
+            seen.update(dict.fromkeys(row.fields["verdicts"]))
+    seen = seen or dict.fromkeys(["sglang", "vllm"])  # nothing judged (no readable repo): the usual two
+    first = [e for e in ("sglang", "vllm") if e in seen]
+    return first + [e for e in seen if e not in first]
+
+
 def _worst(worst: dict[str, Any] | None, fmt: str) -> str:
     """The code in a terminal table (the message is the report's; `report REPO` or JSON shows it)."""
     if worst is None:
@@ -96,12 +107,13 @@ def _worst(worst: dict[str, Any] | None, fmt: str) -> str:
 def _table(rows: Sequence[Any], fmt: str, *, width: int | None, colour: bool, fit: bool, gpu_label: str) -> str:
     from ckptinspect.render.terminal import table, verdict
 
-    headers = ["repo", "quant", "size", "MTP", "sglang", "vllm"] + ([f"fits {gpu_label}"] if fit else []) + \
+    engines = _engines(rows)
+    headers = ["repo", "quant", "size", "MTP", *engines] + ([f"fits {gpu_label}"] if fit else []) + \
         ["worst finding" if fmt == "markdown" else "worst"]
     body = []
     for row in rows:
         if not row.ok:
-            cells = [row.repo, "-", "-", "-", "-", "-"] + (["-"] if fit else []) + \
+            cells = [row.repo, "-", "-", "-", *["-"] * len(engines)] + (["-"] if fit else []) + \
                 [f"{row.error.kind}: {row.error.message}" if fmt == "markdown" else row.error.kind]
         else:
             f = row.fields
@@ -110,8 +122,7 @@ def _table(rows: Sequence[Any], fmt: str, *, width: int | None, colour: bool, fi
             v = f["verdicts"]
             shown = quant if f["format"] == "safetensors" else f"{quant} ({f['format']})"
             cells = [row.repo, shown, _size(f["bytes"]), _mtp(f),
-                     verdict(v.get("sglang", "absent"), colour and fmt == "text"),
-                     verdict(v.get("vllm", "absent"), colour and fmt == "text")] + \
+                     *[verdict(v[e], colour and fmt == "text") if e in v else "-" for e in engines]] + \
                 ([_fit(f["fit"])] if fit else []) + \
                 [_worst(worst, fmt)]
         body.append(cells)
