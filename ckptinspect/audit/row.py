@@ -61,7 +61,7 @@ def row_fields(doc: Mapping[str, Any]) -> dict[str, Any]:
     findings = sorted(doc["findings"], key=lambda f: SEVERITY_RANK.get(f["severity"], 9))
     worst = findings[0] if findings else None
     return {
-        "format": _format(files),
+        "format": doc.get("format") or _format(files),  # the report's own key where it has one
         "declared": quant["declared"],
         "stored_schemes": stored,
         "bytes": totals["bytes"],
