@@ -360,3 +360,60 @@ def cached_files(ref: str) -> tuple[str, Path, list[str]]:
     snapshots = repo_storage(repo_id) / "snapshots"
     files = sorted({p.name for p in snapshots.glob("*/*")}) if snapshots.is_dir() else []
     return repo_id, hub_cache_dir(), files
+
+
+# -- audit: many repos at once (ckptinspect/audit) ---------------------------------------------------
+def audit_select(*, ids: Sequence[str] = (), ids_file: Path | None = None, quantized_from: str | None = None,
+                 author: str | None = None, search: str | None = None, limit: int | None = None,
+                 token: str | None = None) -> list[Any]:
+    """The repos an audit reads (``audit.RepoRef``): ``ids``, the ids in ``ids_file``, and one Hub listing
+    (``HfApi.list_models``) narrowed by ``quantized_from`` (the ``base_model:quantized:`` relation),
+    ``author`` and ``search`` together."""
+    from ckptinspect.audit import Selection, select_repos
+
+    return select_repos(Selection(ids=tuple(ids), ids_file=ids_file, quantized_from=quantized_from, author=author,
+                                  search=search, limit=limit), token=token, endpoint=hub_endpoint())
+
+
+def audit(refs: Sequence[Any], *, gpu: str | None = None, gpus: int | None = None, context: int | None = None,
+          engine: str = "both", rules_dirs: Sequence[Path] = (), token: str | None = None, jobs: int = 8,
+          max_requests: int = 64, deadline_s: float | None = None, cache: bool = True) -> Any:
+    """An iterator of ``audit.AuditRow``, one per repo of ``refs`` (repo ids or ``audit.RepoRef``), in the
+    order they finish; each row's report is what ``inspect(repo, gpu=..., gpus=...)`` gives, or the
+    error that stopped it. ``audit.sort_rows`` orders them for people."""
+    from ckptinspect.audit import AuditOptions, RepoRef, run_audit
+
+    if (gpu is None) != (gpus is None):
+        raise PlanError("--gpu and --gpus go together")
+    if gpu is not None:
+        find_gpu(gpu)
+    list_rules(rules_dirs)  # a bad --rules-dir is the command's error, not one error row per repo
+    wanted = [r if isinstance(r, RepoRef) else RepoRef(check_ref(r)) for r in refs]
+    options = AuditOptions(gpu=gpu, gpus=gpus, context=context, engine=engine, rules_dirs=tuple(rules_dirs),
+                           token=token, jobs=jobs, max_requests=max_requests, deadline_s=deadline_s, cache=cache,
+                           endpoint=hub_endpoint())
+    return run_audit(wanted, options, _audit_report)
+
+
+def _audit_report(repo_id: str, options: dict) -> str:
+    """One audit row's report, in an audit worker process: exactly `report REPO --format json`."""
+    from ckptinspect.render.report import render_report
+
+    report = inspect(repo_id, rules_dirs=tuple(Path(d) for d in options["rules_dirs"]), token=options["token"],
+                     progress=False, gpu=options["gpu"], gpus=options["gpus"], context=options["context"],
+                     engine=options["engine"])
+    return render_report(report, "json")
+
+
+def audit_sort(rows: Sequence[Any], engine: str = "both") -> list[Any]:
+    """``rows`` with the usable, fitting repos first (``audit.sort_key``)."""
+    from ckptinspect.audit import sort_rows
+
+    return sort_rows(list(rows), engine)
+
+
+def audit_gate(row: Any, fail_on: str, engine: str = "both") -> list[str]:
+    """What trips ``--fail-on`` for one audit row (empty: it passes); an unreadable repo always does."""
+    from ckptinspect.audit import gate as row_gate
+
+    return row_gate(row, fail_on, engine)

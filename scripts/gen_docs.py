@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DOC_FILES = ("README.md", "CONTRIBUTING.md", "docs/json_contract.md", "docs/rules_format.md",
-             "docs/hub_and_wire.md", "docs/plan.md", "docs/gguf.md")
+             "docs/hub_and_wire.md", "docs/plan.md", "docs/gguf.md", "docs/audit.md")
 MARKER = re.compile(r"(<!-- gen:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /gen:(?P=name) -->)", re.S)
 DOC_WIDTH = 100  # the text examples are shown as a 100-column terminal prints them
 VERDICT_FIXTURES = ("qwen3_5_moe_nvfp4", "qwen3_5_moe_nvfp4_nomtp", "qwen3_5_moe_mtp_incomplete",
@@ -244,10 +244,59 @@ def gguf_plan(ctx: Context) -> str:
     return fence("text", ctx.clean(f"$ ckptinspect plan {path} --gpu rtx-5090 --gpus 1 --context 32768\n{res.stdout}"))
 
 
+# The audit example: generated Qwen3.5-layout quants served as the quants of one base model by the test
+# Hub server (tests/hub_server.py); names say they are examples, not Hub repos.
+AUDIT_BASE = "example/Qwen3.5-tiny"
+AUDIT_REPOS = {"example-a/Qwen3.5-tiny-NVFP4": "qwen3_5_moe_nvfp4",
+               "example-a/Qwen3.5-tiny-NVFP4-fused": "qwen3_5_moe_nvfp4_fused",
+               "example-b/Qwen3.5-tiny-W4A4-ct": "qwen3_5_moe_ct_nvfp4",
+               "example-b/Qwen3.5-tiny-GPTQ-Int4": "qwen3_5_moe_gptq_int4_bf16_mtp",
+               "example-c/Qwen3.5-tiny-NVFP4-noMTP": "qwen3_5_moe_nvfp4_nomtp",
+               "example-c/Qwen3.5-tiny-NVFP4-mtp-cut": "qwen3_5_moe_mtp_incomplete",
+               "example-d/Qwen3.5-tiny-broken": "broken_truncated_header"}
+
+
+def audit_runs(ctx: Context, *args: str) -> subprocess.CompletedProcess:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hub_server import HubServer
+
+    with HubServer() as server:
+        for repo, fixture in AUDIT_REPOS.items():
+            server.add_repo(repo, ctx.fixture(fixture), tags=(f"base_model:quantized:{AUDIT_BASE}",))
+        return ctx.cli("audit", *args, env={"HF_ENDPOINT": server.url, "HF_HOME": str(ctx.tmp / "audit-hf"),
+                                            "CKPTINSPECT_CACHE_DIR": str(ctx.tmp / "audit-cache"), "HF_TOKEN": ""})
+
+
+AUDIT_ARGS = ("--quantized-from", AUDIT_BASE, "--gpu", "h200", "--gpus", "1", "--no-cache")
+
+
+def audit_example(ctx: Context) -> str:
+    """The markdown table as is (it renders as a table where the docs are read)."""
+    res = audit_runs(ctx, *AUDIT_ARGS, "--format", "markdown")
+    assert res.returncode == 0, res.stderr
+    return fence("text", f"$ ckptinspect audit {' '.join(AUDIT_ARGS)} --format markdown") + "\n" + ctx.clean(res.stdout)
+
+
+def audit_text(ctx: Context) -> str:
+    res = audit_runs(ctx, *AUDIT_ARGS, "--wide")
+    assert res.returncode == 0, res.stderr
+    return fence("text", f"$ ckptinspect audit {' '.join(AUDIT_ARGS)} --wide\n" + ctx.clean(res.stdout))
+
+
+def audit_jsonl(ctx: Context) -> str:
+    res = audit_runs(ctx, "example-a/Qwen3.5-tiny-NVFP4", "--gpu", "h200", "--gpus", "1", "--format", "jsonl",
+                     "--no-cache")
+    assert res.returncode == 0, res.stderr
+    return fence("json", json.dumps(json.loads(res.stdout), indent=2))
+
+
 BLOCKS: dict[str, Callable[[Context], str]] = {
     "gguf-verdicts": gguf_verdicts,
     "gguf-report": gguf_report,
     "gguf-plan": gguf_plan,
+    "audit-example": audit_example,
+    "audit-text": audit_text,
+    "audit-jsonl": audit_jsonl,
     "bundled-report": bundled_report,
     "bundled-json": bundled_json,
     "fail-on-gate": fail_on_gate,

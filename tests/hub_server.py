@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+import hub_listing
+
 LFS_THRESHOLD = 10 * 1024 * 1024  # the Hub stores files over 10 MB in LFS
 CHUNK = 256 * 1024
 FAULT_KINDS = ("timeout", "5xx", "429", "reset", "truncate", "wrong-range", "ignore-range", "short")
@@ -67,6 +69,7 @@ class _Repo:
     revisions: dict[str, Path]  # branch/tag name -> directory
     commits: dict[str, str]  # name -> fake 40-hex commit sha
     gated_token: str | None = None
+    tags: tuple[str, ...] = ()  # the Hub's tags, e.g. base_model:quantized:ORG/NAME (listing: hub_listing.py)
     files_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
@@ -98,19 +101,22 @@ class HubServer:
         self._lock = threading.Lock()
         self._log: list[tuple[str, str, str | None, int, int]] = []
         self._in_flight = 0
+        self.peak_in_flight = 0  # the most requests being answered at once (both listeners)
+        self.listing_page_size = 1000  # entries per /api/models page (the Hub's 1000); tests lower it
         self.authorized: list[str] = []  # paths of requests that carried an Authorization header
         self._httpd: ThreadingHTTPServer | None = None
         self._cdn: ThreadingHTTPServer | None = None
 
     # -- setup ----------------------------------------------------------------------------------
     def add_repo(self, repo_id: str, directory: Path | str, *, revisions: dict[str, Path | str] | None = None,
-                 gated_token: str | None = None) -> None:
-        """Serve ``directory`` as ``repo_id`` at ``main`` (plus optional named revisions)."""
+                 gated_token: str | None = None, tags: tuple[str, ...] = ()) -> None:
+        """Serve ``directory`` as ``repo_id`` at ``main`` (plus optional named revisions); ``tags`` are what
+        the listing (``GET /api/models?filter=``) matches."""
         revs = {"main": Path(directory)}
         for name, path in (revisions or {}).items():
             revs[name] = Path(path)
         commits = {name: hashlib.sha1(f"{repo_id}@{name}".encode()).hexdigest() for name in revs}
-        self._repos[repo_id] = _Repo(repo_id, revs, commits, gated_token)
+        self._repos[repo_id] = _Repo(repo_id, revs, commits, gated_token, tuple(tags))
 
     def add_fault(self, kind: str, **kwargs: Any) -> Fault:
         fault = Fault(kind, **kwargs)
@@ -265,6 +271,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         with self.hub._lock:
             self.hub._in_flight += 1
+            self.hub.peak_in_flight = max(self.hub.peak_in_flight, self.hub._in_flight)
             if self.headers.get("Authorization"):
                 self.hub.authorized.append(self.path)
         try:
@@ -284,6 +291,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._control(path, method)
             if path == "/api/agent-harnesses":  # huggingface_hub 2.x user-agent registry, cached a day
                 self._json({"standardEnvVars": [], "harnesses": {}}, method)
+            elif path == "/api/models":  # the listing (tests/hub_listing.py)
+                hub_listing.list_models(self, query, method)
             elif path.startswith("/api/models/"):
                 self._api(path[len("/api/models/"):], query, method)
             elif path.startswith("/cdn/"):
@@ -298,6 +307,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _control(self, path: str, method: str) -> None:
         if path == "/_test/reset":
             self.hub.reset_stats(settle_s=0)  # this request itself is in flight
+            self.hub.peak_in_flight = 0
             payload: Any = {"ok": True}
         else:
             # in_flight includes this request: settle on the others only
@@ -309,7 +319,8 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(0.01)
             with self.hub._lock:
                 log = list(self.hub._log)
-            payload = {"requests": len(log), "bytes": sum(e[4] for e in log), "log": log}
+            payload = {"requests": len(log), "bytes": sum(e[4] for e in log), "log": log,
+                       "peak_in_flight": self.hub.peak_in_flight}
         body = json.dumps(payload).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -339,6 +350,8 @@ class _Handler(BaseHTTPRequestHandler):
             prefix = f"{tree_path}/" if tree_path else ""
             out = [{"type": "file", **f} for f in files if f["path"].startswith(prefix)]
             return self._json(out, method)
+        if hub_listing.bad_expand(query):  # the tree's `expand` is a flag; the repo info's, property names
+            return self._error(400, "BadRequest", hub_listing.bad_expand(query) or "", method)
         blobs = query.get("blobs") == ["true"] or query.get("blobs") == ["True"]
         siblings = []
         for f in files:
@@ -350,9 +363,9 @@ class _Handler(BaseHTTPRequestHandler):
             siblings.append(sib)
         info = {"_id": sha[:24], "id": repo_id, "modelId": repo_id, "sha": sha, "private": False,
                 "gated": "manual" if repo.gated_token else False, "disabled": False, "downloads": 0,
-                "likes": 0, "tags": [], "siblings": siblings, "lastModified": "2026-01-01T00:00:00.000Z",
-                "createdAt": "2026-01-01T00:00:00.000Z"}
-        self._json(info, method)
+                "likes": 0, "tags": list(repo.tags), "siblings": siblings, "lastModified": "2026-01-01T00:00:00.000Z",
+                "createdAt": "2026-01-01T00:00:00.000Z", "author": repo_id.split("/")[0]}
+        self._json(hub_listing.expanded(info, query), method)
 
     def _resolve_file(self, path: str, method: str) -> None:
         head, _, tail = path.lstrip("/").partition("/resolve/")

@@ -48,12 +48,14 @@ class ServerProcess(ServedProcess):
     reader forks its index reader only then) or must not share a GIL with it (benchmarks)."""
 
     def __init__(self, repos: dict[str, Path], *, latency_ms: float = 0.0, redirects: bool = False,
-                 faults: tuple[tuple[str, str, int], ...] = ()) -> None:
-        """``faults``: (kind, path substring, times) for hub_server.Fault."""
+                 faults: tuple[tuple[str, str, int], ...] = (), tags: dict[str, tuple[str, ...]] | None = None) -> None:
+        """``faults``: (kind, path substring, times) for hub_server.Fault; ``tags``: repo -> its Hub tags."""
         cmd = [sys.executable, str(Path(__file__).resolve()), "--latency-ms", str(latency_ms)]
         cmd += ["--redirects"] if redirects else []
         for kind, where, times in faults:
             cmd += ["--fault", f"{kind}:{where}:{times}"]
+        for repo_id, repo_tags in (tags or {}).items():
+            cmd += [arg for tag in repo_tags for arg in ("--tag", f"{repo_id}={tag}")]
         for repo_id, directory in repos.items():
             cmd += [repo_id, str(directory)]
         super().__init__(cmd, "test Hub server")
@@ -72,14 +74,19 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - used by b
     ap.add_argument("--latency-ms", type=float, default=0.0)
     ap.add_argument("--redirects", action="store_true")
     ap.add_argument("--fault", action="append", default=[])
+    ap.add_argument("--tag", action="append", default=[], help="ORG/NAME=TAG: a Hub tag of that repo")
     ap.add_argument("pairs", nargs="+")
     args = ap.parse_args(argv)
     server = HubServer(latency_s=args.latency_ms / 1000, redirect_lfs=args.redirects)
     for spec in args.fault:
         kind, where, times = spec.split(":")
         server.add_fault(kind, path_contains=where, times=int(times), delay_s=2.0)
+    tags: dict[str, list[str]] = {}
+    for spec in args.tag:
+        repo_id, _, tag = spec.partition("=")
+        tags.setdefault(repo_id, []).append(tag)
     for repo_id, directory in zip(args.pairs[::2], args.pairs[1::2]):
-        server.add_repo(repo_id, directory)
+        server.add_repo(repo_id, directory, tags=tuple(tags.get(repo_id, ())))
     print(server.start(), flush=True)
     try:
         sys.stdin.read()  # the parent closes our stdin (or exits) to stop us

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("ckptinspect.cli.plan_cmd:plan", "Fit a checkpoint on GPUs and print SGLang / vLLM launch commands."),
     "snapshot": ("ckptinspect.cli.snapshot_cmd:snapshot", "Save all metadata of a checkpoint into one .json.gz file."),
     "probe": ("ckptinspect.cli.probe_cmd:probe", "Measure MTP draft acceptance on a GPU (needs the 'probe' extra)."),
+    "audit": ("ckptinspect.cli.audit_cmd:audit", "Audit many repos at once (e.g. every quant of a base model)."),
 }
 
 
