@@ -17,7 +17,7 @@ from ckptinspect import api  # noqa: E402
 from ckptinspect.errors import PlanError  # noqa: E402
 from ckptinspect.pipeline import build_report  # noqa: E402
 from ckptinspect.plan.llamacpp import GIB, RESERVE_BYTES, USABLE_SHARE, plan_llamacpp  # noqa: E402
-from ckptinspect.readiness.gguf_mtp import gguf_engine_rules  # noqa: E402
+from ckptinspect.rules.gguf_engine import gguf_engine_rules  # noqa: E402
 from fixtures.gguf_models import MODEL_DIRS, MODELS, build  # noqa: E402
 
 pytest.importorskip("gguf")

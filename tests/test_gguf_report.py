@@ -19,7 +19,8 @@ from conftest import report_json, run_cli  # noqa: E402
 from ckptinspect.header.gguf import ByteWindow, parse_gguf  # noqa: E402
 from ckptinspect.pipeline import build_report  # noqa: E402
 from ckptinspect.readiness.gguf_conditions import version_in  # noqa: E402
-from ckptinspect.readiness.gguf_mtp import assess_gguf_mtp, gguf_engine_rules  # noqa: E402
+from ckptinspect.readiness.gguf_mtp import assess_gguf_mtp
+from ckptinspect.rules.gguf_engine import gguf_engine_rules  # noqa: E402
 from ckptinspect.sources import open_source  # noqa: E402
 from fixtures.gguf_models import MODEL_DIRS, MODELS, build  # noqa: E402
 
@@ -206,7 +207,7 @@ def test_a_separate_draft_model_companion_counts_as_the_head(tmp_path):
 
 def test_the_llamacpp_rule_file_is_checked_like_every_rule_file(tmp_path, monkeypatch):
     from ckptinspect.errors import RuleError
-    from ckptinspect.readiness import gguf_mtp
+    from ckptinspect.rules import gguf_engine
     from ckptinspect.rules import documents
 
     good = (documents.rules_root() / "engines" / "llamacpp.yaml").read_text(encoding="utf-8")
@@ -220,12 +221,12 @@ def test_the_llamacpp_rule_file_is_checked_like_every_rule_file(tmp_path, monkey
     (tmp_path / "engines").mkdir()
     (tmp_path / "engines" / "llamacpp.yaml").write_text(good.replace("quantized to {lowest_type}", "quantized to {lowest_kind}"))
     monkeypatch.setattr(documents, "rules_root", lambda: tmp_path)
-    gguf_mtp.gguf_engine_rules.cache_clear()
+    gguf_engine.gguf_engine_rules.cache_clear()
     try:
         with pytest.raises(RuleError, match="unknown placeholder"):
-            gguf_mtp.gguf_engine_rules()
+            gguf_engine.gguf_engine_rules()
     finally:
-        gguf_mtp.gguf_engine_rules.cache_clear()
+        gguf_engine.gguf_engine_rules.cache_clear()
 
 
 def test_nextn_tensors_without_the_key_are_mtp_layers_and_unusable(tmp_path):

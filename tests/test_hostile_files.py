@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from conftest import run_cli  # noqa: E402
 
-from ckptinspect.config.json_text import MAX_JSON_DEPTH, decode_json  # noqa: E402
+from ckptinspect.json_text import MAX_JSON_DEPTH, decode_json  # noqa: E402
 from ckptinspect.errors import ConfigError, HeaderError, SourceError  # noqa: E402
 from ckptinspect.examples import EXAMPLE_DIR  # noqa: E402
 from ckptinspect.header.parser import parse_header  # noqa: E402

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_conformance import CORPUS  # noqa: E402
 
-import ckptinspect.config.json_text as json_text  # noqa: E402
+import ckptinspect.json_text as json_text  # noqa: E402
 import ckptinspect.header.parser as parser  # noqa: E402
 from ckptinspect.errors import CkptInspectError  # noqa: E402
 

@@ -28,7 +28,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from ckptinspect.config.json_text import MAX_INT_DIGITS, check_structure
+from ckptinspect.json_text import MAX_INT_DIGITS, check_structure
 from ckptinspect.errors import HeaderError
 
 U64_MAX = 2 ** 64 - 1

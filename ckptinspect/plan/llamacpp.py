@@ -70,7 +70,7 @@ def _kv_per_token_layer(ck: Checkpoint) -> int:
 
 def plan_llamacpp(ck: Checkpoint, mtp: MtpAssessment, *, gpu: str, gpus: int, context: int | None = None) -> LlamaCppPlan:
     from ckptinspect.plan.gpus import find_gpu
-    from ckptinspect.readiness.gguf_mtp import gguf_engine_rules
+    from ckptinspect.rules.gguf_engine import gguf_engine_rules
 
     if ck.format != "gguf":
         raise PlanError("llama.cpp plans are made for GGUF checkpoints")

@@ -14,40 +14,19 @@ The rule file's first matching verdict decides; its message names the file, type
 from __future__ import annotations
 
 import re
-from functools import lru_cache
-from string import Formatter
 from typing import Any
 
 from ckptinspect.config.gguf_config import nextn_layers
-from ckptinspect.errors import RuleError
 from ckptinspect.header.gguf import GgufHeader
 from ckptinspect.header.gguf_types import FLOAT_TYPES, GGML_TYPE_BY_NAME, INTEGER_TYPES
 from ckptinspect.readiness.gguf_conditions import GgufHeadFacts, version_in
 from ckptinspect.records import Checkpoint, EngineVerdict, Finding, MtpAssessment, MtpLayerInfo
 from ckptinspect.rules.conditions import evaluate
+from ckptinspect.rules.gguf_engine import ENGINE, gguf_engine_rules
 
 REQUIRED = ("eh_proj", "enorm", "hnorm")
-# what a verdict's message / hint may name (rules/engines/llamacpp.yaml)
-PLACEHOLDERS = frozenset({"arch", "declared", "companion", "lowest_type", "lowest_tensor", "missing", "version"})
-ENGINE = "llamacpp"
 _NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.([a-z_0-9]+)\.")
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
-
-
-@lru_cache(maxsize=4)
-def gguf_engine_rules(engine: str = ENGINE) -> dict[str, Any]:
-    """rules/engines/<engine>.yaml, read through the safe loader and validated against its schema."""
-    from ckptinspect.rules.documents import load_validated, rules_root
-
-    path = rules_root() / "engines" / f"{engine}.yaml"
-    doc = load_validated(path, "gguf_engine.schema.json")
-    for i, rule in enumerate(doc["verdicts"]):
-        for key in ("message", "hint"):
-            names = {field for _, field, _, _ in Formatter().parse(rule.get(key, "")) if field is not None}
-            if names - PLACEHOLDERS:
-                raise RuleError(f"$.verdicts[{i}].{key} uses unknown placeholder(s) {sorted(names - PLACEHOLDERS)}; "
-                                f"known: {', '.join(sorted(PLACEHOLDERS))}", path=str(path))
-    return doc
 
 
 def _nextn_parts(tensors) -> dict[int, set[str]]:

@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ckptinspect.config.json_text import decode_json
+from ckptinspect.json_text import decode_json
 from ckptinspect.errors import ConfigError, HeaderError, NotFoundError, SourceError
 from ckptinspect.header.parser import PREFIX_BYTES, read_length_prefix
 
@@ -55,7 +55,7 @@ def gc_paused() -> Iterator[None]:
 
 
 def parse_json_bytes(data: bytes, *, source: str) -> Any:
-    """Decode a JSON metadata file (config.json decoding: config/json_text.py), one-line ConfigError on failure."""
+    """Decode a JSON metadata file (config.json decoding: json_text.py), one-line ConfigError on failure."""
     with gc_paused():
         return decode_json(data, source=source)
 

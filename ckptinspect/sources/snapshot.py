@@ -25,7 +25,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from ckptinspect.config.json_text import decode_json
+from ckptinspect.json_text import decode_json
 from ckptinspect.errors import ConfigError, NotFoundError, SourceError
 from ckptinspect.records import RawCheckpoint
 from ckptinspect.sources.interface import gc_paused, open_regular
