@@ -1,0 +1,167 @@
+"""Differential test: per MTP module, what ckptinspect says SGLang 0.5.23 builds (quantized, unquantized,
+or a load error) equals what SGLang's own quantization config classes decide on CPU
+(tests/sglang_quant_oracle.py), for declarations of every method the engine rule models
+(rules/engines/sglang.yaml ``module_quant``).
+
+The declarations are generated: each method's config in the exporter's layout, crossed with exclude /
+ignore / quantized_layers / targets variants that cover the MTP modules in each way the engines read
+(a prefix, a glob, one dotted part, a suffix, a regex, one shard of a fused module, nothing at all).
+ckptinspect parses them with its own reader (quant/declared.py) as it would a checkpoint's files.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from ckptinspect.plan.rules import engine_rules
+from ckptinspect.quant.declared import read_declared
+from ckptinspect.quant.engine_decision import ERROR, QUANTIZED, UNKNOWN, UNQUANTIZED, decide, method_rule
+from ckptinspect.readiness.quant_method import engine_method
+
+# Modules as SGLang asks about them: Qwen3.5-style `mtp.*` (SG:models/qwen3_5_mtp.py, prefix "mtp")
+# and DeepSeek-style `model.layers.61.*` (hf name; SG:models/deepseek_nextn.py), fused where the models fuse.
+MODULES = [
+    ("mtp.fc", "linear"),
+    ("mtp.layers.0.self_attn.qkv_proj", "linear"),
+    ("mtp.layers.0.self_attn.o_proj", "linear"),
+    ("mtp.layers.0.mlp.experts", "moe"),
+    ("mtp.layers.0.mlp.shared_expert.gate_up_proj", "linear"),
+    ("mtp.layers.0.mlp.shared_expert.down_proj", "linear"),
+    ("mtp.layers.0.mlp.gate", "linear"),
+    ("model.layers.61.eh_proj", "linear"),
+    ("model.layers.61.self_attn.o_proj", "linear"),
+    ("model.layers.61.mlp.experts", "moe"),
+    ("model.layers.3.mlp.experts", "moe"),
+    ("model.layers.3.self_attn.qkv_proj", "linear"),
+]
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+LIST_VARIANTS = [
+    [],
+    ["mtp"],
+    ["mtp.fc"],
+    ["fc"],
+    ["mtp*"],
+    ["mtp.layers.0*"],
+    ["model.layers.61"],
+    ["model.layers.61*"],
+    ["layers.61"],
+    ["mtp.layers.0.mlp.experts"],
+    ["mtp.layers.0.mlp.experts.*"],
+    ["mtp.layers.0.mlp.experts.0.gate_proj"],
+    ["*.eh_proj", "lm_head"],
+    ["mtp.layers.0.self_attn.q_proj"],
+    ["mtp.layers.0.self_attn.q_proj", "mtp.layers.0.self_attn.k_proj", "mtp.layers.0.self_attn.v_proj"],
+    ["mtp.layers.0.mlp.shared_expert.gate_proj", "mtp.layers.0.mlp.shared_expert.up_proj"],
+    ["model.mtp.fc", "mlp.gate"],
+    ["re:mtp.*", "re:.*experts.*"],
+]
+
+
+def _fp8_cases():
+    for entries, key in itertools.product(LIST_VARIANTS, ["modules_to_not_convert", "ignored_layers", "ignore"]):
+        qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128], key: entries}
+        yield {"config.json": {"quantization_config": qc}, "sglang": qc}
+
+
+def _modelopt_cases():
+    for entries, algo in itertools.product(LIST_VARIANTS, ["NVFP4", "FP8"]):
+        hq = {"producer": {"name": "modelopt"},
+              "quantization": {"quant_algo": algo, "group_size": 16, "exclude_modules": entries}}
+        yield {"hf_quant_config.json": hq, "sglang": hq}
+    for entries in LIST_VARIANTS[:6]:  # the config.json layout, `ignore` key
+        qc = {"quant_method": "modelopt", "quant_algo": "FP8", "ignore": entries}
+        yield {"config.json": {"quantization_config": qc}, "sglang": qc}
+
+
+MIXED_LAYERS = [
+    {"model.layers.3.mlp.experts.0.gate_proj": "NVFP4", "model.layers.3.self_attn.q_proj": "FP8"},
+    {"model.layers.3.mlp.experts.0.gate_proj": "NVFP4", "mtp.layers.0.mlp.experts.0.gate_proj": "NVFP4",
+     "mtp.layers.0.self_attn.q_proj": "FP8", "mtp.layers.0.self_attn.k_proj": "FP8",
+     "mtp.layers.0.self_attn.v_proj": "FP8"},
+    {"mtp.layers.0.self_attn.q_proj": "FP8", "mtp.layers.0.self_attn.k_proj": "NVFP4", "mtp.fc": "FP8"},
+    {"mtp.layers.0.mlp.experts": "NVFP4", "model.layers.61.eh_proj": "FP8",
+     "mtp.layers.0.mlp.shared_expert.gate_proj": "FP8"},
+]
+
+
+def _mixed_cases():
+    for layers, entries in itertools.product(MIXED_LAYERS, [[], ["mtp.fc"], ["mtp*"]]):
+        hq = {"quantization": {"quant_algo": "MIXED_PRECISION", "exclude_modules": entries,
+                               "quantized_layers": {k: {"quant_algo": v, "group_size": 16} for k, v in layers.items()}}}
+        yield {"hf_quant_config.json": hq, "sglang": hq}
+
+
+CT_TARGETS = [["Linear"], ["re:model.layers.*"], ["re:.*experts.*", "re:.*self_attn.*"], ["re:mtp.*", "re:model.*"]]
+
+
+def _ct_cases():
+    weights = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False}
+    acts = {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True, "dynamic": True}
+    for targets, entries in itertools.product(CT_TARGETS, LIST_VARIANTS):
+        if any("*" in e and not e.startswith("re:") for e in entries):
+            continue  # compressed-tensors reads plain entries as names, not globs
+        qc = {"quant_method": "compressed-tensors", "format": "float-quantized",
+              "config_groups": {"group_0": {"targets": targets, "weights": weights, "input_activations": acts}},
+              "ignore": entries}
+        yield {"config.json": {"quantization_config": qc}, "sglang": qc}
+
+
+CASES = [*_fp8_cases(), *_modelopt_cases(), *_mixed_cases(), *_ct_cases()]
+
+
+def _ckptinspect_answers(case):
+    declared, _ = read_declared(case.get("config.json", {}), case.get("hf_quant_config.json"))
+    method = engine_method(declared)
+    section = engine_rules("sglang")["module_quant"]
+    section = {**section, "packed": PACKED}
+    rule = method_rule(section, method)
+    assert rule is not None, f"no module_quant rule for {method}"
+    return method, {prefix: decide(section, rule, declared, prefix, kind) for prefix, kind in MODULES}
+
+
+@pytest.fixture(scope="module")
+def sglang_answers():
+    from tests.sglang_quant_oracle import ask_sglang
+
+    requests = []
+    for case in CASES:
+        method, _ = _ckptinspect_answers(case)
+        requests.append({"method": method, "config": case["sglang"], "modules": MODULES, "packed": PACKED})
+    return ask_sglang(requests)
+
+
+def test_every_method_rule_is_exercised():
+    methods = {_ckptinspect_answers(c)[0] for c in CASES}
+    ruled = {m for entry in engine_rules("sglang")["module_quant"]["methods"] for m in entry["methods"]}
+    assert methods >= ruled - {"modelopt"}, ruled - methods
+    assert len(CASES) > 150
+
+
+def test_engine_builds_equals_sglang_own_decision(sglang_answers):
+    from tests.sglang_quant_oracle import built
+
+    mismatches, errors = [], 0
+    for case, theirs in zip(CASES, sglang_answers):
+        assert "error" not in theirs, theirs
+        method, ours = _ckptinspect_answers(case)
+        for prefix, _ in MODULES:
+            answer = built(theirs[prefix])
+            errors += answer == ERROR
+            mine = ours[prefix].built
+            if mine != answer:
+                mismatches.append(f"{method} {case['sglang']}: {prefix}: ckptinspect {mine} ({ours[prefix].why}), "
+                                  f"SGLang {theirs[prefix]}")
+    assert not mismatches, f"{len(mismatches)} mismatches, e.g.:\n" + "\n".join(mismatches[:15])
+    assert errors > 0  # the load-error answers (fused shards that disagree, no matching target) are covered
+
+
+def test_fp8_reads_no_ignore_key():
+    """SGLang's Fp8Config reads ignored_layers / modules_to_not_convert only (sglang.yaml note)."""
+    case = {"config.json": {"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                                     "ignore": ["mtp"]}}}
+    _, ours = _ckptinspect_answers(case)
+    assert ours["mtp.fc"].built == QUANTIZED
+    assert {d.built for d in ours.values()} <= {QUANTIZED, UNQUANTIZED, UNKNOWN}
