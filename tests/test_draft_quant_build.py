@@ -1,0 +1,40 @@
+"""The engine decision procedures (rules/engines/sglang.yaml module_quant) inside the readiness
+verdicts: per MTP module, what SGLang builds, why, and the finding when its config raises."""
+
+from __future__ import annotations
+
+import json
+
+from ckptinspect.pipeline import build_report
+from toy_inputs import copy_with_config
+
+
+def _ct(cfg):
+    return cfg.get("quantization_config") or cfg["text_config"]["quantization_config"]
+
+
+def test_ct_mtp_in_neither_targets_nor_ignore_is_a_load_error(make_fixture, tmp_path):
+    """sgl-project/sglang#38574: SGLang raises 'Unable to find matching target' for a module that no
+    config_groups target and no ignore entry names (tests/test_draft_quant_sglang.py shows SGLang's own
+    class doing so)."""
+    def edit(cfg):
+        qc = _ct(cfg)
+        qc["ignore"] = [e for e in qc["ignore"] if "mtp" not in e]
+        for group in qc["config_groups"].values():
+            group["targets"] = [r"re:model\.layers\..*", r"re:model\.language_model\..*"]
+    src = make_fixture("qwen3_5_moe_ct_nvfp4")
+    r = build_report(str(copy_with_config(src, tmp_path / "ct", edit)), progress=False)
+    sg = r.mtp.verdicts["sglang"]
+    assert sg.verdict == "unusable" and "mtp-module-load-error" in sg.reasons
+    finding = next(f for f in r.mtp.findings if f.code == "mtp-module-load-error")
+    assert finding.severity == "error" and "Unable to find matching target for mtp." in finding.message
+    assert finding.hint and "ignore" in finding.hint
+
+
+def test_ct_mtp_ignored_by_regex_stays_ready(report):
+    """The unmodified fixture ignores `re:mtp.*`: SGLang builds every MTP module unquantized, as stored."""
+    r = report("qwen3_5_moe_ct_nvfp4")
+    sg = r.mtp.verdicts["sglang"]
+    assert sg.verdict == "ready", sg.reasons
+    assert all(built is None for _, built in sg.module_quantization)
+    assert not [f for f in r.mtp.findings if f.severity == "error"]
