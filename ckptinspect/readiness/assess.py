@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import re
 import string
+from dataclasses import replace
 from typing import Any, Mapping
 
 from ckptinspect.readiness import conditions as _registers  # noqa: F401  (fills the condition registry)
 from ckptinspect.readiness.context import EngineContext, Facts, holds
 from ckptinspect.readiness.draft_build import build_plan, summary as draft_summary
 from ckptinspect.readiness.layout import scan_layers
+from ckptinspect.readiness.module_table import module_table
 from ckptinspect.readiness.model import ENGINES, EngineRule, FamilyRule, RuleSet
 from ckptinspect.readiness.quant_method import engine_method
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
@@ -84,6 +86,7 @@ def assess_mtp(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleS
                                     reference=check.reference, hint=check.remedy,
                                     subject=base_values.get("prefix_hint")))
     verdicts: dict[str, EngineVerdict] = {}
+    contexts: dict[str, EngineContext] = {}
     for name in ENGINES:
         engine = facts.rule.engines.get(name)
         if engine is None:
@@ -92,7 +95,8 @@ def assess_mtp(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleS
         verdict, engine_findings = _judge(facts, engine, version, base_values)
         verdicts[name] = verdict
         findings.extend(engine_findings)
-    return _assessment(facts, verdicts, findings)
+        contexts[name] = _context_at(facts, engine, version)
+    return replace(_assessment(facts, verdicts, findings), modules=module_table(facts, contexts, verdicts))
 
 
 def _context_at(facts: Facts, engine: EngineRule, version: str) -> EngineContext:
