@@ -13,7 +13,8 @@ What is not SGLang's own code here, and why:
 - the quantized methods' constructors are replaced by stand-ins that record their class name: several
   probe the GPU (``ModelOptNvFp4FusedMoEMethod`` raises "Current platform does not support NVFP4" on a
   CPU) after the decision has been taken;
-- ``torch.cuda.get_device_capability`` answers SM100 (scheme checks ask it after the decision);
+- ``torch.cuda.get_device_capability`` and SGLang's ``get_device_capability`` answer SM100 (scheme
+  checks ask them after the decision);
 - ``packed_modules_mapping`` is set as the model loader sets it (the case's ``packed``, the model class's);
 - modules that only GPU kernels or other serving parts import are stubbed (``STUBBED``), and
   transformers is imported first so that it keeps seeing torchvision as absent.
@@ -87,15 +88,27 @@ for mod in list(sys.modules.values()):
                     and value is not QuantizeMethodBase and not name.startswith("Unquantized"):
                 setattr(mod, name, stand_in(value))
 
+# Scheme checks ask the device capability after the decision (None on a CPU): answer SM100 there too.
+for mod in list(sys.modules.values()):
+    if getattr(mod, "__name__", "").startswith("sglang.srt.layers.quantization") \
+            and callable(getattr(mod, "get_device_capability", None)):
+        mod.get_device_capability = lambda *a, **k: (10, 0)
+
 def layer(kind):
     obj = object.__new__(ReplicatedLinear if kind == "linear" else FusedMoE)
-    obj.__dict__.update(use_triton_kernels=False, use_flashinfer_trtllm_moe=False)
+    # sizes some methods read once the decision is taken (AutoRound's Marlin support check)
+    obj.__dict__.update(use_triton_kernels=False, use_flashinfer_trtllm_moe=False, hidden_size=256,
+                        intermediate_size_per_partition=256, num_experts=4, num_local_experts=4, top_k=2,
+                        input_size=256, output_size=256, input_size_per_partition=256,
+                        output_size_per_partition=256, output_partition_sizes=[256])
     return obj
 
 out = []
 for case in json.load(sys.stdin):
     try:
-        cfg = q.get_quantization_config(case["method"]).from_config(case["config"])
+        # SG:model_loader/weight_utils.py get_quant_config writes the model's mapping into the config dict
+        config = dict(case["config"], packed_modules_mapping=case.get("packed", {}))
+        cfg = q.get_quantization_config(case["method"]).from_config(config)
     except Exception as exc:
         out.append({"error": f"from_config: {type(exc).__name__}: {exc}"})
         continue

@@ -109,7 +109,64 @@ def _ct_cases():
         yield {"config.json": {"quantization_config": qc}, "sglang": qc}
 
 
-CASES = [*_fp8_cases(), *_modelopt_cases(), *_mixed_cases(), *_ct_cases()]
+DYNAMIC_VARIANTS = [
+    {},
+    {r"-:mtp\..*": {}},
+    {r"-:.*mtp.*": {}, r"+:.*experts.*": {"bits": 8}},
+    {r"+:mtp\.layers\.0\..*": {"bits": 8}, r"-:mtp\..*": {}},
+    {r"-:model\.layers\.61\..*": {}, r"-:.*self_attn.*": {}},
+    {r"-:.*\.fc": {}},
+]
+
+
+def _gptq_cases():
+    for dynamic in DYNAMIC_VARIANTS:
+        qc = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False,
+              "dynamic": dynamic}
+        # On a GPU SGLang converts a Marlin-compatible GPTQ config to gptq_marlin
+        # (SG:configs/model_config.py override_quantization_method): ask that class.
+        yield {"config.json": {"quantization_config": qc}, "sglang": qc, "as": "gptq_marlin"}
+
+
+def _awq_cases():
+    for entries in LIST_VARIANTS:
+        if any(e.startswith("re:") or "*" in e for e in entries):
+            continue  # AWQ reads plain substrings
+        qc = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+              "modules_to_not_convert": entries}
+        # AWQMarlinConfig.from_config needs the GPU's Marlin kernel types, so SGLang's plain AWQConfig
+        # answers for Linears (same is_layer_skipped_awq check); for a fused MoE the rule cites
+        # SG:layers/quantization/awq/awq.py AWQMarlinConfig.get_quant_method (skipped -> None).
+        yield {"config.json": {"quantization_config": qc}, "sglang": qc, "as": "awq", "linear_only": True}
+
+
+def _quark_cases():
+    global_cfg = {"weight": {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "is_dynamic": False,
+                             "scale_format": "e8m0"},
+                  "input_tensors": {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "is_dynamic": True,
+                                    "scale_format": "e8m0"},
+                  "output_tensors": None, "bias": None}
+    for entries in LIST_VARIANTS:
+        if any("*" in e and not e.startswith("re:") for e in entries):
+            continue
+        qc = {"quant_method": "quark", "export": {"kv_cache_group": [], "pack_method": "reorder"},
+              "global_quant_config": global_cfg, "layer_quant_config": {}, "layer_type_quant_config": {},
+              "exclude": entries}
+        yield {"config.json": {"quantization_config": qc}, "sglang": qc}
+
+
+def _auto_round_cases():
+    for blocks in [None, "model.layers", ["model.layers", "mtp.layers"], "model.layers.61,mtp"]:
+        qc = {"quant_method": "auto-round", "bits": 4, "group_size": 128, "sym": True, "packing_format": "auto_round:auto_gptq"}
+        if blocks is not None:
+            qc["block_name_to_quantize"] = blocks
+        # The quantized fused-MoE method reads a built layer's runner config after deciding, so fused MoE
+        # answers are cited (SG:layers/quantization/auto_round.py get_layer_config step 2) not run.
+        yield {"config.json": {"quantization_config": qc}, "sglang": qc, "linear_only": True}
+
+
+CASES = [*_fp8_cases(), *_modelopt_cases(), *_mixed_cases(), *_ct_cases(), *_gptq_cases(), *_awq_cases(),
+         *_quark_cases(), *_auto_round_cases()]
 
 
 def _ckptinspect_answers(case):
@@ -129,14 +186,16 @@ def sglang_answers():
     requests = []
     for case in CASES:
         method, _ = _ckptinspect_answers(case)
-        requests.append({"method": method, "config": case["sglang"], "modules": MODULES, "packed": PACKED})
+        requests.append({"method": case.get("as", method), "config": case["sglang"], "modules": MODULES,
+                         "packed": PACKED})
     return ask_sglang(requests)
 
 
 def test_every_method_rule_is_exercised():
     methods = {_ckptinspect_answers(c)[0] for c in CASES}
     ruled = {m for entry in engine_rules("sglang")["module_quant"]["methods"] for m in entry["methods"]}
-    assert methods >= ruled - {"modelopt"}, ruled - methods
+    assert methods >= ruled - {"modelopt", "gptq_marlin", "awq_marlin", "auto_round", "intel/auto-round"}, \
+        ruled - methods
     assert len(CASES) > 150
 
 
@@ -147,14 +206,18 @@ def test_engine_builds_equals_sglang_own_decision(sglang_answers):
     for case, theirs in zip(CASES, sglang_answers):
         assert "error" not in theirs, theirs
         method, ours = _ckptinspect_answers(case)
-        for prefix, _ in MODULES:
+        method = case.get("as", method)
+        for prefix, kind in MODULES:
+            if case.get("linear_only") and kind != "linear":
+                continue
             answer = built(theirs[prefix])
             errors += answer == ERROR
             mine = ours[prefix].built
             if mine != answer:
                 mismatches.append(f"{method} {case['sglang']}: {prefix}: ckptinspect {mine} ({ours[prefix].why}), "
                                   f"SGLang {theirs[prefix]}")
-    assert not mismatches, f"{len(mismatches)} mismatches, e.g.:\n" + "\n".join(mismatches[:15])
+    by_method = sorted({m.split(" ", 1)[0] for m in mismatches})
+    assert not mismatches, f"{len(mismatches)} mismatches ({by_method}), e.g.:\n" + "\n".join(mismatches[:15])
     assert errors > 0  # the load-error answers (fused shards that disagree, no matching target) are covered
 
 

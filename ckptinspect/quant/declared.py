@@ -127,6 +127,8 @@ def _lists_from_qc(qc: Mapping[str, Any], source: str, method: str | None) -> li
     if isinstance(qc.get("ignore"), list):
         semantics = "ct_regex" if method == "compressed-tensors" else "modelopt_glob"
         out.append(ExcludeList(f"{source}.ignore", semantics, tuple(str(x) for x in qc["ignore"])))
+    if isinstance(qc.get("exclude"), list):  # Quark: names or re: regexes (quark/utils.py should_ignore_layer)
+        out.append(ExcludeList(f"{source}.exclude", "ct_regex", tuple(str(x) for x in qc["exclude"])))
     for key in ("modules_to_not_convert", "ignored_layers", "exclude_modules"):
         if isinstance(qc.get(key), list):
             semantics = "modelopt_glob" if key == "exclude_modules" else "glob"

@@ -234,10 +234,84 @@ def _ct_linear(prefix: str, ignore: list[str], targets: list[str], packed: Mappi
     return QUANTIZED, f"config_groups target {hit!r}"
 
 
+# --- GPTQ dynamic, AWQ modules_to_not_convert, Quark exclude, AutoRound block_name_to_quantize -------
+
+def _dynamic_first_match(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN202
+    """GPTQ(-Marlin) ``dynamic``: the first key whose regex re.matches the module decides (``-:`` leaves
+    it unquantized, any other key only overrides parameters); a fused MoE ignores ``dynamic`` and is
+    always built quantized (SG:layers/quantization/gptq/gptq.py GPTQMarlinConfig.get_quant_method)."""
+    if kind == "moe":
+        return QUANTIZED, "a fused MoE is built quantized whatever `dynamic` says"
+    raw = declared.raw if isinstance(declared.raw, Mapping) else {}
+    dynamic = raw.get("dynamic") if isinstance(raw.get("dynamic"), Mapping) else {}
+    for key in dynamic:
+        pattern = str(key)
+        body = pattern[2:] if pattern.startswith(("-:", "+:")) else pattern
+        if safe_regex.match(body, prefix):
+            if pattern.startswith("-:"):
+                return UNQUANTIZED, f"dynamic key {pattern!r}"
+            return QUANTIZED, f"dynamic key {pattern!r} (first match, an override)"
+    return QUANTIZED, "no dynamic key matches"
+
+
+def _substring_list(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN202
+    """AWQ(-Marlin) ``modules_to_not_convert``: an entry anywhere in the module name, as a plain
+    substring (SG:layers/quantization/awq/awq.py is_layer_skipped_awq)."""
+    source, entries = _entries(declared, rule["lists"])
+    hit = next((e for e in entries if e in prefix), None)
+    return (UNQUANTIZED, f"{source} entry {hit!r}") if hit is not None else (QUANTIZED, f"not in {source}")
+
+
+def _quark_match(name: str, entries: list[str]) -> str | None:
+    """quark/utils.py _is_equal_or_regex_match: equal, or ``re:`` + re.match (no suffix rule)."""
+    for e in entries:
+        if (e.startswith("re:") and safe_regex.match(e[3:], name)) or e == name:
+            return e
+    return None
+
+
+def _quark_exclude(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN202
+    """Quark ``exclude``: the module itself, any entry naming one of its experts (a fused MoE), or
+    every shard of a fused Linear (shards that disagree raise); everything else gets a layer / type /
+    global config (SG:layers/quantization/quark/utils.py should_ignore_layer, quark.py get_quant_method)."""
+    source, entries = _entries(declared, rule["lists"])
+    hit = _quark_match(prefix, entries)
+    if hit is None and prefix.endswith(".experts"):
+        hit = next((e for e in entries if e.startswith(prefix + ".")), None)
+    proj = prefix.rsplit(".", 1)[-1]
+    if hit is None and proj in packed:
+        hits = [_quark_match(prefix.replace(proj, s), entries) for s in packed[proj]]
+        if len({h is not None for h in hits}) > 1:
+            return ERROR, (f"{source} lists some shards of {prefix} only; SGLang raises "
+                           "'Found different quantization schemes ... requires all to use the same scheme'")
+        hit = hits[0]
+    return (UNQUANTIZED, f"{source} entry {hit!r}") if hit is not None else (QUANTIZED, f"not in {source}")
+
+
+def _auto_round_blocks(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN202
+    """AutoRound / INC: without ``extra_config``, a module is quantized when its name starts with one
+    of ``block_name_to_quantize`` (or ``to_quant_block_names``; all modules when neither is set)
+    (SG:layers/quantization/auto_round.py AutoRoundConfig.get_layer_config)."""
+    raw = declared.raw if isinstance(declared.raw, Mapping) else {}
+    if raw.get("extra_config"):
+        raise UnsupportedPattern("extra_config per-layer overrides are not modelled")
+    blocks = raw.get("block_name_to_quantize") or raw.get("to_quant_block_names")
+    if not blocks:
+        return QUANTIZED, "no block_name_to_quantize: every block"
+    names = blocks.split(",") if isinstance(blocks, str) else [str(b) for b in blocks]
+    hit = next((b for b in names if prefix.startswith(b)), None)
+    return (QUANTIZED, f"block_name_to_quantize entry {hit!r}") if hit is not None else \
+        (UNQUANTIZED, f"under no block_name_to_quantize entry ({', '.join(names)[:120]})")
+
+
 _PROCEDURES = {
     "skip_list": _skip_list,
     "modelopt_exclude": _modelopt_exclude,
     "modelopt_mixed": _modelopt_mixed,
     "ct_targets_ignore": _ct_targets_ignore,
+    "dynamic_first_match": _dynamic_first_match,
+    "substring_list": _substring_list,
+    "quark_exclude": _quark_exclude,
+    "auto_round_blocks": _auto_round_blocks,
 }
 PROCEDURES = frozenset(_PROCEDURES)
