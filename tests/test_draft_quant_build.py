@@ -38,3 +38,16 @@ def test_ct_mtp_ignored_by_regex_stays_ready(report):
     assert sg.verdict == "ready", sg.reasons
     assert all(built is None for _, built in sg.module_quantization)
     assert not [f for f in r.mtp.findings if f.severity == "error"]
+
+
+def test_fp8_ignore_key_is_reported_not_applied():
+    """SGLang's Fp8Config reads no `ignore` key (tests/test_draft_quant_sglang.py asks it): the list
+    excludes nothing, and a checkpoint relying on it gets a warning instead of a false exclusion."""
+    from ckptinspect.quant.declared import is_excluded, read_declared
+
+    qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+          "ignore": ["mtp.fc"], "modules_to_not_convert": ["lm_head"]}
+    declared, findings = read_declared({"quantization_config": qc}, None)
+    assert is_excluded(declared, "mtp.fc") is False and is_excluded(declared, "lm_head") is True
+    finding = next(f for f in findings if f.code == "fp8-ignore-not-read")
+    assert finding.severity == "warning" and "1 module(s)" in finding.message
