@@ -51,3 +51,17 @@ def test_fp8_ignore_key_is_reported_not_applied():
     assert is_excluded(declared, "mtp.fc") is False and is_excluded(declared, "lm_head") is True
     finding = next(f for f in findings if f.code == "fp8-ignore-not-read")
     assert finding.severity == "warning" and "1 module(s)" in finding.message
+
+
+def test_vision_tower_outside_the_lists_is_info_not_a_warning(make_fixture, tmp_path):
+    """Issue 26 item 5: vision-tower modules outside `targets: ["Linear"]`'s ignore list are not a
+    load failure in SGLang (its Qwen3-VL / Qwen3.5 towers take no quant config), so no warning."""
+    def edit(cfg):
+        qc = _ct(cfg)
+        qc["ignore"] = [e for e in qc["ignore"] if "visual" not in e]
+    src = make_fixture("qwen3_5_moe_ct_nvfp4")
+    r = build_report(str(copy_with_config(src, tmp_path / "vis", edit)), progress=False)
+    vision = [f for f in r.checkpoint.findings if f.subject and ".visual." in f.subject]
+    assert vision, [f.code for f in r.checkpoint.findings]
+    assert {(f.code, f.severity) for f in vision} == {("vision-not-excluded", "info")}
+    assert "SGLang" in vision[0].message
