@@ -1,4 +1,4 @@
-"""The engine decision procedures (rules/engines/sglang.yaml module_quant) inside the readiness
+"""The engine decision procedures (rules/quant/sglang.yaml) inside the readiness
 verdicts: per MTP module, what SGLang builds, why, and the finding when its config raises."""
 
 from __future__ import annotations

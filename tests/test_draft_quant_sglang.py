@@ -1,7 +1,7 @@
 """Differential test: per MTP module, what ckptinspect says SGLang 0.5.23 builds (quantized, unquantized,
 or a load error) equals what SGLang's own quantization config classes decide on CPU
 (tests/sglang_quant_oracle.py), for declarations of every method the engine rule models
-(rules/engines/sglang.yaml ``module_quant``).
+(rules/quant/sglang.yaml).
 
 The declarations are generated: each method's config in the exporter's layout, crossed with exclude /
 ignore / quantized_layers / targets variants that cover the MTP modules in each way the engines read
@@ -15,7 +15,7 @@ import itertools
 
 import pytest
 
-from ckptinspect.plan.rules import engine_rules
+from ckptinspect.readiness.module_quant import module_quant_rules
 from ckptinspect.quant.declared import read_declared
 from ckptinspect.quant.engine_decision import ERROR, QUANTIZED, UNKNOWN, UNQUANTIZED, decide, method_rule
 from ckptinspect.readiness.quant_method import engine_method
@@ -172,7 +172,7 @@ CASES = [*_fp8_cases(), *_modelopt_cases(), *_mixed_cases(), *_ct_cases(), *_gpt
 def _ckptinspect_answers(case):
     declared, _ = read_declared(case.get("config.json", {}), case.get("hf_quant_config.json"))
     method = engine_method(declared)
-    section = engine_rules("sglang")["module_quant"]
+    section = module_quant_rules("sglang")
     section = {**section, "packed": PACKED}
     rule = method_rule(section, method)
     assert rule is not None, f"no module_quant rule for {method}"
@@ -193,7 +193,7 @@ def sglang_answers():
 
 def test_every_method_rule_is_exercised():
     methods = {_ckptinspect_answers(c)[0] for c in CASES}
-    ruled = {m for entry in engine_rules("sglang")["module_quant"]["methods"] for m in entry["methods"]}
+    ruled = {m for entry in module_quant_rules("sglang")["methods"] for m in entry["methods"]}
     assert methods >= ruled - {"modelopt", "gptq_marlin", "awq_marlin", "auto_round", "intel/auto-round"}, \
         ruled - methods
     assert len(CASES) > 150

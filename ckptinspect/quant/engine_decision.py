@@ -1,8 +1,8 @@
 """What one engine's quantization config decides for one module: quantized, unquantized, or a load error.
 
 Each engine decides per quantization method, with its own reading of the declared lists; the rule
-file says which procedure and which config keys a method uses (``module_quant`` in
-rules/engines/<engine>.yaml, each entry citing the function it was read from). The procedures below
+file says which procedure and which config keys a method uses (rules/quant/<engine>.yaml, each
+entry citing the function it was read from). The procedures below
 restate those functions for one module name as the engine asks it: the runtime module (a fused
 ``qkv_proj`` / ``gate_up_proj`` Linear, a whole ``...mlp.experts`` fused MoE), not a stored tensor.
 tests/test_draft_quant_sglang.py checks every procedure against SGLang's own classes.
@@ -32,7 +32,7 @@ class Decision:
 
 
 def method_rule(section: Mapping[str, Any] | None, method: str | None) -> Mapping[str, Any] | None:
-    """The ``module_quant.methods`` entry of an engine rule file for ``method`` (None: not modelled)."""
+    """The ``methods`` entry of an engine's rules/quant file for ``method`` (None: not modelled)."""
     if not section or method is None:
         return None
     return next((m for m in section.get("methods", ()) if method in m["methods"]), None)

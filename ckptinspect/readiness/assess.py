@@ -92,10 +92,9 @@ def assess_mtp(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleS
         if engine is None:
             continue
         version = (engine_versions or {}).get(name, engine.version)
-        verdict, engine_findings = _judge(facts, engine, version, base_values)
+        verdict, engine_findings, contexts[name] = _judge(facts, engine, version, base_values)
         verdicts[name] = verdict
         findings.extend(engine_findings)
-        contexts[name] = _context_at(facts, engine, version)
     return replace(_assessment(facts, verdicts, findings), modules=module_table(facts, contexts, verdicts))
 
 
@@ -106,7 +105,7 @@ def _context_at(facts: Facts, engine: EngineRule, version: str) -> EngineContext
 
 
 def _judge(facts: Facts, engine: EngineRule, version: str,
-           base_values: Mapping[str, Any]) -> tuple[EngineVerdict, list[Finding]]:
+           base_values: Mapping[str, Any]) -> tuple[EngineVerdict, list[Finding], EngineContext]:
     ctx = _context_at(facts, engine, version)
     verdict = "ready" if facts.present else "absent"
     reasons: list[str] = []
@@ -147,7 +146,7 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
     return EngineVerdict(engine=engine.engine, verdict=verdict, engine_version=version,
                          draft_architecture=engine.draft_architecture, method=engine.method,
                          draft_quantization=draft_quant, layers_used=used, reasons=tuple(reasons),
-                         module_quantization=modules), findings
+                         module_quantization=modules), findings, ctx
 
 
 def _draft_quantization(ctx: EngineContext) -> tuple[str | None, tuple[tuple[str, str | None], ...]]:

@@ -122,7 +122,7 @@ def _bf16_not_excluded(ctx: EngineContext, arg: Any) -> bool:
     if bad:
         ctx.details["uncovered"] = listed_sample(bad)
         ctx.details["built_quantized_modules"] = tuple(bad)
-        # Where the engine's own procedure answered (rules/engines/*.yaml module_quant): why it quantizes.
+        # Where the engine's own procedure answered (rules/quant/<engine>.yaml): why it quantizes.
         causes = sorted({f"{m.engine_module}: {c}" for m in build_plan(ctx, names) if m.module in bad
                          for c, b in zip(m.causes, m.built) if c and b is not None})
         ctx.details["build_causes"] = f" ({listed_sample(causes, 2)})" if causes else ""

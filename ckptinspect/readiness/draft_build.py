@@ -22,7 +22,6 @@ conditions (readiness/conditions.py, readiness/quant_conditions.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
@@ -33,7 +32,7 @@ from ckptinspect.quant.members import members_to_ask, module_names
 from ckptinspect.readiness.context import holds
 from ckptinspect.readiness.versions import in_range
 from ckptinspect.records import TensorGroup
-from ckptinspect.rules.documents import load_validated, rules_root
+from ckptinspect.readiness.module_quant import module_quant_rules
 
 if TYPE_CHECKING:
     from ckptinspect.readiness.context import EngineContext
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
 # (mtp_families.md §5.3).
 NOT_LINEAR = CROSSCHECK_NOT_LINEAR | {"lm_head", "router", "vision"}
 # Why a module is built the way it is (ModuleBuild.reasons).
-# ``load_error``: the engine's quantization config raises for the module (rules/engines/*.yaml module_quant).
+# ``load_error``: the engine's quantization config raises for the module (rules/quant/<engine>.yaml).
 REASONS = ("undeclared", "draft", "forced", "head", "excluded", "quantized", "load_error")
 
 
@@ -189,13 +188,6 @@ def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool 
     return out
 
 
-@lru_cache(maxsize=None)
-def _module_quant(engine: str) -> Mapping[str, Any] | None:
-    """The ``module_quant`` section of rules/engines/<engine>.yaml (None: the engine has none)."""
-    path = rules_root() / "engines" / f"{engine}.yaml"
-    return load_validated(path, "engine.schema.json").get("module_quant") if path.is_file() else None
-
-
 def engine_module(g: TensorGroup, name: str, packed: Mapping[str, list[str]]) -> tuple[str, str]:
     """(module, kind) as the engine asks its quantization config: routed experts as one fused MoE
     (``...experts``), a shard of a fused Linear under the fused name (``q_proj`` -> ``qkv_proj``)."""
@@ -211,9 +203,9 @@ def engine_module(g: TensorGroup, name: str, packed: Mapping[str, list[str]]) ->
 def _engine_answer(ctx: "EngineContext", g: TensorGroup, name: str, k: int,
                    names: str) -> tuple[str, str, str] | None:
     """(built, cause, engine module) from the engine's own decision procedure for the declared method
-    (rules/engines/<engine>.yaml module_quant); None when the rule file does not model the method at
+    (rules/quant/<engine>.yaml); None when the rule file does not model the method at
     this version or cannot evaluate an entry (the generic exclude reading answers then)."""
-    section = _module_quant(ctx.engine.engine)
+    section = module_quant_rules(ctx.engine.engine)
     rule = method_rule(section, ctx.facts.engine_method)
     if rule is None or (rule.get("versions") and not in_range(ctx.version, rule["versions"])):
         return None

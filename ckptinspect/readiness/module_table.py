@@ -4,7 +4,7 @@ builds (the per-module answers of readiness/draft_build.py), for the report's mo
 The declared column is the declaration read as its exporter meant it (quant/declared.py: exclude /
 ignore lists, MIXED_PRECISION ``quantized_layers``); the engine columns are what each engine's own
 procedure makes of it, so a difference between the two is where an engine reads the declaration its
-own way (e.g. SGLang's FP8 config reads no ``ignore`` key: rules/engines/sglang.yaml module_quant).
+own way (e.g. SGLang's FP8 config reads no ``ignore`` key: rules/quant/sglang.yaml).
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def _declared_activation_quant(ctx: "EngineContext", arg: Any) -> bool:
 
 def _engine_load_error(ctx: "EngineContext", arg: Any) -> bool:
     """The engine's quantization config raises for an MTP module it builds (fused shards the lists
-    split, a compressed-tensors module in no target): rules/engines/<engine>.yaml module_quant."""
+    split, a compressed-tensors module in no target): rules/quant/<engine>.yaml."""
     hits = []
     for m in build_plan(ctx):
         for reason, cause in zip(m.reasons, m.causes):
