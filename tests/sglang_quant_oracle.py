@@ -10,8 +10,8 @@ unless it is an ``Unquantized*`` method or None), or the error SGLang raises (e.
 What is not SGLang's own code here, and why:
 - the layer objects are created without their ``__init__`` (which needs a CUDA device and a process
   group); ``get_quant_method`` only tests their class with ``isinstance`` before deciding;
-- the quantized methods' constructors are replaced by stand-ins that record their class name: several
-  probe the GPU (``ModelOptNvFp4FusedMoEMethod`` raises "Current platform does not support NVFP4" on a
+- the quantized methods' and schemes' constructors are replaced by stand-ins that record their class
+  name: several probe the GPU (``ModelOptNvFp4FusedMoEMethod`` raises "Current platform does not support NVFP4" on a
   CPU) after the decision has been taken;
 - ``torch.cuda.get_device_capability`` and SGLang's ``get_device_capability`` answer SM100 (scheme
   checks ask them after the decision);
@@ -76,6 +76,7 @@ import sglang.srt.layers.quantization as q
 from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 from sglang.srt.layers.quantization.base_config import QuantizeMethodBase
+from sglang.srt.layers.quantization.base_scheme import BaseLinearScheme, BaseMoEScheme
 
 def stand_in(cls):
     return type(cls.__name__, (cls,), {"__init__": lambda self, *a, **k: None})
@@ -84,8 +85,9 @@ def stand_in(cls):
 for mod in list(sys.modules.values()):
     if getattr(mod, "__name__", "").startswith("sglang.srt.layers.quantization"):
         for name, value in list(vars(mod).items()):
-            if isinstance(value, type) and issubclass(value, QuantizeMethodBase) \
-                    and value is not QuantizeMethodBase and not name.startswith("Unquantized"):
+            if isinstance(value, type) and issubclass(value, (QuantizeMethodBase, BaseLinearScheme, BaseMoEScheme)) \
+                    and value not in (QuantizeMethodBase, BaseLinearScheme, BaseMoEScheme) \
+                    and not name.startswith("Unquantized"):
                 setattr(mod, name, stand_in(value))
 
 # Scheme checks ask the device capability after the decision (None on a CPU): answer SM100 there too.

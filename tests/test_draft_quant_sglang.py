@@ -12,9 +12,11 @@ ckptinspect parses them with its own reader (quant/declared.py) as it would a ch
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
+from ckptinspect.readiness.draft_build import engine_module
 from ckptinspect.readiness.module_quant import module_quant_rules
 from ckptinspect.quant.declared import read_declared
 from ckptinspect.quant.engine_decision import ERROR, QUANTIZED, UNKNOWN, UNQUANTIZED, decide, method_rule
@@ -228,3 +230,65 @@ def test_fp8_reads_no_ignore_key():
     _, ours = _ckptinspect_answers(case)
     assert ours["mtp.fc"].built == QUANTIZED
     assert {d.built for d in ours.values()} <= {QUANTIZED, UNQUANTIZED, UNKNOWN}
+
+
+def test_fixture_checkpoints_agree_with_sglang(report, make_fixture):
+    """The same question on the generated real-layout checkpoints (their declared x stored combinations):
+    for every MTP module whose SGLang answer came from rules/quant/sglang.yaml, the report's answer is
+    what SGLang's class decides for the fixture's own quantization config."""
+    import json
+
+    from tests.sglang_quant_oracle import ask_sglang, built
+    from fixtures.generate import FIXTURES
+
+    section = module_quant_rules("sglang")
+    requests, expected = [], []
+    for name, spec in FIXTURES.items():
+        if not getattr(spec, "mtp_tensors", 0):
+            continue
+        r = report(name)
+        if r.mtp is None or r.checkpoint.declared.label is None:
+            continue
+        method = engine_method(r.checkpoint.declared)
+        if method_rule(section, method) is None:
+            continue
+        rows = {}
+        for m in r.mtp.modules:
+            if m.reasons["sglang"] in ("quantized", "excluded", "load_error") and m.causes["sglang"]:
+                kind = "moe" if m.component == "routed_expert" else "linear"
+                module = m.module.replace("{}", "0")
+                if "runtime module name" in m.causes["sglang"]:
+                    # DeepSeek NextN builds its layer as model.decoder (SG:models/deepseek_nextn.py
+                    # DeepseekModelNextN, layer_name "decoder"); its hf_to_sglang_mapper renames only
+                    # "model.layers.61", so the lists are asked about the decoder name here.
+                    module = re.sub(r"^model\.layers\.\d+\.", "model.decoder.", module)
+                rows.setdefault(engine_module(_Group(m.component), module, section["packed"])[0],
+                                (kind, "unquantized" if m.built["sglang"] == "unquantized" else
+                                 "error" if m.built["sglang"] == "load error" else "quantized"))
+        if not rows:
+            continue
+        d = make_fixture(name)
+        hq = d / "hf_quant_config.json"
+        cfg = json.loads((d / "config.json").read_text())
+        qc = cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config")
+        config = qc if qc is not None else json.loads(hq.read_text())
+        # A GPU runs a Marlin-compatible GPTQ export as gptq_marlin (SGLang has no plain "gptq" class
+        # registered in 0.5.23; SG:configs/model_config.py override_quantization_method).
+        requests.append({"method": {"gptq": "gptq_marlin"}.get(method, method), "config": config,
+                         "packed": section["packed"],
+                         "modules": [[p, k] for p, (k, _) in rows.items()]})
+        expected.append((name, rows))
+    assert len(requests) >= 3, [n for n, _ in expected]
+    answers = ask_sglang(requests)
+    assert not [a for a in answers if "error" in a], [(n, a) for (n, _), a in zip(expected, answers) if "error" in a]
+    mismatches = [f"{name}: {p}: ckptinspect {ours}, SGLang {theirs[p]}"
+                  for (name, rows), theirs in zip(expected, answers) for p, (_, ours) in rows.items()
+                  if built(theirs.get(p)) != ours]
+    assert not mismatches, "\n".join(mismatches)
+
+
+class _Group:
+    """The one attribute engine_module reads from a TensorGroup."""
+
+    def __init__(self, component):
+        self.component = component
