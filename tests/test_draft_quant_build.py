@@ -65,3 +65,23 @@ def test_vision_tower_outside_the_lists_is_info_not_a_warning(make_fixture, tmp_
     assert vision, [f.code for f in r.checkpoint.findings]
     assert {(f.code, f.severity) for f in vision} == {("vision-not-excluded", "info")}
     assert "SGLang" in vision[0].message
+
+
+def test_quantized_but_excluded_names_the_entry_sglang_matches(make_fixture, tmp_path):
+    """ModelOpt's is_layer_excluded also matches one dotted part: an `experts` entry excludes the
+    FP8-block MTP experts in SGLang (tests/test_draft_quant_sglang.py shows its class doing so), and the
+    finding names the entry responsible."""
+    import json
+
+    dst = copy_with_config(make_fixture("qwen3_5_moe_mixed_mtp_experts_fp8_block"), tmp_path / "mixed", None)
+    hq_path = dst / "hf_quant_config.json"
+    hq = json.loads(hq_path.read_text())
+    hq["quantization"]["exclude_modules"] = [*hq["quantization"].get("exclude_modules", []), "experts"]
+    hq_path.write_text(json.dumps(hq))
+    r = build_report(str(dst), progress=False)
+    row = next(m for m in r.mtp.modules if m.component == "routed_expert")
+    assert row.stored.startswith("fp8")  # the tiny fixture's 128x128 tiles cover each expert whole
+    assert row.built["sglang"] == "unquantized" and "'experts'" in row.causes["sglang"]
+    assert not row.matches["sglang"]
+    finding = next(f for f in r.mtp.findings if f.code == "mtp-quantized-but-excluded" and f.engine == "sglang")
+    assert finding.severity == "error" and "'experts'" in finding.message

@@ -149,6 +149,9 @@ def _quantized_built_unquantized(ctx: EngineContext, arg: Any) -> bool:
     if hits:
         ctx.details["built_unquantized"] = listed_sample([m.module for m in hits])
         ctx.details["stored_schemes"] = ", ".join(sorted({m.stored for m in hits}))
+        causes = sorted({f"{m.engine_module}: {c}" for m in hits for c, b in zip(m.causes, m.built)
+                         if c and b is None})
+        ctx.details["build_causes"] = f" ({listed_sample(causes, 2)})" if causes else ""
     return _flag(bool(hits), arg)
 
 
