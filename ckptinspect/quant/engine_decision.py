@@ -69,15 +69,15 @@ def _path_runs(prefix: str) -> set[str]:
     return {".".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)}
 
 
-def _path_match_any(entries: set[str], prefix: str) -> str | None:
+def _path_match_any(entries: list[str], prefix: str) -> str | None:
+    """The first entry (trailing dots dropped, as _module_path_match does) naming a run of ``prefix``."""
     runs = _path_runs(prefix.rstrip("."))
-    return next((e for e in entries if e.rstrip(".") in runs), None) if len(entries) < len(runs) \
-        else next((r for r in runs if r in entries or r + "." in entries), None)
+    return next((e for e in entries if e.rstrip(".") in runs), None)
 
 
 def _skipped(prefix: str, entries: list[str], packed: Mapping[str, list[str]]) -> tuple[bool | None, str]:
     """is_layer_skipped: None when the shards of a fused module disagree (SGLang raises ValueError)."""
-    names = set(entries)
+    names = list(dict.fromkeys(entries))  # in the file's order: the entry a message names is stable
     proj = prefix.rsplit(".", 1)[-1]
     if proj in packed:
         hits = [_path_match_any(names, prefix.replace(proj, shard)) for shard in packed[proj]]
@@ -87,7 +87,8 @@ def _skipped(prefix: str, entries: list[str], packed: Mapping[str, list[str]]) -
         return hits[0] is not None, hits[0] or ""
     hit = _path_match_any(names, prefix)
     if hit is None and "gate_up_proj" in prefix:
-        if prefix.replace("gate_up_proj", "gate_proj") in names and prefix.replace("gate_up_proj", "up_proj") in names:
+        listed = set(names)
+        if prefix.replace("gate_up_proj", "gate_proj") in listed and prefix.replace("gate_up_proj", "up_proj") in listed:
             hit = prefix.replace("gate_up_proj", "gate_proj")
     elif hit is None and "experts" in prefix:
         hit = next((e for e in entries if "experts" in e and prefix in e), None)
