@@ -184,15 +184,33 @@ def _modelopt_mixed(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN2
 
 # --- SG:layers/quantization/compressed_tensors/ (utils.py should_ignore_layer, find_matched_target) -
 
+@lru_cache(maxsize=64)
+def _regex_set(bodies: tuple[str, ...]) -> Any:
+    """One RE2 set for many ``re.match`` patterns: a list of 100,000 regexes is compiled once and each
+    module is matched against all of them in one linear-time pass; None for no patterns."""
+    return safe_regex.compile_re2_match_set([translate(b) for b in bodies]) if bodies else None
+
+
+def _first_index(name: str, bodies: tuple[str, ...]) -> int | None:
+    """Index of the first pattern (in list order) that re.matches ``name``."""
+    matcher = _regex_set(bodies)
+    hits = matcher.Match(name) if matcher is not None else None
+    return min(hits) if hits else None
+
+
+def _first_regex(name: str, entries: list[str]) -> str | None:
+    """The first ``re:`` entry that re.matches ``name``."""
+    regexes = [e for e in entries if e.startswith("re:")]
+    index = _first_index(name, tuple(e[3:] for e in regexes))
+    return None if index is None else regexes[index]
+
+
 def _ct_match(name: str, targets: list[str]) -> str | None:
     """check_equal_or_regex_match: equal, a dotted suffix, or ``re:`` + re.match."""
-    for t in targets:
-        if t.startswith("re:"):
-            if safe_regex.match(t[3:], name):
-                return t
-        elif t == name or name.endswith("." + t):
-            return t
-    return None
+    plain = set(targets)
+    parts = name.split(".")
+    suffix = next((".".join(parts[i:]) for i in range(len(parts)) if ".".join(parts[i:]) in plain), None)
+    return suffix if suffix is not None and not suffix.startswith("re:") else _first_regex(name, targets)
 
 
 def _ct_targets_ignore(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN202
@@ -245,14 +263,13 @@ def _dynamic_first_match(rule, declared, prefix, kind, packed):  # noqa: ANN001,
         return QUANTIZED, "a fused MoE is built quantized whatever `dynamic` says"
     raw = declared.raw if isinstance(declared.raw, Mapping) else {}
     dynamic = raw.get("dynamic") if isinstance(raw.get("dynamic"), Mapping) else {}
-    for key in dynamic:
-        pattern = str(key)
-        body = pattern[2:] if pattern.startswith(("-:", "+:")) else pattern
-        if safe_regex.match(body, prefix):
-            if pattern.startswith("-:"):
-                return UNQUANTIZED, f"dynamic key {pattern!r}"
-            return QUANTIZED, f"dynamic key {pattern!r} (first match, an override)"
-    return QUANTIZED, "no dynamic key matches"
+    keys = [str(k) for k in dynamic]
+    index = _first_index(prefix, tuple(k[2:] if k.startswith(("-:", "+:")) else k for k in keys))
+    if index is None:
+        return QUANTIZED, "no dynamic key matches"
+    if keys[index].startswith("-:"):
+        return UNQUANTIZED, f"dynamic key {keys[index]!r}"
+    return QUANTIZED, f"dynamic key {keys[index]!r} (first match, an override)"
 
 
 def _substring_list(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN202
@@ -265,10 +282,7 @@ def _substring_list(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN2
 
 def _quark_match(name: str, entries: list[str]) -> str | None:
     """quark/utils.py _is_equal_or_regex_match: equal, or ``re:`` + re.match (no suffix rule)."""
-    for e in entries:
-        if (e.startswith("re:") and safe_regex.match(e[3:], name)) or e == name:
-            return e
-    return None
+    return name if name in set(entries) else _first_regex(name, entries)
 
 
 def _quark_exclude(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN202
