@@ -59,3 +59,26 @@ def test_procedures_enum_matches_the_evaluator():
 
     enum = SCHEMA["properties"]["methods"]["items"]["properties"]["procedure"]["enum"]
     assert set(enum) == set(PROCEDURES)
+
+
+def test_long_lists_are_answered_through_one_set():
+    """Thousands of regex entries: the first matching entry in list order decides, as SGLang's loops
+    do, without one compilation per entry (engine_decision._regex_set)."""
+    from ckptinspect.quant.declared import read_declared
+    from ckptinspect.quant.engine_decision import decide, method_rule
+
+    section = module_quant_rules("sglang")
+    many = [f"re:model\\.layers\\.{i}\\..*" for i in range(5000)]
+    ct = {"quant_method": "compressed-tensors", "ignore": [*many, "re:mtp\\.layers\\..*"],
+          "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"}}}}
+    declared, _ = read_declared({"quantization_config": ct}, None)
+    rule = method_rule(section, "compressed-tensors")
+    answer = decide(section, rule, declared, "mtp.layers.0.self_attn.o_proj", "linear")
+    assert answer.built == "unquantized" and "re:mtp" in answer.why
+    assert decide(section, rule, declared, "model.layers.4999.mlp.down_proj", "linear").why.endswith("4999\\\\..*'")
+    dynamic = {**{f"+:model\\.layers\\.{i}\\..*": {"bits": 8} for i in range(5000)}, "-:.*": {}}
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "dynamic": dynamic}
+    declared, _ = read_declared({"quantization_config": gptq}, None)
+    rule = method_rule(section, "gptq")
+    assert decide(section, rule, declared, "model.layers.7.self_attn.o_proj", "linear").built == "quantized"
+    assert decide(section, rule, declared, "mtp.fc", "linear").built == "unquantized"
