@@ -302,6 +302,21 @@ class EngineVerdict:
 
 
 @dataclass(frozen=True)
+class MtpModuleQuant:
+    """One MTP weight group, three facts side by side: what the config declares for it, what the
+    headers store, and what each engine builds (readiness/module_table.py)."""
+
+    module: str  # module pattern, layer index filled ("mtp.layers.0.mlp.experts.{}.gate_proj")
+    component: str
+    declared: str  # declared scheme label, "excluded", "unlisted" (MIXED_PRECISION) or "none"
+    stored: str  # scheme of the stored tensors
+    built: Mapping[str, str]  # engine -> label / "unquantized" / "load error" / "no draft model"
+    reasons: Mapping[str, str]  # engine -> one of readiness/draft_build.py REASONS (joined when mixed)
+    causes: Mapping[str, str]  # engine -> the config entry or rule responsible ("" when generic)
+    matches: Mapping[str, bool]  # engine -> what it builds fits what is stored
+
+
+@dataclass(frozen=True)
 class MtpLayerInfo:
     k: int
     prefix: str  # concrete prefix, e.g. "model.layers.61." or "mtp."
@@ -329,3 +344,4 @@ class MtpAssessment:
     layers: tuple[MtpLayerInfo, ...]
     verdicts: Mapping[str, EngineVerdict]
     findings: tuple[Finding, ...]
+    modules: tuple[MtpModuleQuant, ...] = ()  # per MTP weight group: declared / stored / built per engine

@@ -217,6 +217,24 @@ def compile_re2(pattern: str) -> Any:
         raise UnsupportedPattern(f"RE2 cannot evaluate it: {detail}") from None
 
 
+def compile_re2_match_set(patterns: list[str]) -> Any:
+    """An RE2 set of RE2 patterns (from :func:`translate`) anchored at the start like ``re.match``;
+    ``.Match(text)`` gives the indices of every pattern that matches (None for none), so the first
+    matching entry of a long ordered list is found in one linear-time pass."""
+    re2 = _re2()
+    options = re2.Options()
+    options.log_errors = False
+    options.max_mem = RE2_MAX_MEM
+    matcher = re2.Set.MatchSet(options)
+    try:
+        for pattern in patterns:
+            matcher.Add(pattern)
+        matcher.Compile()
+    except re2.error as exc:
+        raise UnsupportedPattern(f"RE2 cannot evaluate it: {exc}") from None
+    return matcher
+
+
 @functools.lru_cache(maxsize=256)
 def _compiled(pattern: str) -> Any:
     return compile_re2(translate(pattern))

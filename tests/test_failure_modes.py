@@ -165,8 +165,16 @@ def test_f_official_gptq_int4_with_bf16_mtp(report):
     it unquantized (ready, not a false unusable); older vLLM built the draft MoE with GPTQ and failed."""
     r = report("qwen3_5_moe_gptq_int4_bf16_mtp")
     mtp = r.mtp
-    assert verdicts(mtp) == ("ready", "ready")
-    for engine in ("sglang", "vllm"):
+    # SGLang 0.5.23 runs the export as gptq_marlin, whose fused MoE ignores `dynamic`
+    # (SG:layers/quantization/gptq/gptq.py GPTQMarlinConfig.get_quant_method; its own class says so in
+    # tests/test_draft_quant_sglang.py): the BF16 MTP experts get GPTQ parameters. The other MTP
+    # modules are Linears, which `-:.*mtp.*` does leave unquantized.
+    assert verdicts(mtp) == ("unusable", "ready")
+    assert reasons(mtp, "sglang") == {"mtp-bf16-not-excluded"}
+    assert "fused MoE is built quantized whatever `dynamic` says" in finding(mtp, "mtp-bf16-not-excluded", "sglang").message
+    sg = dict(mtp.verdicts["sglang"].module_quantization)
+    assert sg["mtp.layers.0.mlp.experts.{}.gate_proj"] == "gptq" and sg["mtp.layers.0.self_attn.q_proj"] is None
+    for engine in ("vllm",):
         v = mtp.verdicts[engine]
         assert v.draft_quantization is None and all(b is None for _, b in v.module_quantization)
     old = at_version(r, "vllm", "0.23.1").verdicts["vllm"]
@@ -210,15 +218,17 @@ def test_g_exclude_keyed_by_another_layer_index(report, tmp_path):
 
 def test_h_per_projection_ignore_entries_miss_sglang_fused_names(report, make_fixture, tmp_path):
     """(h) ignore names q_proj / k_proj / v_proj ... one by one; SGLang's Qwen3.5 MTP asks about qkv_proj /
-    gate_up_proj and skips the BF16 tensors (sgl-project/sglang#35797). A regex entry fixes it."""
+    gate_up_proj. Versions whose MTP class had no packed_modules_mapping skipped the BF16 tensors
+    (sgl-project/sglang#35797); 0.5.23 expands the fused names, so both engines are ready, as with a regex."""
     mtp = report("qwen3_5_moe_ct_nvfp4_mtp_ignored_per_projection").mtp
-    assert verdicts(mtp) == ("unusable", "ready")
-    assert reasons(mtp, "sglang") == {"mtp-ignore-misses-fused-names"}
-    msg = finding(mtp, "mtp-ignore-misses-fused-names", "sglang").message
-    assert "mtp.layers.0.self_attn.q_proj" in msg and "mtp.layers.0.mlp.shared_expert.gate_proj" in msg
-    assert "o_proj" not in msg  # not fused: its own entry is asked about
+    # SGLang 0.5.23's Qwen3_5ForCausalLMMTP exposes packed_modules_mapping (SG:models/qwen3_5_mtp.py), so
+    # should_ignore_layer expands qkv_proj / gate_up_proj to the listed shards: the per-projection entries
+    # cover the fused modules there (tests/test_draft_quant_sglang.py asks SGLang's own class).
+    assert verdicts(mtp) == ("ready", "ready")
+    row = next(m for m in mtp.modules if m.module == "mtp.layers.0.self_attn.q_proj")
+    assert row.built["sglang"] == "unquantized" and "mtp.layers.0.self_attn.q_proj" in row.causes["sglang"]
     built = dict(mtp.verdicts["sglang"].module_quantization)
-    assert built["mtp.layers.0.self_attn.q_proj"] == "compressed-tensors" and built["mtp.layers.0.self_attn.o_proj"] is None
+    assert built["mtp.layers.0.self_attn.q_proj"] is None and built["mtp.layers.0.self_attn.o_proj"] is None
     assert mtp.verdicts["vllm"].draft_quantization is None
 
     def regex(cfg):

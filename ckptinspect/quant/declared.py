@@ -63,6 +63,15 @@ def read_declared(config: Mapping[str, Any], hf_quant: Any) -> tuple[DeclaredQua
         group_size = _group_size(qc)
         kv = _kv_scheme(qc.get("kv_cache_scheme"))
         excludes.extend(_lists_from_qc(qc, qc_source, method))
+        if method == "fp8" and isinstance(qc.get("ignore"), list) and qc["ignore"]:
+            findings.append(Finding(
+                "fp8-ignore-not-read", "warning",
+                f"{qc_source}.ignore lists {len(qc['ignore'])} module(s), but FP8 configs read only "
+                "ignored_layers / modules_to_not_convert: SGLang and vLLM build those modules FP8",
+                subject=f"{qc_source}.ignore",
+                reference="SG:layers/quantization/fp8.py Fp8Config.from_config; "
+                          "vllm-project/vllm vllm/model_executor/layers/quantization/fp8.py Fp8Config.from_config",
+                hint="rename the key to modules_to_not_convert if those modules ship unquantized"))
         quantized_layers.update(_quantized_layers(qc))
     if hq is not None:
         sources.append("hf_quant_config.json:quantization")
@@ -124,9 +133,14 @@ def _kv_scheme(value: Any) -> str | None:
 
 def _lists_from_qc(qc: Mapping[str, Any], source: str, method: str | None) -> list[ExcludeList]:
     out = []
-    if isinstance(qc.get("ignore"), list):
+    # FP8 configs read ignored_layers / modules_to_not_convert only (SG:layers/quantization/fp8.py
+    # Fp8Config.from_config; vLLM's Fp8Config.from_config likewise): an `ignore` list there excludes
+    # nothing (read_declared reports it as fp8-ignore-not-read).
+    if isinstance(qc.get("ignore"), list) and method != "fp8":
         semantics = "ct_regex" if method == "compressed-tensors" else "modelopt_glob"
         out.append(ExcludeList(f"{source}.ignore", semantics, tuple(str(x) for x in qc["ignore"])))
+    if isinstance(qc.get("exclude"), list):  # Quark: names or re: regexes (quark/utils.py should_ignore_layer)
+        out.append(ExcludeList(f"{source}.exclude", "ct_regex", tuple(str(x) for x in qc["exclude"])))
     for key in ("modules_to_not_convert", "ignored_layers", "exclude_modules"):
         if isinstance(qc.get(key), list):
             semantics = "modelopt_glob" if key == "exclude_modules" else "glob"

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import re
 import string
+from dataclasses import replace
 from typing import Any, Mapping
 
 from ckptinspect.readiness import conditions as _registers  # noqa: F401  (fills the condition registry)
 from ckptinspect.readiness.context import EngineContext, Facts, holds
 from ckptinspect.readiness.draft_build import build_plan, summary as draft_summary
 from ckptinspect.readiness.layout import scan_layers
+from ckptinspect.readiness.module_table import module_table
 from ckptinspect.readiness.model import ENGINES, EngineRule, FamilyRule, RuleSet
 from ckptinspect.readiness.quant_method import engine_method
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
@@ -84,15 +86,16 @@ def assess_mtp(checkpoint: Checkpoint, family: FamilyRule | None, ruleset: RuleS
                                     reference=check.reference, hint=check.remedy,
                                     subject=base_values.get("prefix_hint")))
     verdicts: dict[str, EngineVerdict] = {}
+    contexts: dict[str, EngineContext] = {}
     for name in ENGINES:
         engine = facts.rule.engines.get(name)
         if engine is None:
             continue
         version = (engine_versions or {}).get(name, engine.version)
-        verdict, engine_findings = _judge(facts, engine, version, base_values)
+        verdict, engine_findings, contexts[name] = _judge(facts, engine, version, base_values)
         verdicts[name] = verdict
         findings.extend(engine_findings)
-    return _assessment(facts, verdicts, findings)
+    return replace(_assessment(facts, verdicts, findings), modules=module_table(facts, contexts, verdicts))
 
 
 def _context_at(facts: Facts, engine: EngineRule, version: str) -> EngineContext:
@@ -102,7 +105,7 @@ def _context_at(facts: Facts, engine: EngineRule, version: str) -> EngineContext
 
 
 def _judge(facts: Facts, engine: EngineRule, version: str,
-           base_values: Mapping[str, Any]) -> tuple[EngineVerdict, list[Finding]]:
+           base_values: Mapping[str, Any]) -> tuple[EngineVerdict, list[Finding], EngineContext]:
     ctx = _context_at(facts, engine, version)
     verdict = "ready" if facts.present else "absent"
     reasons: list[str] = []
@@ -143,7 +146,7 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
     return EngineVerdict(engine=engine.engine, verdict=verdict, engine_version=version,
                          draft_architecture=engine.draft_architecture, method=engine.method,
                          draft_quantization=draft_quant, layers_used=used, reasons=tuple(reasons),
-                         module_quantization=modules), findings
+                         module_quantization=modules), findings, ctx
 
 
 def _draft_quantization(ctx: EngineContext) -> tuple[str | None, tuple[tuple[str, str | None], ...]]:

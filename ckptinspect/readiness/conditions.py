@@ -117,10 +117,15 @@ def uncovered_bf16(ctx: EngineContext, names: str = "either") -> list[str]:
 
 
 def _bf16_not_excluded(ctx: EngineContext, arg: Any) -> bool:
-    bad = uncovered_bf16(ctx, _names_arg(arg))
+    names = _names_arg(arg)
+    bad = uncovered_bf16(ctx, names)
     if bad:
         ctx.details["uncovered"] = listed_sample(bad)
         ctx.details["built_quantized_modules"] = tuple(bad)
+        # Where the engine's own procedure answered (rules/quant/<engine>.yaml): why it quantizes.
+        causes = sorted({f"{m.engine_module}: {c}" for m in build_plan(ctx, names) if m.module in bad
+                         for c, b in zip(m.causes, m.built) if c and b is not None})
+        ctx.details["build_causes"] = f" ({listed_sample(causes, 2)})" if causes else ""
     return bool(bad)
 
 
@@ -144,6 +149,9 @@ def _quantized_built_unquantized(ctx: EngineContext, arg: Any) -> bool:
     if hits:
         ctx.details["built_unquantized"] = listed_sample([m.module for m in hits])
         ctx.details["stored_schemes"] = ", ".join(sorted({m.stored for m in hits}))
+        causes = sorted({f"{m.engine_module}: {c}" for m in hits for c, b in zip(m.causes, m.built)
+                         if c and b is None})
+        ctx.details["build_causes"] = f" ({listed_sample(causes, 2)})" if causes else ""
     return _flag(bool(hits), arg)
 
 

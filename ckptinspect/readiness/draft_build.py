@@ -22,15 +22,17 @@ conditions (readiness/conditions.py, readiness/quant_conditions.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
 from ckptinspect.quant.crosscheck import NOT_LINEAR as CROSSCHECK_NOT_LINEAR
 from ckptinspect.quant.detect import UNQUANTIZED
+from ckptinspect.quant.engine_decision import ERROR, QUANTIZED, UNKNOWN, decide, method_rule
 from ckptinspect.quant.members import members_to_ask, module_names
 from ckptinspect.readiness.context import holds
 from ckptinspect.readiness.versions import in_range
 from ckptinspect.records import TensorGroup
+from ckptinspect.readiness.module_quant import module_quant_rules
 
 if TYPE_CHECKING:
     from ckptinspect.readiness.context import EngineContext
@@ -41,7 +43,8 @@ if TYPE_CHECKING:
 # (mtp_families.md §5.3).
 NOT_LINEAR = CROSSCHECK_NOT_LINEAR | {"lm_head", "router", "vision"}
 # Why a module is built the way it is (ModuleBuild.reasons).
-REASONS = ("undeclared", "draft", "forced", "head", "excluded", "quantized")
+# ``load_error``: the engine's quantization config raises for the module (rules/quant/<engine>.yaml).
+REASONS = ("undeclared", "draft", "forced", "head", "excluded", "quantized", "load_error")
 
 
 def is_linear_weight(g: TensorGroup) -> bool:
@@ -65,6 +68,8 @@ class ModuleBuild:
     stored: str  # scheme of the stored tensors
     built: tuple[str | None, ...]  # per member (one entry when the whole group is built alike): label or None
     reasons: tuple[str, ...]  # the same, one of REASONS
+    causes: tuple[str, ...] = ()  # the same: the config entry / rule responsible (engine-modelled methods)
+    engine_module: str | None = None  # the module as the engine asks about it (fused Linear, whole MoE)
 
     @property
     def stored_quantized(self) -> bool:
@@ -164,6 +169,16 @@ def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool 
                 else:
                     members = member_modules(g) if exhaustive else members_to_ask(
                         g, facts.checkpoint.declared.excludes, _renames(ctx, scan.k))
+                    answers = [_engine_answer(ctx, g, name, scan.k, names) for name in members]
+                    if all(a is not None for a in answers):
+                        reasons = tuple({QUANTIZED: "quantized", ERROR: "load_error"}.get(a[0], "excluded")
+                                        for a in answers)
+                        built = tuple(label if a[0] == QUANTIZED else None for a in answers)
+                        causes = tuple(a[1] for a in answers)
+                        out.append(ModuleBuild(k=scan.k, module=shown, relative=rel, component=g.component,
+                                               stored=g.scheme, built=built, reasons=reasons, causes=causes,
+                                               engine_module=answers[0][2]))
+                        continue
                     flags = [excluded(ctx, name, scan.k, names) for name in members]
                     reasons = tuple("excluded" if f else "quantized" for f in flags)
                     built = tuple(None if f else label for f in flags)
@@ -171,6 +186,46 @@ def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool 
                                    stored=g.scheme, built=built, reasons=reasons))
     facts.plan_cache[key] = out
     return out
+
+
+def engine_module(g: TensorGroup, name: str, packed: Mapping[str, list[str]]) -> tuple[str, str]:
+    """(module, kind) as the engine asks its quantization config: routed experts as one fused MoE
+    (``...experts``), a shard of a fused Linear under the fused name (``q_proj`` -> ``qkv_proj``)."""
+    if g.component == "routed_expert":
+        cut = name.rfind(".experts")
+        if cut >= 0:
+            return name[:cut + len(".experts")], "moe"
+    head, _, last = name.rpartition(".")
+    fused = next((f for f, shards in packed.items() if last in shards), None)
+    return (f"{head}.{fused}" if head else fused, "linear") if fused else (name, "linear")
+
+
+def _engine_answer(ctx: "EngineContext", g: TensorGroup, name: str, k: int,
+                   names: str) -> tuple[str, str, str] | None:
+    """(built, cause, engine module) from the engine's own decision procedure for the declared method
+    (rules/quant/<engine>.yaml); None when the rule file does not model the method at
+    this version or cannot evaluate an entry (the generic exclude reading answers then)."""
+    section = module_quant_rules(ctx.engine.engine)
+    rule = method_rule(section, ctx.facts.engine_method)
+    if rule is None or (rule.get("versions") and not in_range(ctx.version, rule["versions"])):
+        return None
+    packed = section.get("packed", {})
+    spellings = [name] if names == "checkpoint" else \
+        ([*runtime_names(ctx, name, k)] or [name]) if names == "runtime" else [name, *runtime_names(ctx, name, k)]
+    answers = []
+    for spelling in spellings:
+        module, kind = engine_module(g, spelling, packed)
+        key = (ctx.engine.engine, ctx.version, module, kind)
+        hit = ctx.facts.excluded_cache.get(key)
+        if hit is None:
+            d = decide(section, rule, ctx.facts.checkpoint.declared, module, kind)
+            hit = ctx.facts.excluded_cache[key] = (d.built, d.why, module)
+        answers.append(hit)
+    if any(a[0] == UNKNOWN for a in answers):
+        return None
+    # Engine versions differ in which spelling they match (sgl-project/sglang PR #34906): an answer that
+    # leaves the module unquantized under either spelling wins, as in excluded().
+    return next((a for a in answers if a[0] not in (QUANTIZED, ERROR)), answers[0])
 
 
 def _is_forced(rel: str, forced: list[str]) -> bool:

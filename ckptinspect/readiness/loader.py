@@ -260,6 +260,7 @@ def _build(fid: str, doc: Mapping[str, Any], path: str, origin: int) -> FamilyRu
         Check(code=c["code"], when=dict(c["when"]), severity=c.get("severity", "info"), message=c["message"],
               remedy=c.get("remedy"), reference=c.get("reference"))
         for c in doc.get("checks", ())
+        if c["code"] not in set(doc.get("drop_checks", ()))
     )
     match = doc.get("match", {})
     return FamilyRule(

@@ -157,7 +157,23 @@ def _declared_activation_quant(ctx: "EngineContext", arg: Any) -> bool:
     return quantizes == bool(arg)
 
 
+def _engine_load_error(ctx: "EngineContext", arg: Any) -> bool:
+    """The engine's quantization config raises for an MTP module it builds (fused shards the lists
+    split, a compressed-tensors module in no target): rules/quant/<engine>.yaml."""
+    hits = []
+    for m in build_plan(ctx):
+        for reason, cause in zip(m.reasons, m.causes):
+            if reason == "load_error":
+                hits.append(f"{m.engine_module or m.module}: {cause}")
+                break
+    hits = sorted(set(hits))
+    if hits:
+        ctx.details["load_errors"] = listed_sample(hits, 3)
+    return bool(hits) if arg is not False else not hits
+
+
 QUANT_CONDITIONS: dict[str, Callable[["EngineContext", Any], bool]] = {
+    "mtp_engine_load_error": _engine_load_error,
     "mtp_scheme_differs_from_trunk": _scheme_differs_from_trunk,
     "mtp_layer_algo_is": _layer_algo_is,
     "mtp_layer_algo_differs_from_trunk": _layer_algo_differs,

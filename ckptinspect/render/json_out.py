@@ -91,6 +91,11 @@ def mtp_to_json(mtp: MtpAssessment | None) -> dict[str, Any]:
             "bytes": layer.bytes, "schemes": dict(layer.schemes), "missing": list(layer.missing),
             "experts_present": layer.experts_present, "experts_expected": layer.experts_expected,
             "shards": list(layer.shards)} for layer in mtp.layers],
+        "modules": [{
+            "module": m.module, "component": m.component, "declared": m.declared, "stored": m.stored,
+            "engines": {engine: {"built": m.built[engine], "reason": m.reasons[engine], "cause": m.causes[engine],
+                                 "matches_stored": m.matches[engine]} for engine in m.built}}
+            for m in mtp.modules],
     }
 
 

@@ -69,6 +69,16 @@ def sections(report: Any, colour: bool = False) -> list[tuple[str, list[str], li
                       for engine, v in mtp.verdicts.items()]
         out.append(("MTP readiness", ["engine", "version", "verdict", "method", "draft class", "draft quant",
                                       "layers used", "because"], ready_rows))
+        # Only modules some engine builds unlike what is stored: the rest fit everywhere (all rows: JSON).
+        misfits = [m for m in mtp.modules if not all(m.matches.values())]
+        if misfits:
+            engines = list(misfits[0].built)
+            module_rows = [[m.module, m.declared, m.stored,
+                            *[m.built[e] + ("" if m.matches[e] else " (!)") for e in engines]] for m in misfits]
+            rest = len(mtp.modules) - len(misfits)
+            out.append((f"MTP modules: declared / stored / built (! = does not fit what is stored; {rest} more "
+                        "fit every engine, all in --format json)",
+                        ["module", "declared", "stored", *[f"{e} builds" for e in engines]], module_rows))
     for cost in report.mtp_costs:
         out.append((f"MTP cost at TP={cost.tp} EP={cost.ep}", ["", ""], [
             ["MTP params / stored size", f"{human_count(cost.params)} / {human_bytes(cost.bytes)}"],
