@@ -17,8 +17,9 @@ from ckptinspect.probe.heads.build import build_head
 from ckptinspect.probe.prompts import encode_prompt, load_prompts, load_tokenizer
 from ckptinspect.probe.readiness_gate import check_mtp_usable
 from ckptinspect.probe.result import ProbeResult, build_result
-from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, SLACK_BYTES, decode_bytes, estimate_bytes,
-                                       forward_bytes_per_token, plan_batches, score_all, scoring_bytes, weight_bytes)
+from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, SLACK_BYTES, decode_bytes,
+                                       estimate_bytes, forward_bytes_per_token, plan_batches, score_all, scoring_bytes,
+                                       weight_bytes)
 from ckptinspect.probe.streamed_run import attention_counts
 from ckptinspect.probe.sequences import generate_sequences, save_continuations, teacher_sequences
 
@@ -165,9 +166,9 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
     fixed = weight_bytes(metas, torch_dtype) + SLACK_BYTES
     budget = int(limit * AUTO_BATCH_FRACTION) - fixed  # scoring scratch of one batch
 
-    def scratch_at(rows: int, width: int, block: int | None) -> int:
+    def scratch_at(rows: int, width: int, block: int | None, logits_tokens: int = LOGITS_TOKENS) -> int:
         return scoring_bytes(rows, width, vocab or 0, cfg.hidden_size, steps, torch_dtype,
-                             cfg.num_attention_heads or 0, block, fwd)
+                             cfg.num_attention_heads or 0, block, fwd, logits_tokens)
 
     def decode_at(batch: int) -> int:
         return (decode_bytes(min(batch, count), cfg.experts_per_token or 0, expert_params, torch_dtype)
@@ -186,7 +187,9 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
         else:
             batch_size, batch_source = count, (f"auto: each batch as many sequences as fit {AUTO_BATCH_FRACTION:.0%} "
                                                f"of {limit / 2**30:.1f} GiB by the memory estimate")
-    in_memory_need = fixed + min(scratch_at(1, longest, None), scratch_at(1, longest, ATTENTION_MIN_BLOCK))
+    smallest = LOGITS_TOKENS >> 7  # plan_batches' smallest logits chunk
+    in_memory_need = fixed + min(scratch_at(1, longest, None, smallest),
+                                 scratch_at(1, longest, ATTENTION_MIN_BLOCK, smallest))
     if mode == "greedy" and need_at(batch_size) > limit or mode == "teacher" and in_memory_need - fixed > budget:
         if mode != "teacher" or len(names) > 1:
             need = need_at(batch_size) if mode == "greedy" else in_memory_need
@@ -204,7 +207,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                             batch_info={"batch_size_source": batch_source}, store=stream_store)
     if mode == "teacher":
         batches = plan_batches(lengths, batch_size, budget, scratch_at, source=model_dir)
-        need = fixed + max(scratch_at(len(b.indices), b.width, b.attention_block) for b in batches)
+        need = fixed + max(scratch_at(len(b.indices), b.width, b.attention_block, b.logits_tokens) for b in batches)
     else:
         need = need_at(batch_size)
 

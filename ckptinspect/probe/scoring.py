@@ -31,20 +31,22 @@ def forward_bytes_per_token(cfg, dtype: torch.dtype) -> int:
 
 
 def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dtype: torch.dtype,
-                  heads: int = 0, block: int | None = None, forward_per_token: int = 0) -> int:
+                  heads: int = 0, block: int | None = None, forward_per_token: int = 0,
+                  logits_tokens: int = LOGITS_TOKENS) -> int:
     """Peak scratch of scoring one batch of ``batch`` rows x ``seq`` tokens, the largest of its phases
     plus the K side-by-side hidden streams held throughout:
     - forward: the main model's forward over the batch (``forward_per_token`` each; 0 when the hidden
       states come from elsewhere, as when streaming);
     - logits: draft and target logits at the compute dtype plus the float32 softmaxes of
-      sum(min(p, q)) (p, q, one temporary), for LOGITS_TOKENS rows x positions at a time;
+      sum(min(p, q)) (p, q, one temporary), for ``logits_tokens`` rows x positions at a time (at least
+      one position of every row);
     - attention at depth K: dense (``block`` None) batch x heads x (K*seq)^2 scores at the compute
       dtype plus their float32 softmax (SDPA's math path, which the chain's additive stream mask and
       MLA's unequal head dims lead to; measured on an H200, BENCHMARKS.md section 6 run 5), or in
       blocks of ``block`` starts (stream_attention.py): float32 scores and probabilities of one block,
       float32 copies of one block's keys / values and the GQA-expanded keys / values of the streams."""
     per = torch.tensor([], dtype=dtype).element_size()
-    rows_x_positions = batch * min(seq, max(1, LOGITS_TOKENS // max(batch, 1)))
+    rows_x_positions = batch * min(seq, max(1, logits_tokens // max(batch, 1)))
     logits = rows_x_positions * vocab * (2 * per + 12)
     if block is None:
         attention = batch * heads * (steps * seq) ** 2 * (per + 4)
@@ -86,25 +88,31 @@ class Batch:
     indices: tuple[int, ...]
     width: int
     attention_block: int | None  # None: the dense stream mask; else starts per block (stream_attention.py)
+    logits_tokens: int = 2048  # rows x positions whose logits exist at once
 
 
-def plan_batches(lengths: list[int], max_rows: int, budget: int, scratch_at: Callable[[int, int, int | None], int],
-                 *, source: str = "") -> list[Batch]:
+def plan_batches(lengths: list[int], max_rows: int, budget: int,
+                 scratch_at: Callable[[int, int, int | None, int], int], *, source: str = "") -> list[Batch]:
     """Batches over sequences sorted by length (least padding): each takes the next sequences while it
-    has at most ``max_rows`` and its scratch ``scratch_at(rows, width, block)`` fits ``budget`` bytes,
-    with the dense stream mask where that fits and the blocked attention (the largest block that fits)
-    where it does not. Device memory is bounded by the budget whatever the corpus size; a single
-    sequence that does not fit even in the smallest blocks is an error naming its length."""
-    def attention(rows: int, width: int) -> int | None | bool:
-        if scratch_at(rows, width, None) <= budget:
-            return None
-        if scratch_at(rows, width, ATTENTION_MIN_BLOCK) > budget:
-            return False
-        lo, hi = ATTENTION_MIN_BLOCK, max(ATTENTION_MIN_BLOCK, width)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if scratch_at(rows, width, mid) <= budget else (lo, mid - 1)
-        return lo
+    has at most ``max_rows`` and its scratch ``scratch_at(rows, width, block, logits_tokens)`` fits
+    ``budget`` bytes: the dense stream mask where that fits, else the blocked attention (the largest
+    block that fits), and the logits in chunks of LOGITS_TOKENS, halved while they do not fit. Device
+    memory is bounded by the budget whatever the corpus size; a single sequence that does not fit even
+    with the smallest blocks and chunks is an error naming its length."""
+    chunks = [LOGITS_TOKENS >> i for i in range(8)]  # 2048 .. 16
+
+    def how(rows: int, width: int) -> tuple[int | None, int] | None:
+        for lt in chunks:
+            if scratch_at(rows, width, None, lt) <= budget:
+                return None, lt
+        for lt in chunks:
+            if scratch_at(rows, width, ATTENTION_MIN_BLOCK, lt) <= budget:
+                lo, hi = ATTENTION_MIN_BLOCK, max(ATTENTION_MIN_BLOCK, width)
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if scratch_at(rows, width, mid, lt) <= budget else (lo, mid - 1)
+                return lo, lt
+        return None if rows > 1 else None
 
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     batches: list[Batch] = []
@@ -112,15 +120,16 @@ def plan_batches(lengths: list[int], max_rows: int, budget: int, scratch_at: Cal
 
     def close() -> None:
         width = lengths[current[-1]]
-        how = attention(len(current), width)
-        if how is False:
-            raise ProbeError(f"a {width}-token sequence needs about {scratch_at(1, width, ATTENTION_MIN_BLOCK) / 2**30:.1f}"
-                             f" GiB of scoring scratch even with blocked attention, over the {max(budget, 0) / 2**30:.1f}"
-                             " GiB left beside the weights; split the document or allow more memory", path=source or None)
-        batches.append(Batch(tuple(current), width, how))
+        plan = how(len(current), width)
+        if plan is None:
+            least = scratch_at(1, width, ATTENTION_MIN_BLOCK, chunks[-1])
+            raise ProbeError(f"a {width}-token sequence needs about {least / 2**30:.2f} GiB of scoring scratch even with "
+                             f"blocked attention, over the {max(budget, 0) / 2**30:.2f} GiB left beside the weights; "
+                             "split the document or allow more memory", path=source or None)
+        batches.append(Batch(tuple(current), width, *plan))
 
     for i in order:
-        if current and (len(current) + 1 > max_rows or attention(len(current) + 1, lengths[i]) is False):
+        if current and (len(current) + 1 > max_rows or how(len(current) + 1, lengths[i]) is None):
             close()
             current = []
         current.append(i)
@@ -144,6 +153,6 @@ def score_all(main, head, sequences: list[Sequence], steps: int, *, mode: str, t
         for cat, t in score_batch(main, head, batch, steps, mode=mode, temperature=temperature,
                                   pad_id=pad_id, device=device, hidden=hidden, timings=timings,
                                   peaks=peaks, attention_block=plan.attention_block,
-                                  logits_tokens=LOGITS_TOKENS).items():
+                                  logits_tokens=plan.logits_tokens).items():
             tallies.setdefault(cat, Tally(steps)).merge(t)
     return tallies

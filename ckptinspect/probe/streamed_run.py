@@ -56,8 +56,8 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
                  experts_implementation: str = "auto", batch_info: dict | None = None, store: str = "auto"):
     from ckptinspect.probe.result import Streaming, build_result
     from ckptinspect.probe.heads.build import build_head
-    from ckptinspect.probe.scoring import (AUTO_FRACTION, Batch, forward_bytes_per_token, plan_batches, score_all,
-                                           scoring_bytes)
+    from ckptinspect.probe.scoring import (AUTO_FRACTION, LOGITS_TOKENS, Batch, forward_bytes_per_token, plan_batches,
+                                           score_all, scoring_bytes)
     from ckptinspect.probe.stream import StreamedMain, chunk_rows, stream_estimate
 
     if store not in STORES:
@@ -74,9 +74,9 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     chunk_peak = max(len(c) * max(lengths[i] for i in c) for c in chunks_all)
     fwd = forward_bytes_per_token(cfg, dtype)
 
-    def scratch_at(rows, width, block):
+    def scratch_at(rows, width, block, logits_tokens=LOGITS_TOKENS):
         return scoring_bytes(rows, width, cfg.vocab_size or 0, cfg.hidden_size, common["steps"], dtype,
-                             cfg.num_attention_heads or 0, block)
+                             cfg.num_attention_heads or 0, block, 0, logits_tokens)
 
     def estimate_at(store_tokens, scoring=0):
         return dict(stream_estimate(probe_ckpt, dtype, chunk_tokens=chunk_peak, forward_per_token=fwd,
@@ -97,7 +97,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     # scoring batches fit what the layer phase leaves (the two phases do not overlap)
     budget = int(limit * AUTO_FRACTION) - fixed - store_tokens * cfg.hidden_size * per
     batches_all = plan_batches(lengths, max_rows, budget, scratch_at, source=model_dir)
-    scoring_peak = max(scratch_at(len(b.indices), b.width, b.attention_block) for b in batches_all)
+    scoring_peak = max(scratch_at(len(b.indices), b.width, b.attention_block, b.logits_tokens) for b in batches_all)
     estimate = estimate_at(store_tokens, scoring_peak)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
@@ -111,11 +111,18 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     first_device = next(main.get_decoder().norm.parameters()).device
     tallies: dict = {}
-    per_round = -(-len(chunks_all) // rounds)
-    for r in range(rounds):
-        chunks = chunks_all[r * per_round:(r + 1) * per_round]
-        if not chunks:
-            continue
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    share = -(-sum(lengths) // rounds)  # tokens per round: contiguous runs of the length-sorted corpus
+    groups: list[list[int]] = [[]]
+    filled = 0
+    for i in order:
+        if groups[-1] and filled + lengths[i] > share:
+            groups.append([])
+            filled = 0
+        groups[-1].append(i)
+        filled += lengths[i]
+    for group in groups:
+        chunks = [[group[k] for k in rows] for rows in chunk_rows([lengths[i] for i in group], chunk_tokens)]
         ids = []
         where: dict[int, tuple[int, int]] = {}
         for c, rows in enumerate(chunks):
@@ -141,13 +148,13 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
 
         mine = [i for rows in chunks for i in rows]
         local = plan_batches([lengths[i] for i in mine], max_rows, budget, scratch_at, source=model_dir)
-        local = [Batch(tuple(mine[k] for k in b.indices), b.width, b.attention_block) for b in local]
+        local = [Batch(tuple(mine[k] for k in b.indices), b.width, b.attention_block, b.logits_tokens) for b in local]
         for cat, t in score_all(main, head, sequences, common["steps"], mode=mode, temperature=common["temperature"],
                                 batches=local, pad_id=pad, device=first_device, progress=progress,
                                 timings=timings, hidden_for=hidden_for).items():
             tallies.setdefault(cat, Tally(common["steps"])).merge(t)
         del finals
-    streamed.stats.rounds = rounds
+    streamed.stats.rounds = len(groups)
     peak = int(torch.cuda.max_memory_allocated(device)) if device.startswith("cuda") else None
     streaming = Streaming(streamed.stats, estimate, limit, need, peak)
     return build_result(**common, mode=mode, tallies=tallies, devices=[device],
