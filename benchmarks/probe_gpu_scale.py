@@ -48,7 +48,8 @@ def corpus(path: str, tokens: int, lengths: tuple[int, ...] = (500,)) -> str:
     """Documents of the fixtures' answer texts (byte-level tokens ~ characters), cycling ``lengths``."""
     import build_fixtures as bf
 
-    text = "".join(bf.ANSWERS) * 40
+    base = "".join(bf.ANSWERS)
+    text = base * (2 * max(lengths) // len(base) + 2)
     docs, n, i = [], 0, 0
     while n < tokens:
         size = lengths[i % len(lengths)]

@@ -206,7 +206,8 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                             trust_remote_code=trust_remote_code, experts_implementation=experts_implementation,
                             batch_info={"batch_size_source": batch_source}, store=stream_store)
     if mode == "teacher":
-        batches = plan_batches(lengths, batch_size, budget, scratch_at, source=model_dir)
+        batches = plan_batches(lengths, batch_size, budget, scratch_at, heads=cfg.num_attention_heads or 1,
+                               source=model_dir)
         need = fixed + max(scratch_at(len(b.indices), b.width, b.attention_block, b.logits_tokens) for b in batches)
     else:
         need = need_at(batch_size)
@@ -242,7 +243,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
         # the batch that passed the memory check fits whatever the fraction left
         batches = plan_batches([len(q.tokens) for q in sequences], batch_size,
                                max(budget, need - fixed - decode_at(batch_size), need_at(batch_size) - fixed),
-                               scratch_at, source=model_dir)
+                               scratch_at, heads=cfg.num_attention_heads or 1, source=model_dir)
     tallies = score_all(main, head, sequences, steps, mode=mode, temperature=temperature, batches=batches,
                         pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, device=first_device,
                         progress=progress, timings=timings, peaks=peaks)

@@ -16,6 +16,9 @@ from ckptinspect.probe.metrics import Tally
 AUTO_FRACTION = 0.9  # of the free (or allowed) memory a default plan fills; in-memory peaks ran 0.98-1.02x the estimate (BENCHMARKS.md 6, run 6)
 LOGITS_TOKENS = 2048  # batch rows x positions whose logits exist at once (chain.py, evaluate.py)
 ATTENTION_MIN_BLOCK = 16  # starts per block of the long-document attention (stream_attention.py)
+# Larger blocks buy little (a block of 1k+ starts already fills the GPU) and a block's scores are one
+# allocation: a 26 GiB one failed in a fragmented cache (BENCHMARKS.md section 8), so they are capped.
+ATTENTION_BLOCK_BYTES = 2 << 30
 
 
 def forward_bytes_per_token(cfg, dtype: torch.dtype) -> int:
@@ -32,19 +35,24 @@ def forward_bytes_per_token(cfg, dtype: torch.dtype) -> int:
 
 def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dtype: torch.dtype,
                   heads: int = 0, block: int | None = None, forward_per_token: int = 0,
-                  logits_tokens: int = LOGITS_TOKENS) -> int:
+                  logits_tokens: int = LOGITS_TOKENS, chain_per_token: int | None = None) -> int:
     """Peak scratch of scoring one batch of ``batch`` rows x ``seq`` tokens, the largest of its phases
     plus the K side-by-side hidden streams held throughout:
     - forward: the main model's forward over the batch (``forward_per_token`` each; 0 when the hidden
       states come from elsewhere, as when streaming);
+    - the chain at depth K: the MTP layer's own activations over the K x seq stream positions
+      (``chain_per_token`` each, default ``forward_per_token``: it is one decoder layer of the main
+      model's kind; measured on an H200, BENCHMARKS.md section 8: without it a streamed run of 80
+      rows peaked at 2.2x the estimate) plus its attention;
     - logits: draft and target logits at the compute dtype plus the float32 softmaxes of
       sum(min(p, q)) (p, q, one temporary), for ``logits_tokens`` rows x positions at a time (at least
       one position of every row);
     - attention at depth K: dense (``block`` None) batch x heads x (K*seq)^2 scores at the compute
       dtype plus their float32 softmax (SDPA's math path, which the chain's additive stream mask and
       MLA's unequal head dims lead to; measured on an H200, BENCHMARKS.md section 6 run 5), or in
-      blocks of ``block`` starts (stream_attention.py): float32 scores and probabilities of one block,
-      float32 copies of one block's keys / values and the GQA-expanded keys / values of the streams."""
+      blocks of ``block`` starts (stream_attention.py): one block's float32 scores (counted twice: the
+      matmul's and the value product's transients), float32 copies of one block's keys / values and
+      the GQA-expanded keys / values of the streams."""
     per = torch.tensor([], dtype=dtype).element_size()
     rows_x_positions = batch * min(seq, max(1, logits_tokens // max(batch, 1)))
     logits = rows_x_positions * vocab * (2 * per + 12)
@@ -54,7 +62,8 @@ def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dty
         attention = (batch * heads * block * (seq + steps) * 8 + 2 * batch * seq * 2 * hidden * 4
                      + 2 * batch * steps * seq * 2 * hidden * per)
     forward = batch * seq * forward_per_token
-    return max(logits, attention, forward) + 4 * batch * seq * hidden * (steps + 1) * per
+    chain = batch * steps * seq * (forward_per_token if chain_per_token is None else chain_per_token)
+    return max(logits, attention + chain, forward) + 4 * batch * seq * hidden * (steps + 1) * per
 
 
 def decode_bytes(batch: int, top_k: int, expert_params: int, dtype: torch.dtype) -> int:
@@ -92,11 +101,12 @@ class Batch:
 
 
 def plan_batches(lengths: list[int], max_rows: int, budget: int,
-                 scratch_at: Callable[[int, int, int | None, int], int], *, source: str = "") -> list[Batch]:
+                 scratch_at: Callable[[int, int, int | None, int], int], *, heads: int = 1,
+                 source: str = "") -> list[Batch]:
     """Batches over sequences sorted by length (least padding): each takes the next sequences while it
     has at most ``max_rows`` and its scratch ``scratch_at(rows, width, block, logits_tokens)`` fits
     ``budget`` bytes: the dense stream mask where that fits, else the blocked attention (the largest
-    block that fits), and the logits in chunks of LOGITS_TOKENS, halved while they do not fit. Device
+    block that fits, its scores at most ATTENTION_BLOCK_BYTES over ``heads`` heads), and the logits in chunks of LOGITS_TOKENS, halved while they do not fit. Device
     memory is bounded by the budget whatever the corpus size; a single sequence that does not fit even
     with the smallest blocks and chunks is an error naming its length."""
     chunks = [LOGITS_TOKENS >> i for i in range(8)]  # 2048 .. 16
@@ -107,12 +117,13 @@ def plan_batches(lengths: list[int], max_rows: int, budget: int,
                 return None, lt
         for lt in chunks:
             if scratch_at(rows, width, ATTENTION_MIN_BLOCK, lt) <= budget:
-                lo, hi = ATTENTION_MIN_BLOCK, max(ATTENTION_MIN_BLOCK, width)
+                cap = max(ATTENTION_MIN_BLOCK, ATTENTION_BLOCK_BYTES // max(1, rows * heads * (width + 16) * 4))
+                lo, hi = ATTENTION_MIN_BLOCK, max(ATTENTION_MIN_BLOCK, min(width, cap))
                 while lo < hi:
                     mid = (lo + hi + 1) // 2
                     lo, hi = (mid, hi) if scratch_at(rows, width, mid, lt) <= budget else (lo, mid - 1)
                 return lo, lt
-        return None if rows > 1 else None
+        return None
 
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     batches: list[Batch] = []

@@ -8,7 +8,8 @@ blocks of starts, needs batch x heads x block x (S + K) scores at a time:
 
 - stream-1 keys: a causal block ``q[a:b] @ k1[:b]^T`` (keys past the query's start masked);
 - the same-start keys of streams 2..i: one dot product per query (the diagonal);
-- one softmax over both parts (float32, as SDPA's math path computes it), then the weighted values.
+- one softmax over both parts (float32, max-subtracted, as SDPA's math path computes it), then the
+  weighted values; one float32 buffer of scores per block, exponentiated in place.
 
 The function is registered with transformers' ``AttentionInterface`` and selected only for the MTP
 head's modules, only inside ``streams_layout`` (their configs' attention implementation is set and
@@ -90,21 +91,22 @@ def streams_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     for i in range(depth):
         for a in range(0, seq, block):
             b = min(seq, a + block)
-            q = query[:, :, i * seq + a:i * seq + b].float()
-            causal = q @ key[:, :, :b].float().transpose(-1, -2) * scale  # [B, h, W, b]
-            causal.masked_fill_(starts[None, :b] > starts[a:b, None], float("-inf"))
-            same = [(q * key[:, :, j * seq + a:j * seq + b].float()).sum(-1, keepdim=True) * scale
+            q = query[:, :, i * seq + a:i * seq + b].float() * scale
+            # one [B, h, W, b] float32 buffer: scores, then in place their exponentials
+            scores = q @ key[:, :, :b].float().transpose(-1, -2)
+            scores.masked_fill_(starts[None, :b] > starts[a:b, None], float("-inf"))
+            same = [(q * key[:, :, j * seq + a:j * seq + b].float()).sum(-1, keepdim=True)
                     for j in range(1, i + 1)]  # [B, h, W, 1] each
-            probs = torch.softmax(torch.cat([causal, *same], dim=-1), dim=-1)
-            o = probs[..., :b] @ value[:, :, :b].float()
-            for j in range(1, i + 1):
-                o += probs[..., b + j - 1:b + j] * value[:, :, j * seq + a:j * seq + b].float()
-            out[:, :, i * seq + a:i * seq + b] = o.to(out.dtype)
+            top = scores.amax(-1, keepdim=True)
+            for s_j in same:
+                top = torch.maximum(top, s_j)
+            scores.sub_(top).exp_()
+            same = [(s_j - top).exp() for s_j in same]
+            total = scores.sum(-1, keepdim=True)
+            o = scores @ value[:, :, :b].float()
+            del scores
+            for j, e_j in enumerate(same, start=1):
+                total += e_j
+                o += e_j * value[:, :, j * seq + a:j * seq + b].float()
+            out[:, :, i * seq + a:i * seq + b] = (o / total).to(out.dtype)
     return out.transpose(1, 2).contiguous(), None
-
-
-def block_for(batch: int, heads: int, seq: int, budget: int) -> int:
-    """Starts per block so that one block's float32 scores and probabilities (batch x heads x block x
-    (seq + depth), two buffers) stay within ``budget`` bytes."""
-    per_start = max(1, batch * max(heads, 1) * (seq + 16) * 8)
-    return max(16, min(seq, budget // per_start))

@@ -76,7 +76,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
 
     def scratch_at(rows, width, block, logits_tokens=LOGITS_TOKENS):
         return scoring_bytes(rows, width, cfg.vocab_size or 0, cfg.hidden_size, common["steps"], dtype,
-                             cfg.num_attention_heads or 0, block, 0, logits_tokens)
+                             cfg.num_attention_heads or 0, block, 0, logits_tokens, fwd)
 
     def estimate_at(store_tokens, scoring=0):
         return dict(stream_estimate(probe_ckpt, dtype, chunk_tokens=chunk_peak, forward_per_token=fwd,
@@ -96,7 +96,8 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     store_tokens = padded if chosen == "device" else 0
     # scoring batches fit what the layer phase leaves (the two phases do not overlap)
     budget = int(limit * AUTO_FRACTION) - fixed - store_tokens * cfg.hidden_size * per
-    batches_all = plan_batches(lengths, max_rows, budget, scratch_at, source=model_dir)
+    batches_all = plan_batches(lengths, max_rows, budget, scratch_at, heads=cfg.num_attention_heads or 1,
+                               source=model_dir)
     scoring_peak = max(scratch_at(len(b.indices), b.width, b.attention_block, b.logits_tokens) for b in batches_all)
     estimate = estimate_at(store_tokens, scoring_peak)
     if device.startswith("cuda"):
@@ -147,7 +148,8 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
             return torch.stack(rows).to(first_device, non_blocking=True)
 
         mine = [i for rows in chunks for i in rows]
-        local = plan_batches([lengths[i] for i in mine], max_rows, budget, scratch_at, source=model_dir)
+        local = plan_batches([lengths[i] for i in mine], max_rows, budget, scratch_at,
+                             heads=cfg.num_attention_heads or 1, source=model_dir)
         local = [Batch(tuple(mine[k] for k in b.indices), b.width, b.attention_block, b.logits_tokens) for b in local]
         for cat, t in score_all(main, head, sequences, common["steps"], mode=mode, temperature=common["temperature"],
                                 batches=local, pad_id=pad, device=first_device, progress=progress,
