@@ -117,13 +117,17 @@ def test_corpus_10x_over_the_budget_in_memory_and_streamed(tmp_path, monkeypatch
     assert unbounded["batch_size"] == 40  # ample memory: one batch
 
     from ckptinspect.probe.checkpoint import open_checkpoint
-    from ckptinspect.probe.scoring import SLACK_BYTES, forward_bytes_per_token, weight_bytes
+    from ckptinspect.probe.runner import AUTO_BATCH_FRACTION
+    from ckptinspect.probe.scoring import SLACK_BYTES, forward_bytes_per_token, scoring_bytes, weight_bytes
 
     pc = open_checkpoint(fixture(kind))
     cfg = pc.checkpoint.config
     tokens = unbounded["tokens_scored"]
-    activations = tokens * forward_bytes_per_token(cfg, torch.float32)  # the corpus's, one layer's worth
-    limit = int((weight_bytes(pc.metas, torch.float32) + SLACK_BYTES + activations // 10) / 0.9)
+    longest = max(60 + (i * 37) % 180 for i in range(40)) + 2
+    # the scoring activations of the whole corpus at once (the unbounded run's one batch), by the estimate
+    everything = scoring_bytes(40, longest, cfg.vocab_size, cfg.hidden_size, 3, torch.float32,
+                               cfg.num_attention_heads, None, forward_bytes_per_token(cfg, torch.float32))
+    limit = int((weight_bytes(pc.metas, torch.float32) + SLACK_BYTES + everything // 10) / AUTO_BATCH_FRACTION)
     monkeypatch.setenv("CKPTINSPECT_PROBE_MEMORY_LIMIT", str(limit))
     in_memory = probe_json(run_probe(fixture(kind), **kw))
     assert in_memory["main_model"]["source"] == "in-process transformers"
@@ -160,7 +164,8 @@ def test_synthetic_category_beside_the_real_ones(tmp_path):
     doc = probe_json(result)
     assert set(doc["categories"]) == {"code", "synthetic"}
     assert doc["categories"]["synthetic"]["sequences"] == 24
-    assert doc["categories"]["synthetic"]["depths"][0]["reached"] == 24 * 11  # scored from the prompt end
+    # scored from the prompt end: starts P-1 .. P+12-K-2 of each 12-token continuation (K = 2)
+    assert doc["categories"]["synthetic"]["depths"][0]["reached"] == 24 * (12 - 2)
     assert "synthetic: " in render_probe(result, "text") and "code: " in render_probe(result, "text")
     # vLLM RandomDataset's layout: runs of consecutive ids of the non-special vocabulary, a random offset each
     prompts = synthetic_prompts(100, [0, 1, 2], count=5, length=30)

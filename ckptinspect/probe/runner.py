@@ -186,7 +186,8 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
             batch_size, batch_source = auto_batch(need_at, count, limit)
         else:
             batch_size, batch_source = count, (f"auto: each batch as many sequences as fit {AUTO_BATCH_FRACTION:.0%} "
-                                               f"of {limit / 2**30:.1f} GiB by the memory estimate")
+                                               f"of {limit / 2**30:.1f} GiB by the memory estimate, at most "
+                                               f"{TEACHER_BATCH_TOKENS} padded tokens")
     smallest = LOGITS_TOKENS >> 7  # plan_batches' smallest logits chunk
     in_memory_need = fixed + min(scratch_at(1, longest, None, smallest),
                                  scratch_at(1, longest, ATTENTION_MIN_BLOCK, smallest))
@@ -207,7 +208,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                             batch_info={"batch_size_source": batch_source}, store=stream_store)
     if mode == "teacher":
         batches = plan_batches(lengths, batch_size, budget, scratch_at, heads=cfg.num_attention_heads or 1,
-                               source=model_dir)
+                               source=model_dir, max_tokens=TEACHER_BATCH_TOKENS if batch_source != "given" else None)
         need = fixed + max(scratch_at(len(b.indices), b.width, b.attention_block, b.logits_tokens) for b in batches)
     else:
         need = need_at(batch_size)
@@ -269,6 +270,10 @@ def _params_per_expert(probe_ckpt) -> int:
 
 
 AUTO_BATCH_FRACTION = AUTO_FRACTION
+# Teacher mode's default batches stop here: on an H200 (BENCHMARKS.md section 8) 16k-67k-token batches
+# ran within timing noise of each other, and a 300k-token batch's MoE forward allocated past the
+# per-token estimate (37 GiB in one grouped_mm call) and failed.
+TEACHER_BATCH_TOKENS = 32768
 
 
 def auto_batch(need_at: Callable[[int], int], count: int, limit: int) -> tuple[int, str]:

@@ -102,13 +102,14 @@ class Batch:
 
 def plan_batches(lengths: list[int], max_rows: int, budget: int,
                  scratch_at: Callable[[int, int, int | None, int], int], *, heads: int = 1,
-                 source: str = "") -> list[Batch]:
+                 source: str = "", max_tokens: int | None = None) -> list[Batch]:
     """Batches over sequences sorted by length (least padding): each takes the next sequences while it
     has at most ``max_rows`` and its scratch ``scratch_at(rows, width, block, logits_tokens)`` fits
     ``budget`` bytes: the dense stream mask where that fits, else the blocked attention (the largest
     block that fits, its scores at most ATTENTION_BLOCK_BYTES over ``heads`` heads), and the logits in chunks of LOGITS_TOKENS, halved while they do not fit. Device
     memory is bounded by the budget whatever the corpus size; a single sequence that does not fit even
-    with the smallest blocks and chunks is an error naming its length."""
+    with the smallest blocks and chunks is an error naming its length. ``max_tokens``: a batch of
+    several sequences holds at most this many padded tokens (a longer sequence is a batch alone)."""
     chunks = [LOGITS_TOKENS >> i for i in range(8)]  # 2048 .. 16
 
     def how(rows: int, width: int) -> tuple[int | None, int] | None:
@@ -140,7 +141,8 @@ def plan_batches(lengths: list[int], max_rows: int, budget: int,
         batches.append(Batch(tuple(current), width, *plan))
 
     for i in order:
-        if current and (len(current) + 1 > max_rows or how(len(current) + 1, lengths[i]) is None):
+        full = max_tokens is not None and (len(current) + 1) * lengths[i] > max_tokens
+        if current and (len(current) + 1 > max_rows or full or how(len(current) + 1, lengths[i]) is None):
             close()
             current = []
         current.append(i)
