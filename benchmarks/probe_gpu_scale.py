@@ -11,8 +11,9 @@ of benchmarks/probe_gpu.py (2.48 B params) unless named q397:
   long_doc       one 32,768-token document, default settings (blocked draft-stream attention)
   long_equal     one 4,096-token document twice: dense mask (ample memory) and blocked (memory where the
                  dense scratch does not fit): the same counts
-  stream_*       the 65k corpus layer-streamed under --max-gpu-memory 12.5: residual stream on the device
-                 (auto), in pinned host memory, and in 3 rounds (host budget a third of the stream)
+  stream_*       the 65k corpus layer-streamed under --max-gpu-memory 4 (below the 5 GB of weights), 8k-token
+                 chunks: residual stream on the device (auto), in pinned host memory, and in 3 rounds (host
+                 budget a third of the stream); page cache dropped before each run (not between rounds)
   greedy         probe --mode greedy, default settings (144 built-in prompts, batch = as many as fit)
   greedy_static  transformers generate on the same batch with cache_implementation="static" against the
                  default dynamic cache (the decode loop that is most of greedy mode's time)
@@ -206,15 +207,16 @@ def main() -> None:
                 RESULTS[name] = {"dense": dense, "blocked": blocked,
                                  "same_counts": dense["counts"] == blocked["counts"]}
             elif name.startswith("stream_"):
-                kw = {"stream_store": "host"} if name != "stream_device" else {}
+                kw = {"stream_store": "host"} if name != "stream_device" else {"stream_store": "device"}
                 if name == "stream_rounds":
                     # a third of the corpus's residual stream (tokens x hidden x 2 bytes): 3 rounds
                     tokens = 2100 if pg.SMALL else 65716
                     os.environ["CKPTINSPECT_PROBE_HOST_MEMORY_LIMIT"] = str(tokens * (256 if pg.SMALL else 2048) * 2 // 3)
                 pg.drop_cache(ds)
                 try:
-                    RESULTS[name] = brief(probe(ds, mode="teacher", corpus=c65, steps=3,
-                                                max_gpu_memory=0.25 if pg.SMALL else 12.5, **kw))
+                    # under the 5 GB of weights, so the layers stream; 8k-token chunks fit beside a layer
+                    RESULTS[name] = brief(probe(ds, mode="teacher", corpus=c65, steps=3, stream_chunk_tokens=8192,
+                                                max_gpu_memory=0.25 if pg.SMALL else 4.0, **kw))
                 finally:
                     os.environ.pop("CKPTINSPECT_PROBE_HOST_MEMORY_LIMIT", None)
             elif name == "greedy":
