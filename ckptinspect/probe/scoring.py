@@ -24,13 +24,19 @@ ATTENTION_BLOCK_BYTES = 2 << 30
 def forward_bytes_per_token(cfg, dtype: torch.dtype) -> int:
     """Transient device bytes per token of one decoder layer's forward (the main model's, in memory or
     streamed): the residual stream and its norms, the attention projections (~8 x hidden), the MLP or
-    the routed experts' gathered inputs and intermediates (top_k x (2 x hidden + 3 x expert width))."""
+    the routed experts' gathered inputs and intermediates (top_k x (2 x hidden + 3 x expert width)),
+    and the experts' float32 combine."""
     per = torch.tensor([], dtype=dtype).element_size()
     hidden = cfg.hidden_size
     top_k = cfg.experts_per_token or 0
     moe = top_k * (2 * hidden + 3 * (cfg.moe_intermediate_size or 0)) if cfg.routed_experts else 0
     dense = 3 * (cfg.intermediate_size or 0)
-    return per * (8 * hidden + max(moe, dense))
+    # transformers' routed experts combine their outputs with float32 routing weights: the per-token,
+    # per-expert outputs exist in float32 too (two buffers). Without this term a streamed chunk on an
+    # H200 peaked 1.13-1.22x the estimate and a 300k-token batch failed in one 37 GiB allocation
+    # (BENCHMARKS.md section 8).
+    fp32_combine = top_k * hidden * 8 if cfg.routed_experts else 0
+    return per * (8 * hidden + max(moe, dense)) + fp32_combine
 
 
 def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dtype: torch.dtype,
