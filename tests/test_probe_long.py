@@ -89,10 +89,10 @@ def _budget(kind, length, steps):
 def test_document_8x_longer_than_the_dense_path_allows(tmp_path, monkeypatch):
     """The budget is what the blocked path needs for the whole document (smallest blocks and logits
     chunks); the dense path fits at most an eighth of the document in it. The fixture's hidden width
-    (64) makes the per-token terms large beside the 4-head attention, so 8x takes ~4,200 tokens."""
+    (64) makes the per-token terms large beside the 4-head attention, so 8x takes ~4,800 tokens."""
     kind = "qwen35moe"
     doc = tmp_path / "long.txt"
-    doc.write_text((TEXT * 40)[:4200])  # byte-level tokenizer: one document of ~4,200 tokens
+    doc.write_text((TEXT * 40)[:4800])  # byte-level tokenizer: one document of ~4,800 tokens
     unbounded = probe_json(run_probe(fixture(kind), corpus=str(doc), steps=3, mode="teacher", progress=False))
     tokens = unbounded["tokens_scored"]
     assert unbounded["attention"] == {"dense_batches": 1, "blocked_batches": 0}
