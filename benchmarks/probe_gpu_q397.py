@@ -20,11 +20,11 @@ LAYERS = 4
 FULL_LAYERS_397B, LINEAR_LAYERS_397B = 15, 45
 
 
-def _config() -> dict:
+def _config(layers: int = LAYERS) -> dict:
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "data",
                        "nvidia__Qwen3.5-397B-A17B-NVFP4__config.json")
     text = dict(json.load(open(src))["text_config"])
-    text.update(num_hidden_layers=LAYERS, layer_types=["linear_attention"] * 3 + ["full_attention"],
+    text.update(num_hidden_layers=layers, layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
                 model_type="qwen3_5_moe_text", architectures=["Qwen3_5MoeForCausalLM"], eos_token_id=2,
                 pad_token_id=0, bos_token_id=1)
     return text
@@ -36,14 +36,18 @@ def _nvfp4(out_f: int, in_f: int, g: torch.Generator):
     return packed, scale, torch.tensor(0.004, dtype=torch.float32)
 
 
-def build(path: str) -> dict:
+def build(path: str, layers: int = LAYERS) -> dict:
+    """``layers`` (a multiple of 4: 3 linear-attention layers, then a full-attention one, as in the
+    real model's layer_types) full-width decoder layers + the resident parts + the MTP layer."""
     import build_fixtures as bf
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     t0 = time.perf_counter()
     os.makedirs(path, exist_ok=True)
-    cfg_dict = _config()
+    if layers % 4:
+        raise ValueError("layers must be a multiple of 4 (the 397B layout repeats 3 linear + 1 full attention)")
+    cfg_dict = _config(layers)
     cfg = AutoConfig.for_model("qwen3_5_moe_text", **{k: v for k, v in cfg_dict.items()
                                                       if k not in ("model_type", "architectures")})
     with torch.device("meta"):
@@ -61,7 +65,7 @@ def build(path: str) -> dict:
         weight_map.update({k: shard for k in tensors})
 
     state = model.state_dict()
-    for layer in range(LAYERS):
+    for layer in range(layers):
         pre = f"model.layers.{layer}."
         tensors = {}
         for key, t in state.items():
@@ -88,7 +92,7 @@ def build(path: str) -> dict:
     mtp = {"mtp.fc.weight": dense((hidden, 2 * hidden))}
     for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         mtp[f"mtp.{n}.weight"] = torch.zeros(hidden, dtype=torch.bfloat16)
-    full = f"model.layers.{LAYERS - 1}."
+    full = f"model.layers.{layers - 1}."
     for key, t in state.items():
         if key.startswith(full) and not key.endswith(("experts.gate_up_proj", "experts.down_proj")):
             mtp["mtp.layers.0." + key[len(full):]] = dense(tuple(t.shape)) if t.dim() > 1 else torch.zeros(

@@ -116,17 +116,61 @@ def test_params_per_expert_from_the_inventory_match_the_config(kind):
 
 
 def test_scoring_estimate_takes_the_larger_phase():
-    from ckptinspect.probe.scoring import decode_bytes, scoring_bytes
+    from ckptinspect.probe.scoring import LOGITS_TOKENS, decode_bytes, scoring_bytes
 
     bf16 = torch.bfloat16
     streams = 4 * 144 * 625 * 2048 * 4 * 2
-    logits = 144 * 625 * 32768 * (2 * 2 + 12)
-    # 16 heads: the attention scores at depth 3 (144 x 16 x 1875^2 x 6 B) outweigh the logits just
+    # logits in chunks: LOGITS_TOKENS // 144 = 14 positions of every row at a time
+    logits = 144 * (LOGITS_TOKENS // 144) * 32768 * (2 * 2 + 12)
+    # 16 heads: the dense attention scores at depth 3 (144 x 16 x 1875^2 x 6 B)
     attention16 = 144 * 16 * (3 * 625) ** 2 * (2 + 4)
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=16) == max(logits, attention16) + streams
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=0) == logits + streams
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=32) == 2 * attention16 + streams
+    # the chain's own activations (K x seq positions) join its attention; the main forward is its own phase
+    fwd = 100_000
+    chain = 144 * 3 * 625 * fwd
+    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=16, forward_per_token=fwd) == attention16 + chain + streams
+    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=0, forward_per_token=fwd, chain_per_token=0) == \
+        max(logits, 144 * 625 * fwd) + streams
+    # blocked attention: one block's float32 scores (x2), float32 keys / values, expanded streams: no (K*S)^2 term
+    blocked = 144 * 16 * 64 * (625 + 3) * 8 + 2 * 144 * 625 * 2 * 2048 * 4 + 2 * 144 * 3 * 625 * 2 * 2048 * 2
+    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=16, block=64) == max(logits, blocked) + streams
     assert decode_bytes(144, 6, 3 * 4096 * 1024, bf16) == 144 * 6 * 3 * 4096 * 1024 * 2
+
+
+def test_plan_batches_bounds_every_batch_by_the_budget():
+    """Any corpus: every planned batch's scratch fits the budget, rows and tokens caps hold, the
+    batches partition the sequences, and dense attention is used wherever it fits."""
+    import random
+
+    from ckptinspect.probe.scoring import plan_batches
+
+    rng = random.Random(5)
+    for _ in range(30):
+        lengths = [rng.randint(2, 3000) for _ in range(rng.randint(1, 60))]
+        budget = rng.randint(2_000_000, 400_000_000)
+        max_rows, max_tokens = rng.randint(1, 64), rng.choice([None, 4096])
+
+        def scratch(rows, width, block, logits=2048):
+            dense = rows * 4 * (3 * width) ** 2 * 8 if block is None else rows * 4 * block * width * 8
+            return dense + rows * width * 2000 + min(rows * width, logits) * 100
+
+        try:
+            batches = plan_batches(lengths, max_rows, budget, scratch, heads=4, max_tokens=max_tokens)
+        except ProbeError as exc:
+            assert "needs about" in str(exc)
+            assert any(scratch(1, n, 16, 16) > budget for n in lengths)
+            continue
+        seen = sorted(i for b in batches for i in b.indices)
+        assert seen == list(range(len(lengths)))
+        for b in batches:
+            assert b.width == max(lengths[i] for i in b.indices) and len(b.indices) <= max_rows
+            assert scratch(len(b.indices), b.width, b.attention_block, b.logits_tokens) <= budget
+            if max_tokens and len(b.indices) > 1:
+                assert len(b.indices) * b.width <= max_tokens
+            if b.attention_block is not None:
+                assert scratch(len(b.indices), b.width, None, 16) > budget
 
 
 def test_probe_text_and_json_come_from_one_layout(tmp_path):

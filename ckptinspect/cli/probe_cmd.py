@@ -42,10 +42,13 @@ def _parse_devices(text: str | None) -> list[int] | None:
               help="Temperature of the sampled-acceptance estimate sum(min(p, q)).")
 @click.option("--gpu", default="H200", show_default=True, help="GPU catalog name for the cost model.")
 @click.option("--batch-size", default=None, type=click.IntRange(1, 4096),
-              help="Sequences per batch (default: greedy mode takes the most prompts whose memory estimate fits "
-              "90% of the free device memory, teacher mode 8).")
+              help="Sequences per batch (default: as many as the memory estimate fits in 90% of the free device "
+              "memory; teacher mode sizes each batch of its length-sorted sequences that way).")
 @click.option("--categories", default=None, help="Only prompts of these categories, e.g. code,math (built-in: chat, "
-              "code, math, reasoning, summarisation, multilingual).")
+              "code, math, reasoning, summarisation, multilingual; 'synthetic' adds benchmark-style token-id "
+              "prompts, see docs/probe.md).")
+@click.option("--synthetic-len", default=1024, show_default=True, type=click.IntRange(2, 131072),
+              help="Tokens per prompt of the synthetic category (vLLM / SGLang random datasets default to 1024).")
 @click.option("--experts-implementation", type=click.Choice(["auto", "eager", "grouped_mm", "batched_mm"]),
               default="auto", show_default=True,
               help="transformers' MoE experts kernels; auto = its default (grouped_mm, batched_mm while decoding on GPU).")
@@ -72,6 +75,7 @@ def _parse_devices(text: str | None) -> list[int] | None:
 @wide_option
 def probe(model: str, device: str | None, devices: str | None, prompts_file: str | None, max_new_tokens: int,
           steps: int, mode: str, temperature: float, gpu: str, batch_size: int | None, categories: str | None,
+          synthetic_len: int,
           experts_implementation: str, dtype: str | None, fmt: str,
           output: str | None, plot: str | None, main_url: str | None, trust_remote_code: bool,
           max_prompts: int | None, corpus: str | None, save_continuations: str | None, continuations: str | None,
@@ -82,6 +86,10 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
     from ckptinspect.cli.options import output_width, progress_enabled
 
     progress = progress_enabled(quiet)
+    # The probe's batches vary in shape; without expandable segments the CUDA cache fragments (a
+    # 26 GiB block failed with 44 GiB reserved but free, BENCHMARKS.md section 8). Read at torch's
+    # first CUDA allocation, so it is set before the import; a user's own setting wins.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     try:
         import torch
         import transformers
@@ -102,7 +110,7 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
                        continuations=continuations, save_continuations_to=save_continuations,
                        max_gpu_memory=max_gpu_memory, cost_calibration=cost_calibration,
                        categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
-                       experts_implementation=experts_implementation)
+                       experts_implementation=experts_implementation, synthetic_len=synthetic_len)
     text = render_probe(result, fmt, width=None if output else output_width(fmt, wide))
     if output:
         with open(output, "w", encoding="utf-8") as fh:

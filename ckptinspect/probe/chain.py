@@ -54,9 +54,13 @@ def stream_mask(depth: int, seq: int, dtype: torch.dtype, device) -> torch.Tenso
 
 @torch.no_grad()
 def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: int, *,
-              target_logits_fn=None, temperature: float = 1.0) -> ChainOutput:
+              target_logits_fn=None, temperature: float = 1.0, attention_block: int | None = None,
+              logits_tokens: int = 2048) -> ChainOutput:
     """``tokens`` [B, N], ``hidden`` [B, N, H] (target, post-final-norm). Right padding is harmless:
-    every query only attends earlier positions."""
+    every query only attends earlier positions. ``attention_block``: compute the streams' attention
+    ``stream_attention.streams_attention`` this many starts at a time instead of through the dense
+    mask (long documents; same numbers). Logits, drafts and sum(min(p, q)) are taken
+    ``logits_tokens`` (batch rows x positions) at a time, so no batch x S x vocab tensor exists."""
     bsz, n = tokens.shape
     seq = n - 1
     origin = hidden.device
@@ -71,29 +75,42 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
         emb = torch.cat(embs, dim=1)
         hid = torch.cat(hids, dim=1)
         pos = torch.cat([base_pos + i for i in range(depth)], dim=1)
-        mask = stream_mask(depth, seq, hidden.dtype, device).expand(bsz, -1, -1, -1)
-        out = head.step(emb, hid, pos, mask)[:, -seq:]
-        logits = head.logits(out)
-        d = logits.argmax(dim=-1).to(device)
+        if attention_block:
+            from ckptinspect.probe.stream_attention import streams_layout
+
+            with streams_layout(head, depth, seq, attention_block):
+                out = head.step(emb, hid, pos, None)[:, -seq:]
+        else:
+            mask = stream_mask(depth, seq, hidden.dtype, device).expand(bsz, -1, -1, -1)
+            out = head.step(emb, hid, pos, mask)[:, -seq:]
+        d = torch.empty(bsz, seq, dtype=torch.long, device=device)
+        pq = torch.full((bsz, seq), float("nan"), device=device) if target_logits_fn is not None else None
+        span = max(1, logits_tokens // bsz)
+        for lo in range(0, seq, span):
+            hi = min(seq, lo + span)
+            logits = head.logits(out[:, lo:hi])
+            d[:, lo:hi] = logits.argmax(dim=-1).to(device)
+            if pq is not None:
+                _min_pq(pq, logits, target_logits_fn, depth, n, temperature, lo)
+            del logits
         drafts.append(d)
-        if target_logits_fn is not None:
-            min_pq.append(_min_pq(logits, target_logits_fn, depth, n, temperature))
+        if pq is not None:
+            min_pq.append(pq)
         embs.append(head.embed(d).to(hidden.dtype))
         hids.append(out.to(hidden.dtype))
     return ChainOutput(torch.stack(drafts).to(origin),
                        torch.stack([m.to(origin) for m in min_pq]) if min_pq else None)
 
 
-def _min_pq(draft_logits: torch.Tensor, target_logits_fn, depth: int, n: int, temperature: float) -> torch.Tensor:
-    """sum_v min(p, q): p = draft at start t (predicting x_{t+depth+1}), q = target at position t+depth."""
-    bsz, seq, _ = draft_logits.shape
-    out = torch.full((bsz, seq), float("nan"), device=draft_logits.device)
-    valid = n - depth  # starts t with t+depth <= n-1
+def _min_pq(out: torch.Tensor, draft_logits: torch.Tensor, target_logits_fn, depth: int, n: int,
+            temperature: float, lo: int) -> None:
+    """Into ``out[:, lo:lo+w]``: sum_v min(p, q), p = draft at start t (predicting x_{t+depth+1}),
+    q = target at position t+depth; starts past n-1-depth have no target position (left NaN)."""
+    valid = min(lo + draft_logits.shape[1], n - depth) - lo  # starts t with t+depth <= n-1
     if valid <= 0:
-        return out
-    q_logits = target_logits_fn(depth, depth + valid)  # target positions depth .. n-1
+        return
+    q_logits = target_logits_fn(lo + depth, lo + depth + valid)
     t = max(temperature, 1e-6)
     p = torch.softmax(draft_logits[:, :valid].float() / t, dim=-1)
     q = torch.softmax(q_logits.to(p.device).float() / t, dim=-1)
-    out[:, :valid] = torch.minimum(p, q).sum(dim=-1)
-    return out
+    out[:, lo:lo + valid] = torch.minimum(p, q).sum(dim=-1).to(out.device)

@@ -31,14 +31,15 @@ def target_hidden(main, tokens: torch.Tensor) -> torch.Tensor:
 
 def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode: str, temperature: float,
                 pad_id: int, device, hidden: torch.Tensor | None = None, with_target: bool = True,
-                timings: dict[str, float] | None = None, peaks: dict[str, int] | None = None) -> dict[str, Tally]:
+                timings: dict[str, float] | None = None, peaks: dict[str, int] | None = None,
+                attention_block: int | None = None, logits_tokens: int = 2048) -> dict[str, Tally]:
     """Counts per category for one batch of sequences (tallies are merged by the caller).
 
     ``hidden``: target hidden states supplied from outside (``--main-url``, streamed layers);
     ``with_target`` False when the main model's logits are not available (no sampled-acceptance
     estimate, greedy mode only). ``timings`` accumulates seconds per phase (hidden_forward,
     mtp_chain, walk), the device synchronized at each boundary; ``peaks`` the highest device memory
-    allocated in each phase (CUDA only).
+    allocated in each phase (CUDA only). ``attention_block`` / ``logits_tokens``: see ``chain.run_chain``.
     """
     clock = _Clock(timings, device, peaks)
     n = max(len(s.tokens) for s in batch)
@@ -58,10 +59,11 @@ def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode:
         return lm_head(hidden[:, start:end])
 
     chain = run_chain(head, ids, hidden, steps, target_logits_fn=target_logits if with_target else None,
-                      temperature=temperature)
+                      temperature=temperature, attention_block=attention_block, logits_tokens=logits_tokens)
     drafts = chain.drafts.cpu().numpy()  # [K, B, S]
     min_pq = chain.min_pq.cpu().numpy() if chain.min_pq is not None else None
-    argmax = (torch.cat([lm_head(hidden[:, i:i + 512]).argmax(-1) for i in range(0, n, 512)], dim=1).cpu().numpy()
+    span = max(1, logits_tokens // len(batch))  # positions per LM-head call: batch x span logits at a time
+    argmax = (torch.cat([lm_head(hidden[:, i:i + span]).argmax(-1) for i in range(0, n, span)], dim=1).cpu().numpy()
               if with_target else np.zeros((len(batch), n), dtype=np.int64))
     clock.lap("mtp_chain")
     tallies: dict[str, Tally] = {}

@@ -17,7 +17,10 @@ from ckptinspect.probe.heads.build import build_head
 from ckptinspect.probe.prompts import encode_prompt, load_prompts, load_tokenizer
 from ckptinspect.probe.readiness_gate import check_mtp_usable
 from ckptinspect.probe.result import ProbeResult, build_result
-from ckptinspect.probe.scoring import decode_bytes, estimate_bytes, score_all
+from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, SLACK_BYTES, decode_bytes,
+                                       estimate_bytes, forward_bytes_per_token, plan_batches, score_all, scoring_bytes,
+                                       weight_bytes)
+from ckptinspect.probe.streamed_run import attention_counts
 from ckptinspect.probe.sequences import generate_sequences, save_continuations, teacher_sequences
 
 __all__ = ["MODES", "build_head", "estimate_bytes", "run_probe"]
@@ -79,9 +82,13 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
               corpus: str | None = None, continuations: str | None = None,
               save_continuations_to: str | None = None, max_gpu_memory: float | None = None,
               stream_chunk_tokens: int = 32768, cost_calibration: str | None = None,
-              categories: Seq[str] | None = None, experts_implementation: str = "auto") -> ProbeResult:
+              categories: Seq[str] | None = None, experts_implementation: str = "auto",
+              synthetic_len: int = 1024, stream_store: str = "auto") -> ProbeResult:
     """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md. ``batch_size`` None: greedy
-    mode batches the most prompts whose memory estimate fits (``auto_batch``), teacher mode 8."""
+    mode batches the most prompts whose memory estimate fits (``auto_batch``); teacher mode sizes each
+    batch of its length-sorted sequences by the estimate (``scoring.plan_batches``), so device memory
+    is bounded whatever the corpus. The category ``synthetic`` adds benchmark-style id prompts of
+    ``synthetic_len`` tokens (synthetic.py)."""
     if mode not in MODES:
         raise ProbeError(f"unknown mode {mode!r} (greedy or teacher)")
     if experts_implementation not in loader.EXPERTS_IMPLEMENTATIONS:
@@ -113,12 +120,17 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                    "fp32": torch.float32, "float32": torch.float32}.get(dtype or "", None)
     if torch_dtype is None:
         torch_dtype = torch.bfloat16 if primary.startswith("cuda") else torch.float32
-    prompt_list = select_categories(load_prompts(prompts), categories, prompts or "the built-in prompt set")
+    synthetic = bool(categories) and "synthetic" in categories
+    real = [c for c in categories or () if c != "synthetic"]
+    prompt_list = ([] if synthetic and not real else
+                   select_categories(load_prompts(prompts), real or None, prompts or "the built-in prompt set"))
     if max_prompts:
         prompt_list = prompt_list[:max_prompts]
     common = dict(ref=model, probe_ckpt=probe_ckpt, spec=spec, steps=steps, temperature=temperature, gpu=gpu,
                   readiness=readiness, started=started, max_new_tokens=max_new_tokens, efficiency=efficiency)
     if main_url:  # the main model lives in the server: no in-process memory check
+        if synthetic:
+            raise ProbeError("the synthetic category needs the in-process main model (not --main-url)")
         if mode != "greedy":
             raise ProbeError("--main-url supports --mode greedy only")
         if experts_implementation != "auto":
@@ -131,43 +143,75 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                           readiness=readiness, device=primary, dtype=torch_dtype, started=started, ref=model,
                           batch_size=batch_size, progress=progress, temperature=temperature, efficiency=efficiency)
     tok = load_tokenizer(model_dir, vocab, trust_remote_code=trust_remote_code)
+    if synthetic:
+        from ckptinspect.probe.synthetic import synthetic_prompts
+
+        prompt_list = prompt_list + synthetic_prompts(min(vocab or len(tok), len(tok)), tok.all_special_ids,
+                                                      length=synthetic_len)
     if mode == "greedy":
         encoded = [encode_prompt(tok, p, chat=True, vocab_size=vocab, source=model_dir) for p in prompt_list]
-        longest = max(len(e) for e in encoded) + max_new_tokens
-        count = len(encoded)
+        lengths = [len(e) + max_new_tokens for e in encoded]
     else:
-        sequences = teacher_sequences(tok, prompt_list, corpus, continuations, vocab, model_dir)
-        longest, count = max(len(s.tokens) for s in sequences), len(sequences)
+        sequences = teacher_sequences(tok, prompt_list, corpus, continuations,
+                                      vocab, model_dir)
+        if synthetic and (corpus or continuations):  # the synthetic prompts scored beside the corpus
+            sequences += teacher_sequences(tok, [p for p in prompt_list if p.ids is not None], None, None, vocab,
+                                           model_dir)
+        lengths = [len(s.tokens) for s in sequences]
+    longest, count = max(lengths), len(lengths)
     cfg = probe_ckpt.checkpoint.config
     limit = int(max_gpu_memory * 2**30) if max_gpu_memory is not None else _free_bytes(names)
     expert_params = _params_per_expert(probe_ckpt)
+    fwd = forward_bytes_per_token(cfg, torch_dtype)
+    fixed = weight_bytes(metas, torch_dtype) + SLACK_BYTES
+    budget = int(limit * AUTO_BATCH_FRACTION) - fixed  # scoring scratch of one batch
 
-    def need_at(batch: int) -> int:
+    def scratch_at(rows: int, width: int, block: int | None, logits_tokens: int = LOGITS_TOKENS) -> int:
+        return scoring_bytes(rows, width, vocab or 0, cfg.hidden_size, steps, torch_dtype,
+                             cfg.num_attention_heads or 0, block, fwd, logits_tokens)
+
+    def decode_at(batch: int) -> int:
+        return (decode_bytes(min(batch, count), cfg.experts_per_token or 0, expert_params, torch_dtype)
+                if mode == "greedy" and primary.startswith("cuda") else 0)
+
+    def need_at(batch: int) -> int:  # the widest batch of this many rows: dense attention if it fits, else blocked
         b = min(batch, count)
-        decode = (decode_bytes(b, cfg.experts_per_token or 0, expert_params, torch_dtype)
-                  if mode == "greedy" and primary.startswith("cuda") else 0)
-        return estimate_bytes(metas, torch_dtype, batch=b, seq=longest, vocab=vocab or 0, hidden=cfg.hidden_size,
-                              steps=steps, heads=cfg.num_attention_heads or 0, decode=decode)
+        dense = scratch_at(b, longest, None)
+        scratch = dense if dense <= budget else min(dense, scratch_at(b, longest, ATTENTION_MIN_BLOCK))
+        return fixed + max(scratch, decode_at(b))
 
     batch_source = "given"
     if batch_size is None:
-        batch_size, batch_source = (auto_batch(need_at, count, limit) if mode == "greedy"
-                                    else (TEACHER_BATCH, "teacher-mode default"))
-    need = need_at(batch_size)
-    if need > limit:
+        if mode == "greedy":
+            batch_size, batch_source = auto_batch(need_at, count, limit)
+        else:
+            batch_size, batch_source = count, (f"auto: each batch as many sequences as fit {AUTO_BATCH_FRACTION:.0%} "
+                                               f"of {limit / 2**30:.1f} GiB by the memory estimate, at most "
+                                               f"{TEACHER_BATCH_TOKENS} padded tokens")
+    smallest = LOGITS_TOKENS >> 7  # plan_batches' smallest logits chunk
+    in_memory_need = fixed + min(scratch_at(1, longest, None, smallest),
+                                 scratch_at(1, longest, ATTENTION_MIN_BLOCK, smallest))
+    if mode == "greedy" and need_at(batch_size) > limit or mode == "teacher" and in_memory_need - fixed > budget:
         if mode != "teacher" or len(names) > 1:
-            raise ProbeError(f"needs about {need / 2**30:.1f} GiB ({loader.logical_params(metas) / 1e9:.2f} B params "
-                             f"at {str(torch_dtype).replace('torch.', '')} + scoring scratch) but only "
+            need = need_at(batch_size) if mode == "greedy" else in_memory_need
+            raise ProbeError(f"needs about {need / 2**30:.1f} GiB ({loader.logical_params(metas) / 1e9:.2f} B "
+                             f"params at {str(torch_dtype).replace('torch.', '')} + scoring scratch) but only "
                              f"{limit / 2**30:.1f} GiB is {'allowed' if max_gpu_memory is not None else 'free'} on "
                              f"{', '.join(names)}; --mode teacher streams the layers of a model that does not fit, "
                              "or use --main-url", path=model_dir)
         from ckptinspect.probe.streamed_run import run_streamed
 
         return run_streamed(model_dir, probe_ckpt, spec, sequences, tok, common=common, mode=mode, device=primary,
-                            dtype=torch_dtype, batch_size=batch_size, progress=progress, need=need, limit=limit,
-                            chunk_tokens=stream_chunk_tokens, timings=timings, trust_remote_code=trust_remote_code,
-                            experts_implementation=experts_implementation,
-                            batch_info={"batch_size": batch_size, "batch_size_source": batch_source})
+                            dtype=torch_dtype, max_rows=batch_size, progress=progress, need=in_memory_need,
+                            limit=limit, chunk_tokens=stream_chunk_tokens, timings=timings,
+                            trust_remote_code=trust_remote_code, experts_implementation=experts_implementation,
+                            batch_info={"batch_size_source": batch_source}, store=stream_store)
+    if mode == "teacher":
+        batches = plan_batches(lengths, batch_size, budget, scratch_at, heads=cfg.num_attention_heads or 1,
+                               source=model_dir, max_tokens=TEACHER_BATCH_TOKENS if batch_source != "given" else None)
+        need = fixed + max(scratch_at(len(b.indices), b.width, b.attention_block, b.logits_tokens) for b in batches)
+    else:
+        need = need_at(batch_size)
 
     t0 = time.perf_counter()
     load_dir, tmp = loader.prepare_loadable_dir(model_dir, metas, torch_dtype if torch_dtype != torch.float32 else torch.bfloat16, progress)
@@ -197,14 +241,19 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
             peaks["generate"] = torch.cuda.max_memory_allocated(first_device)
         if save_continuations_to:
             save_continuations(save_continuations_to, sequences, model_dir=model_dir, max_new_tokens=max_new_tokens)
-    tallies = score_all(main, head, sequences, steps, mode=mode, temperature=temperature, batch_size=batch_size,
+        # the batch that passed the memory check fits whatever the fraction left
+        batches = plan_batches([len(q.tokens) for q in sequences], batch_size,
+                               max(budget, need - fixed - decode_at(batch_size), need_at(batch_size) - fixed),
+                               scratch_at, heads=cfg.num_attention_heads or 1, source=model_dir)
+    tallies = score_all(main, head, sequences, steps, mode=mode, temperature=temperature, batches=batches,
                         pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, device=first_device,
                         progress=progress, timings=timings, peaks=peaks)
     return build_result(**common, mode=mode, tallies=tallies, devices=names,
                         dtype=str(torch_dtype).replace("torch.", ""), main_source="in-process transformers",
                         dequantized=tmp is not None, timings=timings,
                         extra={"tokens_scored": sum(len(s.tokens) for s in sequences), "memory_estimate_bytes": need,
-                               "batch_size": batch_size, "batch_size_source": batch_source,
+                               "batch_size": max(len(b.indices) for b in batches) if mode == "teacher" else batch_size,
+                               "batch_size_source": batch_source, "attention": attention_counts(batches),
                                "experts_implementation": experts,
                                **({"peak_bytes_by_phase": peaks} if peaks is not None else {})})
 
@@ -220,8 +269,11 @@ def _params_per_expert(probe_ckpt) -> int:
     return cost.expert_params // (cost.num_experts * layers) if cost.num_experts and layers else 0
 
 
-TEACHER_BATCH = 8
-AUTO_BATCH_FRACTION = 0.9  # of the free (or allowed) memory; in-memory peaks ran 0.98-1.02x the estimate (BENCHMARKS.md 6, run 6)
+AUTO_BATCH_FRACTION = AUTO_FRACTION
+# Teacher mode's default batches stop here: on an H200 (BENCHMARKS.md section 8) 16k-67k-token batches
+# ran within timing noise of each other, and a 300k-token batch's MoE forward allocated past the
+# per-token estimate (37 GiB in one grouped_mm call) and failed.
+TEACHER_BATCH_TOKENS = 32768
 
 
 def auto_batch(need_at: Callable[[int], int], count: int, limit: int) -> tuple[int, str]:

@@ -2,30 +2,74 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from ckptinspect.errors import ProbeError
 from ckptinspect.probe import loader
 from ckptinspect.probe.evaluate import Sequence, score_batch
 from ckptinspect.probe.metrics import Tally
 
 
-def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dtype: torch.dtype,
-                  heads: int = 0) -> int:
-    """Peak scratch of scoring one batch (chain.py), the larger of its two phases plus the K
-    side-by-side hidden streams held throughout:
-    - logits: at each depth the draft and target logits at the compute dtype plus the float32
-      softmaxes of sum(min(p, q)) (p, q and one temporary) over batch x seq x vocab;
-    - attention at depth K: scores over the K*seq-long streams, batch x heads x (K*seq)^2 at the
-      compute dtype plus their float32 softmax (SDPA's math path, which the chain's additive stream
-      mask and MLA's unequal head dims lead to). Measured on an H200 (BENCHMARKS.md section 6, run 5):
-      the chain phase peaks of a 16-head and a 32-head DeepSeek-V3 shape at batch 144 x 625 tokens
-      were 1.02x / 0.98x this estimate; without the attention term, 32 heads ran 1.58x over it."""
+AUTO_FRACTION = 0.9  # of the free (or allowed) memory a default plan fills; in-memory peaks ran 0.98-1.02x the estimate (BENCHMARKS.md 6, run 6)
+LOGITS_TOKENS = 2048  # batch rows x positions whose logits exist at once (chain.py, evaluate.py)
+ATTENTION_MIN_BLOCK = 16  # starts per block of the long-document attention (stream_attention.py)
+# Larger blocks buy little (a block of 1k+ starts already fills the GPU) and a block's scores are one
+# allocation: a 26 GiB one failed in a fragmented cache (BENCHMARKS.md section 8), so they are capped.
+ATTENTION_BLOCK_BYTES = 2 << 30
+
+
+def forward_bytes_per_token(cfg, dtype: torch.dtype) -> int:
+    """Transient device bytes per token of one decoder layer's forward (the main model's, in memory or
+    streamed): the residual stream and its norms, the attention projections (~8 x hidden), the MLP or
+    the routed experts' gathered inputs and intermediates (top_k x (2 x hidden + 3 x expert width)),
+    and the experts' float32 combine."""
     per = torch.tensor([], dtype=dtype).element_size()
-    logits = batch * seq * vocab * (2 * per + 12)
-    attention = batch * heads * (steps * seq) ** 2 * (per + 4)
-    return max(logits, attention) + 4 * batch * seq * hidden * (steps + 1) * per
+    hidden = cfg.hidden_size
+    top_k = cfg.experts_per_token or 0
+    moe = top_k * (2 * hidden + 3 * (cfg.moe_intermediate_size or 0)) if cfg.routed_experts else 0
+    dense = 3 * (cfg.intermediate_size or 0)
+    # transformers' routed experts combine their outputs with float32 routing weights: the per-token,
+    # per-expert outputs exist in float32 too (two buffers). Without this term a streamed chunk on an
+    # H200 peaked 1.13-1.22x the estimate and a 300k-token batch failed in one 37 GiB allocation
+    # (BENCHMARKS.md section 8).
+    fp32_combine = top_k * hidden * 8 if cfg.routed_experts else 0
+    return per * (8 * hidden + max(moe, dense)) + fp32_combine
+
+
+def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dtype: torch.dtype,
+                  heads: int = 0, block: int | None = None, forward_per_token: int = 0,
+                  logits_tokens: int = LOGITS_TOKENS, chain_per_token: int | None = None) -> int:
+    """Peak scratch of scoring one batch of ``batch`` rows x ``seq`` tokens, the largest of its phases
+    plus the K side-by-side hidden streams held throughout:
+    - forward: the main model's forward over the batch (``forward_per_token`` each; 0 when the hidden
+      states come from elsewhere, as when streaming);
+    - the chain at depth K: the MTP layer's own activations over the K x seq stream positions
+      (``chain_per_token`` each, default ``forward_per_token``: it is one decoder layer of the main
+      model's kind; measured on an H200, BENCHMARKS.md section 8: without it a streamed run of 80
+      rows peaked at 2.2x the estimate) plus its attention;
+    - logits: draft and target logits at the compute dtype plus the float32 softmaxes of
+      sum(min(p, q)) (p, q, one temporary), for ``logits_tokens`` rows x positions at a time (at least
+      one position of every row);
+    - attention at depth K: dense (``block`` None) batch x heads x (K*seq)^2 scores at the compute
+      dtype plus their float32 softmax (SDPA's math path, which the chain's additive stream mask and
+      MLA's unequal head dims lead to; measured on an H200, BENCHMARKS.md section 6 run 5), or in
+      blocks of ``block`` starts (stream_attention.py): one block's float32 scores (counted twice: the
+      matmul's and the value product's transients), float32 copies of one block's keys / values and
+      the GQA-expanded keys / values of the streams."""
+    per = torch.tensor([], dtype=dtype).element_size()
+    rows_x_positions = batch * min(seq, max(1, logits_tokens // max(batch, 1)))
+    logits = rows_x_positions * vocab * (2 * per + 12)
+    if block is None:
+        attention = batch * heads * (steps * seq) ** 2 * (per + 4)
+    else:
+        attention = (batch * heads * block * (seq + steps) * 8 + 2 * batch * seq * 2 * hidden * 4
+                     + 2 * batch * steps * seq * 2 * hidden * per)
+    forward = batch * seq * forward_per_token
+    chain = batch * steps * seq * (forward_per_token if chain_per_token is None else chain_per_token)
+    return max(logits, attention + chain, forward) + 4 * batch * seq * hidden * (steps + 1) * per
 
 
 def decode_bytes(batch: int, top_k: int, expert_params: int, dtype: torch.dtype) -> int:
@@ -35,30 +79,99 @@ def decode_bytes(batch: int, top_k: int, expert_params: int, dtype: torch.dtype)
 
 
 def estimate_bytes(metas, dtype: torch.dtype, *, batch: int = 0, seq: int = 0, vocab: int = 0, hidden: int = 0,
-                   steps: int = 1, heads: int = 0, decode: int = 0) -> int:
+                   steps: int = 1, heads: int = 0, decode: int = 0, block: int | None = None,
+                   forward_per_token: int = 0) -> int:
     """Device bytes of an in-memory run: the weights after dequantization at ``dtype``, the larger
     of the scoring scratch of the largest batch and the ``decode`` transient of generation, and
-    256 MiB of allocator slack."""
-    per = torch.tensor([], dtype=dtype).element_size()
-    return (loader.logical_params(metas) * per
-            + max(scoring_bytes(batch, seq, vocab, hidden, steps, dtype, heads), decode) + (256 << 20))
+    SLACK_BYTES of allocator slack."""
+    return (weight_bytes(metas, dtype)
+            + max(scoring_bytes(batch, seq, vocab, hidden, steps, dtype, heads, block, forward_per_token), decode)
+            + SLACK_BYTES)
+
+
+SLACK_BYTES = 256 << 20
+
+
+def weight_bytes(metas, dtype: torch.dtype) -> int:
+    return loader.logical_params(metas) * torch.tensor([], dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Sequences scored together: their indices, padded width, and how the chain attends."""
+
+    indices: tuple[int, ...]
+    width: int
+    attention_block: int | None  # None: the dense stream mask; else starts per block (stream_attention.py)
+    logits_tokens: int = 2048  # rows x positions whose logits exist at once
+
+
+def plan_batches(lengths: list[int], max_rows: int, budget: int,
+                 scratch_at: Callable[[int, int, int | None, int], int], *, heads: int = 1,
+                 source: str = "", max_tokens: int | None = None) -> list[Batch]:
+    """Batches over sequences sorted by length (least padding): each takes the next sequences while it
+    has at most ``max_rows`` and its scratch ``scratch_at(rows, width, block, logits_tokens)`` fits
+    ``budget`` bytes: the dense stream mask where that fits, else the blocked attention (the largest
+    block that fits, its scores at most ATTENTION_BLOCK_BYTES over ``heads`` heads), and the logits in chunks of LOGITS_TOKENS, halved while they do not fit. Device
+    memory is bounded by the budget whatever the corpus size; a single sequence that does not fit even
+    with the smallest blocks and chunks is an error naming its length. ``max_tokens``: a batch of
+    several sequences holds at most this many padded tokens (a longer sequence is a batch alone)."""
+    chunks = [LOGITS_TOKENS >> i for i in range(8)]  # 2048 .. 16
+
+    def how(rows: int, width: int) -> tuple[int | None, int] | None:
+        for lt in chunks:
+            if scratch_at(rows, width, None, lt) <= budget:
+                return None, lt
+        for lt in chunks:
+            if scratch_at(rows, width, ATTENTION_MIN_BLOCK, lt) <= budget:
+                cap = max(ATTENTION_MIN_BLOCK, ATTENTION_BLOCK_BYTES // max(1, rows * heads * (width + 16) * 4))
+                lo, hi = ATTENTION_MIN_BLOCK, max(ATTENTION_MIN_BLOCK, min(width, cap))
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if scratch_at(rows, width, mid, lt) <= budget else (lo, mid - 1)
+                return lo, lt
+        return None
+
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    batches: list[Batch] = []
+    current: list[int] = []
+
+    def close() -> None:
+        width = lengths[current[-1]]
+        plan = how(len(current), width)
+        if plan is None:
+            least = scratch_at(1, width, ATTENTION_MIN_BLOCK, chunks[-1])
+            raise ProbeError(f"a {width}-token sequence needs about {least / 2**30:.2f} GiB of scoring scratch even with "
+                             f"blocked attention, over the {max(budget, 0) / 2**30:.2f} GiB left beside the weights; "
+                             "split the document or allow more memory", path=source or None)
+        batches.append(Batch(tuple(current), width, *plan))
+
+    for i in order:
+        full = max_tokens is not None and (len(current) + 1) * lengths[i] > max_tokens
+        if current and (len(current) + 1 > max_rows or full or how(len(current) + 1, lengths[i]) is None):
+            close()
+            current = []
+        current.append(i)
+    if current:
+        close()
+    return batches
 
 
 def score_all(main, head, sequences: list[Sequence], steps: int, *, mode: str, temperature: float,
-              batch_size: int, pad_id: int, device, progress: bool, timings: dict[str, float] | None = None,
+              batches: list[Batch], pad_id: int, device, progress: bool, timings: dict[str, float] | None = None,
               hidden_for: Callable | None = None, peaks: dict[str, int] | None = None) -> dict[str, Tally]:
-    """Tallies per category. ``hidden_for(indices, width)`` supplies precomputed target hidden
-    states for those sequences (streamed main model), else the main model runs per batch."""
+    """Tallies per category over ``batches`` (``plan_batches``). ``hidden_for(indices, width)``
+    supplies precomputed target hidden states for those sequences (streamed main model), else the
+    main model runs per batch."""
     from tqdm import tqdm
 
     tallies: dict[str, Tally] = {}
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].tokens))  # less padding per batch
-    for i in tqdm(range(0, len(order), batch_size), desc="forward+mtp", unit="batch", disable=not progress):
-        idx = order[i:i + batch_size]
-        batch = [sequences[j] for j in idx]
-        hidden = None if hidden_for is None else hidden_for(idx, max(len(s.tokens) for s in batch))
+    for plan in tqdm(batches, desc="forward+mtp", unit="batch", disable=not progress):
+        batch = [sequences[j] for j in plan.indices]
+        hidden = None if hidden_for is None else hidden_for(list(plan.indices), plan.width)
         for cat, t in score_batch(main, head, batch, steps, mode=mode, temperature=temperature,
                                   pad_id=pad_id, device=device, hidden=hidden, timings=timings,
-                                  peaks=peaks).items():
+                                  peaks=peaks, attention_block=plan.attention_block,
+                                  logits_tokens=plan.logits_tokens).items():
             tallies.setdefault(cat, Tally(steps)).merge(t)
     return tallies

@@ -81,5 +81,5 @@ def teacher_sequences(tok, prompt_list: list[Prompt], corpus: str | None, contin
     if continuations:
         return load_continuations(continuations, vocab)
     docs = load_corpus(corpus) if corpus else prompt_list
-    return [Sequence(p.category, tuple(check_ids(list(tok(p.text)["input_ids"]), vocab, source,
-                                                 what=f"text {p.text[:40]!r}")), 2) for p in docs]
+    return [Sequence(p.category, tuple(encode_prompt(tok, p, chat=False, vocab_size=vocab, source=source)), 2)
+            for p in docs]

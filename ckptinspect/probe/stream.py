@@ -2,19 +2,24 @@
 
 The model is built by transformers on the ``meta`` device, so its own forward (masks, positions,
 rotary, per-layer attention types) drives the computation; nothing of the decoder is re-implemented.
-The embedding, final norm, rotary and LM head stay resident. Each decoder layer's ``forward`` is
-replaced on the instance: it reads that layer's tensors from the shards (only the tensors the report's
-inventory lists for that layer), dequantizes them on the device with ``dequant.py``, loads them into
-the layer with ``load_state_dict(assign=True)`` (no copy), runs every probe token through it in
-chunks of whole sequences, and moves the layer back to ``meta`` (freed) before the next one.
-Device memory is bounded by one layer + the resident parts + the activations of the probe tokens.
+The embedding, final norm, rotary and LM head stay resident. The corpus is cut into chunks of whole
+sequences (``chunk_tokens`` padded tokens each) and the layers are taken one at a time: a layer's
+tensors are read from the shards (only those the report's inventory lists for it), dequantized on the
+device (``dequant.py``), loaded with ``load_state_dict(assign=True)`` (no copy), every chunk runs
+through it, and it goes back to ``meta`` (freed) before the next layer is read. Each layer's call
+arguments (masks, position embeddings) come from transformers' own decoder forward run on the chunk
+with the layers replaced by a capture (``_capture``). Between layers each chunk's residual stream
+waits in the *store*: on the device when the corpus's fits the budget, else in pinned host memory
+(copied in and out per chunk and layer). Device memory is therefore bounded by one layer + the
+resident parts + one chunk's activations, whatever the corpus size (streamed_run.py takes the corpus
+in rounds when even the host cannot hold its activations).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 
@@ -30,6 +35,9 @@ class StreamStats:
     compute_s: float = 0.0  # running the tokens through the layers
     max_layer_bytes: int = 0  # largest dequantized layer, bytes on the device
     per_layer: list[dict[str, float]] = field(default_factory=list)
+    store: str = "device"  # where the residual stream waits between layers: device | host
+    store_bytes_moved: int = 0  # host <-> device copies of the residual stream (store "host")
+    rounds: int = 1  # passes over the layers (the corpus taken in rounds when the host cannot hold it)
 
 
 def _sync(device: torch.device) -> None:
@@ -49,24 +57,11 @@ def _local(name: str, layer: int) -> str:
     return name[at + len(marker):]
 
 
-def _slice_batch(value: Any, lo: int, hi: int, batch: int) -> Any:
-    """Rows lo:hi of every tensor whose first dimension is the batch (masks, hidden states)."""
-    if isinstance(value, torch.Tensor):
-        return value[lo:hi] if value.dim() and value.shape[0] == batch else value
-    if isinstance(value, tuple):
-        return tuple(_slice_batch(v, lo, hi, batch) for v in value)
-    if isinstance(value, list):
-        return [_slice_batch(v, lo, hi, batch) for v in value]
-    if isinstance(value, dict):
-        return {k: _slice_batch(v, lo, hi, batch) for k, v in value.items()}
-    return value
-
-
 class StreamedMain:
     """The main model with streamed decoder layers; ``model`` is a transformers CausalLM."""
 
     def __init__(self, model_dir: str, probe_ckpt, hf_config, *, dtype: torch.dtype, device: str,
-                 chunk_tokens: int = 32768) -> None:
+                 chunk_tokens: int = 32768, store: str = "device") -> None:
         from transformers import AutoModelForCausalLM
 
         from ckptinspect.probe.heads.fusion import fuse_expert_tensors
@@ -77,15 +72,18 @@ class StreamedMain:
         # The in-memory path dequantizes into a BF16 copy when computing in FP32 (loader.prepare_loadable_dir);
         # reading at the same precision keeps the two paths' numbers identical.
         self.read_dtype = (torch.bfloat16 if dtype == torch.float32 and loader.needs_dequant(self.metas) else dtype)
-        self.stats = StreamStats()
+        self.stats = StreamStats(store=store)
+        self.store = torch.device("cpu") if store == "host" else self.device
+        self._mode: tuple | None = None  # ("capture", layer index, box) or ("replay", final hidden)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
         self.model = model.eval()
         decoder = model.get_decoder()
         self.layers = decoder.layers
         self._load_resident(decoder)
+        self._originals = [layer.forward for layer in self.layers]
         for i, layer in enumerate(self.layers):
-            layer.forward = self._streamed_forward(i, layer, layer.forward)
+            layer.forward = self._stand_in(i)
 
     # -- resident parts -----------------------------------------------------------------------
     def _load_resident(self, decoder) -> None:
@@ -143,8 +141,49 @@ class StreamedMain:
         self.stats.bytes_read += sum(self.metas[n].nbytes for n in names)
         return {k: (v.to(own[k].dtype) if v.is_floating_point() else v) for k, v in state.items()}
 
-    def _streamed_forward(self, index: int, layer, original):
+    def _stand_in(self, index: int):
+        """What the decoder calls in place of layer ``index``: in capture mode it records the call's
+        arguments (that layer's) and passes the hidden state on unchanged; in replay mode the last
+        layer returns the stored final residual stream, so the decoder applies its own final norm."""
         def forward(hidden_states, *args, **kwargs):
+            mode = self._mode
+            if mode is None:
+                raise ProbeError("a streamed decoder layer was called outside StreamedMain.hidden_chunks")
+            if mode[0] == "capture":
+                if index == mode[1]:
+                    mode[2].append((hidden_states, args, kwargs))
+                return hidden_states
+            return mode[1] if index == len(self.layers) - 1 else hidden_states
+        return forward
+
+    def _decoder(self, ids: torch.Tensor, mode: tuple):
+        self._mode = mode
+        try:
+            return self.model.get_decoder()(input_ids=ids.to(self.device), use_cache=False).last_hidden_state
+        finally:
+            self._mode = None
+
+    def _keep(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` in the store: itself on the device, else a pinned host copy (asynchronous; the
+        device-side reuse of ``t``'s memory is ordered after the copy on the same stream)."""
+        if self.store == t.device:
+            return t
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
+        host.copy_(t, non_blocking=True)
+        self.stats.store_bytes_moved += t.numel() * t.element_size()
+        return host
+
+    def _fetch(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device != self.device:
+            self.stats.store_bytes_moved += t.numel() * t.element_size()
+        return t.to(self.device, non_blocking=True)
+
+    @torch.no_grad()
+    def hidden_chunks(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Post-final-norm hidden states of each id chunk [b, n], one pass over the layers for all
+        chunks; returned in the store (device or pinned host memory)."""
+        states: list[torch.Tensor | None] = [None] * len(chunks)
+        for index, layer in enumerate(self.layers):
             t0 = time.perf_counter()
             layer.load_state_dict(self._layer_state(index, layer), strict=True, assign=True)
             stray = [n for n, b in layer.named_buffers() if b.is_meta]
@@ -153,15 +192,16 @@ class StreamedMain:
             _sync(self.device)
             t1 = time.perf_counter()
             layer_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
-            batch, seq = hidden_states.shape[0], hidden_states.shape[1]
-            rows = max(1, self.chunk_tokens // max(seq, 1))
-            outs = []
-            for lo in range(0, batch, rows):
-                hi = min(batch, lo + rows)
-                out = original(hidden_states[lo:hi], *_slice_batch(args, lo, hi, batch),
-                               **_slice_batch(kwargs, lo, hi, batch))
-                outs.append(out[0] if isinstance(out, tuple) else out)
-            result = torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]
+            for c, ids in enumerate(chunks):
+                box: list = []
+                self._decoder(ids, ("capture", index, box))
+                if len(box) != 1:
+                    raise ProbeError(f"the decoder called layer {index} {len(box)} times for one forward")
+                first, args, kwargs = box[0]
+                hidden = first if index == 0 else self._fetch(states[c])
+                out = self._originals[index](hidden, *args, **kwargs)
+                states[c] = self._keep(out[0] if isinstance(out, tuple) else out)
+                del box, first, args, kwargs, hidden, out
             _sync(self.device)
             t2 = time.perf_counter()
             layer.to("meta")  # frees the layer's weights before the next layer is read
@@ -170,13 +210,24 @@ class StreamedMain:
             self.stats.compute_s += t2 - t1
             self.stats.max_layer_bytes = max(self.stats.max_layer_bytes, layer_bytes)
             self.stats.per_layer.append({"read_s": t1 - t0, "compute_s": t2 - t1})
-            return result
-        return forward
+        finals = []
+        for c, ids in enumerate(chunks):
+            finals.append(self._keep(self._decoder(ids, ("replay", self._fetch(states[c])))))
+            states[c] = None
+        _sync(self.device)
+        return finals
 
-    @torch.no_grad()
-    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
-        """Post-final-norm hidden states of ``ids`` [B, N] (one pass over the layers for all rows)."""
-        return self.model.get_decoder()(input_ids=ids.to(self.device), use_cache=False).last_hidden_state
+
+def chunk_rows(lengths: list[int], chunk_tokens: int) -> list[list[int]]:
+    """Indices of ``lengths`` sorted by length, cut into chunks of at most ``chunk_tokens`` padded
+    tokens (a longer sequence is a chunk of its own)."""
+    chunks: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if chunks and (len(chunks[-1]) + 1) * lengths[i] <= chunk_tokens:
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
+    return chunks
 
 
 def resident_bytes(probe_ckpt, dtype: torch.dtype) -> int:
@@ -195,15 +246,19 @@ def largest_layer_bytes(probe_ckpt, dtype: torch.dtype) -> int:
     return max(sizes.values(), default=0)
 
 
-def stream_estimate(probe_ckpt, dtype: torch.dtype, tokens: int, mtp_bytes: int, scoring: int) -> Mapping[str, int]:
-    """Peak device bytes of a streamed run: resident parts + two copies of the largest layer (the
-    per-expert tensors and their fused stack coexist while a layer loads) + the MTP layer + the
-    residual stream of every probe token (input, output and one temporary) + the scoring scratch of
-    one batch (runner.scoring_bytes); the layer and the scoring phases do not overlap."""
+def stream_estimate(probe_ckpt, dtype: torch.dtype, *, chunk_tokens: int, forward_per_token: int, store_tokens: int,
+                    mtp_bytes: int, scoring: int) -> Mapping[str, int]:
+    """Peak device bytes of a streamed run: resident parts + the MTP layer + the store's device share
+    (``store_tokens`` x hidden: the corpus's residual stream when it waits on the device, 0 when it
+    waits in host memory) + the larger of the layer phase (two copies of the largest layer: the
+    per-expert tensors and their fused stack coexist while a layer loads; one chunk's layer
+    activations, ``scoring.forward_bytes_per_token`` each, plus its residual stream in and out) and
+    the scoring phase (``scoring`` of the largest batch)."""
     per = torch.tensor([], dtype=dtype).element_size()
     hidden = probe_ckpt.checkpoint.config.hidden_size
     parts = {"resident": resident_bytes(probe_ckpt, dtype), "layer": 2 * largest_layer_bytes(probe_ckpt, dtype),
-             "mtp": mtp_bytes, "activations": 3 * tokens * hidden * per, "scoring": scoring}
-    parts["total"] = (parts["resident"] + parts["mtp"] + parts["activations"]
-                      + max(parts["layer"], parts["scoring"]))
+             "mtp": mtp_bytes, "chunk": chunk_tokens * (forward_per_token + 3 * hidden * per),
+             "store": store_tokens * hidden * per, "scoring": scoring}
+    parts["total"] = (parts["resident"] + parts["mtp"] + parts["store"]
+                      + max(parts["layer"] + parts["chunk"], parts["scoring"]))
     return parts

@@ -65,6 +65,7 @@ def stream_json(streaming: Any) -> dict[str, Any]:
            "compute_s": round(st.compute_s, 3), "max_layer_bytes": st.max_layer_bytes,
            "read_bandwidth_gb_s": round(st.bytes_read / st.read_s / 1e9, 3) if st.read_s else None,
            "per_layer": [{k: round(v, 4) for k, v in row.items()} for row in st.per_layer],
+           "store": st.store, "rounds": st.rounds, "store_bytes_moved": st.store_bytes_moved,
            "estimate_bytes": dict(streaming.estimate_bytes), "limit_bytes": streaming.limit_bytes,
            "in_memory_estimate_bytes": streaming.in_memory_estimate_bytes}
     if streaming.peak_bytes is not None:

@@ -13,6 +13,7 @@ from ckptinspect.errors import ProbeError
 class Prompt:
     category: str
     text: str
+    ids: tuple[int, ...] | None = None  # token ids given directly (the synthetic category), not text
 
 
 def builtin_prompts() -> list[Prompt]:
@@ -75,8 +76,11 @@ def load_tokenizer(model_dir: str, vocab_size: int | None, *, trust_remote_code:
 
 
 def encode_prompt(tok, prompt: Prompt, *, chat: bool, vocab_size: int | None, source: str) -> list[int]:
-    """Token ids of ``prompt`` (through the chat template when the tokenizer has one), checked: an
-    empty encoding or an id the model's embedding does not have is an error, not a crash later."""
+    """Token ids of ``prompt`` (through the chat template when the tokenizer has one; a prompt given
+    as ids is taken as it is), checked: an empty encoding or an id the model's embedding does not
+    have is an error, not a crash later."""
+    if prompt.ids is not None:
+        return check_ids(list(prompt.ids), vocab_size, source, what=f"{prompt.category} prompt")
     if chat and getattr(tok, "chat_template", None):
         text = tok.apply_chat_template([{"role": "user", "content": prompt.text}], tokenize=False,
                                        add_generation_prompt=True)
