@@ -87,7 +87,7 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
 
     progress = progress_enabled(quiet)
     # The probe's batches vary in shape; without expandable segments the CUDA cache fragments (a
-    # 26 GiB block failed with 44 GiB reserved but free, BENCHMARKS.md section 8). Read at torch's
+    # 26 GiB block failed with 44 GiB reserved but free, BENCHMARKS.md section 11). Read at torch's
     # first CUDA allocation, so it is set before the import; a user's own setting wins.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     try:

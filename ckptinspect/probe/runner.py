@@ -270,7 +270,7 @@ def _params_per_expert(probe_ckpt) -> int:
 
 
 AUTO_BATCH_FRACTION = AUTO_FRACTION
-# Teacher mode's default batches stop here: on an H200 (BENCHMARKS.md section 8) 16k-67k-token batches
+# Teacher mode's default batches stop here: on an H200 (BENCHMARKS.md section 11) 16k-67k-token batches
 # ran within timing noise of each other, and a 300k-token batch's MoE forward allocated past the
 # per-token estimate (37 GiB in one grouped_mm call) and failed.
 TEACHER_BATCH_TOKENS = 32768

@@ -17,7 +17,7 @@ AUTO_FRACTION = 0.9  # of the free (or allowed) memory a default plan fills; in-
 LOGITS_TOKENS = 2048  # batch rows x positions whose logits exist at once (chain.py, evaluate.py)
 ATTENTION_MIN_BLOCK = 16  # starts per block of the long-document attention (stream_attention.py)
 # Larger blocks buy little (a block of 1k+ starts already fills the GPU) and a block's scores are one
-# allocation: a 26 GiB one failed in a fragmented cache (BENCHMARKS.md section 8), so they are capped.
+# allocation: a 26 GiB one failed in a fragmented cache (BENCHMARKS.md section 11), so they are capped.
 ATTENTION_BLOCK_BYTES = 2 << 30
 
 
@@ -34,7 +34,7 @@ def forward_bytes_per_token(cfg, dtype: torch.dtype) -> int:
     # transformers' routed experts combine their outputs with float32 routing weights: the per-token,
     # per-expert outputs exist in float32 too (two buffers). Without this term a streamed chunk on an
     # H200 peaked 1.13-1.22x the estimate and a 300k-token batch failed in one 37 GiB allocation
-    # (BENCHMARKS.md section 8).
+    # (BENCHMARKS.md section 11).
     fp32_combine = top_k * hidden * 8 if cfg.routed_experts else 0
     return per * (8 * hidden + max(moe, dense)) + fp32_combine
 
@@ -48,7 +48,7 @@ def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dty
       states come from elsewhere, as when streaming);
     - the chain at depth K: the MTP layer's own activations over the K x seq stream positions
       (``chain_per_token`` each, default ``forward_per_token``: it is one decoder layer of the main
-      model's kind; measured on an H200, BENCHMARKS.md section 8: without it a streamed run of 80
+      model's kind; measured on an H200, BENCHMARKS.md section 11: without it a streamed run of 80
       rows peaked at 2.2x the estimate) plus its attention;
     - logits: draft and target logits at the compute dtype plus the float32 softmaxes of
       sum(min(p, q)) (p, q, one temporary), for ``logits_tokens`` rows x positions at a time (at least

@@ -43,7 +43,7 @@ def plan_store(estimate_at, tokens: int, row_bytes: int, limit: int, store: str,
     tokens' residual stream on the device. The device store needs no copies, so it is taken when the
     whole corpus fits beside the layer; else the host store (a copy in and out per chunk and layer,
     ~2 x tokens x hidden bytes over PCIe per layer against seconds of weight reading; BENCHMARKS.md
-    section 8 measures both); rounds only when the host cannot hold the corpus's stream either (each
+    section 11 measures both); rounds only when the host cannot hold the corpus's stream either (each
     round reads every layer again)."""
     if store == "device" or (store == "auto" and estimate_at(tokens) <= limit):
         return "device", 1
