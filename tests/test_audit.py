@@ -32,7 +32,7 @@ GATED, SLOW, MISSING = "org/gated-quant", "org/slow-quant", "org/deleted-quant"
 NET_ENV = {"HF_HUB_DOWNLOAD_TIMEOUT": "1", "CKPTINSPECT_REQUEST_TIMEOUT_S": "2", "CKPTINSPECT_RETRY_WAIT_S": "1",
            "CKPTINSPECT_DEADLINE_S": "120"}
 
-# All the repos' own reports in one process (no server threads in it: the Hub reader forks).
+# All the repos' own reports, one `report` after another in a process of their own.
 OWN_REPORTS = """
 import json, sys
 from ckptinspect import api
@@ -238,23 +238,23 @@ def test_ctrl_c_leaves_valid_partial_jsonl(make_fixture):
     assert 1 <= len(rows) < len(names) and all(line.endswith("\n") for line in lines)
 
 
-def crashing_report(repo: str, options: dict) -> str:
-    """An audit report function whose process dies on one repo (as on an out-of-memory kill)."""
+def failing_report(repo: str, options: dict) -> str:
+    """An audit report function with a bug on one repo (an exception that is no CkptInspectError)."""
     if repo.endswith("llama_awq"):
-        os._exit(7)
+        raise MemoryError("out of memory while reading llama_awq")
     from ckptinspect import api
 
     return api._audit_report(repo, options)
 
 
-def test_a_worker_that_dies_is_that_repos_row_and_the_audit_goes_on(make_fixture):
+def test_a_repo_whose_report_crashes_is_that_repos_row_and_the_audit_goes_on(make_fixture):
     from ckptinspect.audit import AuditOptions, RepoRef, run_audit
 
     names = ("llama_bf16", "llama_awq", "llama_gptq", "mimo_7b")
     refs = [RepoRef(str(make_fixture(n))) for n in names]
-    rows = {Path(r.repo).name: r for r in run_audit(refs, AuditOptions(jobs=2, cache=False), crashing_report)}
+    rows = {Path(r.repo).name: r for r in run_audit(refs, AuditOptions(jobs=2, cache=False), failing_report)}
     assert sorted(rows) == sorted(names)
-    assert rows["llama_awq"].error.kind == "WorkerError" and "code 7" in rows["llama_awq"].error.message
+    assert rows["llama_awq"].error.kind == "MemoryError" and "internal error" in rows["llama_awq"].error.message
     assert all(rows[n].ok for n in names if n != "llama_awq")
 
 
