@@ -359,3 +359,56 @@ def test_gate_and_columns_follow_the_engines_a_report_judged(make_fixture):
     assert api.audit_gate(row, "unusable", "sglang") == ["no sglang verdict (judged: llamacpp)"]
     header = render_audit([row], "text").splitlines()[0].split()
     assert "llamacpp" in header and "sglang" not in header
+
+
+def test_request_limiter_bounds_loops_in_many_threads_and_leaks_no_slot():
+    """The shared bound of the audit's Hub reads (sources/shared_limits.py): requests from event loops in
+    several threads never exceed it (counted independently here), a waiter cancelled while a slot is
+    handed to it gives the slot back, and close() ends every waiting and later acquire."""
+    import asyncio
+    import threading
+
+    from ckptinspect.errors import NetworkError
+    from ckptinspect.sources.shared_limits import RequestLimiter
+
+    limiter = RequestLimiter(3)
+    lock, inside, peak = threading.Lock(), [0], [0]
+
+    async def request() -> None:
+        await limiter.acquire("t")
+        try:
+            with lock:
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            await asyncio.sleep(0.005)
+            with lock:
+                inside[0] -= 1
+        finally:
+            limiter.release()
+
+    async def many() -> None:
+        tasks = [asyncio.ensure_future(request()) for _ in range(12)]
+        await asyncio.sleep(0.002)
+        tasks[-1].cancel()  # cancelled while waiting (or just handed a slot)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    threads = [threading.Thread(target=asyncio.run, args=(many(),)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] == 3 and inside[0] == 0
+    assert limiter.used == 0  # every slot came back, the cancelled waiters' included
+
+    async def stopped() -> list:
+        await limiter.acquire("held")
+        await limiter.acquire("held")
+        await limiter.acquire("held")
+        waiting = asyncio.ensure_future(limiter.acquire("waits"))
+        await asyncio.sleep(0.01)
+        limiter.close()
+        results = await asyncio.gather(waiting, limiter.acquire("later"), return_exceptions=True)
+        return results
+
+    results = asyncio.run(stopped())
+    assert all(isinstance(r, NetworkError) for r in results) and "interrupted" in str(results[0])
