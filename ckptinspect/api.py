@@ -396,7 +396,7 @@ def audit(refs: Sequence[Any], *, gpu: str | None = None, gpus: int | None = Non
 
 
 def _audit_report(repo_id: str, options: dict) -> str:
-    """One audit row's report, in an audit worker process: exactly `report REPO --format json`."""
+    """One audit row's report, in an audit thread: exactly `report REPO --format json`."""
     from ckptinspect.render.report import render_report
 
     report = inspect(repo_id, rules_dirs=tuple(Path(d) for d in options["rules_dirs"]), token=options["token"],

@@ -32,7 +32,7 @@ GATED, SLOW, MISSING = "org/gated-quant", "org/slow-quant", "org/deleted-quant"
 NET_ENV = {"HF_HUB_DOWNLOAD_TIMEOUT": "1", "CKPTINSPECT_REQUEST_TIMEOUT_S": "2", "CKPTINSPECT_RETRY_WAIT_S": "1",
            "CKPTINSPECT_DEADLINE_S": "120"}
 
-# All the repos' own reports in one process (no server threads in it: the Hub reader forks).
+# All the repos' own reports, one `report` after another in a process of their own.
 OWN_REPORTS = """
 import json, sys
 from ckptinspect import api
@@ -238,23 +238,23 @@ def test_ctrl_c_leaves_valid_partial_jsonl(make_fixture):
     assert 1 <= len(rows) < len(names) and all(line.endswith("\n") for line in lines)
 
 
-def crashing_report(repo: str, options: dict) -> str:
-    """An audit report function whose process dies on one repo (as on an out-of-memory kill)."""
+def failing_report(repo: str, options: dict) -> str:
+    """An audit report function with a bug on one repo (an exception that is no CkptInspectError)."""
     if repo.endswith("llama_awq"):
-        os._exit(7)
+        raise MemoryError("out of memory while reading llama_awq")
     from ckptinspect import api
 
     return api._audit_report(repo, options)
 
 
-def test_a_worker_that_dies_is_that_repos_row_and_the_audit_goes_on(make_fixture):
+def test_a_repo_whose_report_crashes_is_that_repos_row_and_the_audit_goes_on(make_fixture):
     from ckptinspect.audit import AuditOptions, RepoRef, run_audit
 
     names = ("llama_bf16", "llama_awq", "llama_gptq", "mimo_7b")
     refs = [RepoRef(str(make_fixture(n))) for n in names]
-    rows = {Path(r.repo).name: r for r in run_audit(refs, AuditOptions(jobs=2, cache=False), crashing_report)}
+    rows = {Path(r.repo).name: r for r in run_audit(refs, AuditOptions(jobs=2, cache=False), failing_report)}
     assert sorted(rows) == sorted(names)
-    assert rows["llama_awq"].error.kind == "WorkerError" and "code 7" in rows["llama_awq"].error.message
+    assert rows["llama_awq"].error.kind == "MemoryError" and "internal error" in rows["llama_awq"].error.message
     assert all(rows[n].ok for n in names if n != "llama_awq")
 
 
@@ -359,3 +359,56 @@ def test_gate_and_columns_follow_the_engines_a_report_judged(make_fixture):
     assert api.audit_gate(row, "unusable", "sglang") == ["no sglang verdict (judged: llamacpp)"]
     header = render_audit([row], "text").splitlines()[0].split()
     assert "llamacpp" in header and "sglang" not in header
+
+
+def test_request_limiter_bounds_loops_in_many_threads_and_leaks_no_slot():
+    """The shared bound of the audit's Hub reads (sources/shared_limits.py): requests from event loops in
+    several threads never exceed it (counted independently here), a waiter cancelled while a slot is
+    handed to it gives the slot back, and close() ends every waiting and later acquire."""
+    import asyncio
+    import threading
+
+    from ckptinspect.errors import NetworkError
+    from ckptinspect.sources.shared_limits import RequestLimiter
+
+    limiter = RequestLimiter(3)
+    lock, inside, peak = threading.Lock(), [0], [0]
+
+    async def request() -> None:
+        await limiter.acquire("t")
+        try:
+            with lock:
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            await asyncio.sleep(0.005)
+            with lock:
+                inside[0] -= 1
+        finally:
+            limiter.release()
+
+    async def many() -> None:
+        tasks = [asyncio.ensure_future(request()) for _ in range(12)]
+        await asyncio.sleep(0.002)
+        tasks[-1].cancel()  # cancelled while waiting (or just handed a slot)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    threads = [threading.Thread(target=asyncio.run, args=(many(),)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] == 3 and inside[0] == 0
+    assert limiter.used == 0  # every slot came back, the cancelled waiters' included
+
+    async def stopped() -> list:
+        await limiter.acquire("held")
+        await limiter.acquire("held")
+        await limiter.acquire("held")
+        waiting = asyncio.ensure_future(limiter.acquire("waits"))
+        await asyncio.sleep(0.01)
+        limiter.close()
+        results = await asyncio.gather(waiting, limiter.acquire("later"), return_exceptions=True)
+        return results
+
+    results = asyncio.run(stopped())
+    assert all(isinstance(r, NetworkError) for r in results) and "interrupted" in str(results[0])

@@ -34,6 +34,7 @@ from ckptinspect.sources.interface import JSON_FILES, json_file_cap, parse_json_
 from ckptinspect.sources.net_limits import Budget, NetLimits
 from ckptinspect.sources.offline import hub_offline
 from ckptinspect.sources.redact import redact_url, scrub
+from ckptinspect.sources.shared_limits import RequestLimiter, SharedLimits, current_shared_limits
 from ckptinspect.sources.repo_info import model_info
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -95,8 +96,13 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
     headers = build_hf_headers(token=token)
     secrets = tuple(filter(None, [token, headers.get("authorization", "").removeprefix("Bearer ")]))
     limits = NetLimits.from_env(read_s=timeout)
-    reader = _HubRead(repo_id, revision, endpoint, headers, Budget(limits), secrets,
+    shared = current_shared_limits() or SharedLimits()  # an audit's shared bound and deadline, if any
+    budget = Budget(limits)
+    if shared.ends_at is not None:
+        budget.ends_at = min(budget.ends_at, shared.ends_at)
+    reader = _HubRead(repo_id, revision, endpoint, headers, budget, secrets,
                       max(1, max_workers or int(os.environ.get(WORKERS_ENV) or DEFAULT_MAX_WORKERS)))
+    reader.limiter = shared.limiter
     return reader.run(progress=progress, on_header=on_header, scan=scan, started=started)
 
 
@@ -113,6 +119,7 @@ class _HubRead:
         self.task: asyncio.Task | None = None
         self.phases: dict[str, float] = {}
         self.stopping = threading.Event()  # set by the caller's thread: do not start (or go on)
+        self.limiter: RequestLimiter | None = None  # shared with other reads (sources/shared_limits.py)
 
     # -- the caller's thread -------------------------------------------------------------------------
     def run(self, *, progress: bool, on_header: Callable[[str, bytes], None] | None, scan: ScanFn | None,
@@ -203,7 +210,7 @@ class _HubRead:
         try:
             async with client:
                 hub = HubClient(client, self.repo_id, self.headers, budget=self.budget, stats=self.stats,
-                                secrets=self.secrets)
+                                secrets=self.secrets, limiter=self.limiter)
                 await self._read(hub)
         except asyncio.CancelledError:
             return

@@ -114,7 +114,8 @@ class HubClient:
     """
 
     def __init__(self, client: Any, repo_id: str, headers: Mapping[str, str], *, budget: Budget,
-                 stats: FetchStats, attempts: int | None = None, backoff_s: float | None = None, secrets: tuple[str, ...] = ()) -> None:
+                 stats: FetchStats, attempts: int | None = None, backoff_s: float | None = None, secrets: tuple[str, ...] = (),
+                 limiter: Any = None) -> None:
         self.client = client
         self.repo_id = repo_id
         self.headers = dict(headers)
@@ -127,6 +128,8 @@ class HubClient:
         self.httpx = httpx_module()
         self.closing = False  # the server closed a connection after an answer: few connects at once
         self.closing_gate = asyncio.Semaphore(CLOSING_SERVER_IN_FLIGHT)
+        # A bound on requests in flight shared with other reads (sources/shared_limits.py), or None.
+        self.limiter = limiter
 
     async def get_range(self, url: str, name: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end]`` (inclusive) of ``url``; may be shorter if the server sent less.
@@ -217,16 +220,29 @@ class HubClient:
         raise NetworkError(f"{last} ({what + ', ' if what else ''}gave up after {self.attempts} attempts)", path=where)
 
     async def _exchange(self, url: str, name: str, headers: dict[str, str], answer: Any) -> Any:
+        """One request, holding a slot of the shared bound on requests in flight when there is one (the
+        wait for it is bounded by the command's deadline, not by the request's)."""
+        if self.limiter is None:
+            return await self._exchange_now(url, name, headers, answer)
+        where = f"{self.repo_id}/{name}"
+        try:
+            async with asyncio.timeout(max(0.0, self.budget.left_s())):
+                await self.limiter.acquire(where)
+        except TimeoutError:
+            raise self.budget.deadline_error(where) from None
+        try:
+            return await self._exchange_now(url, name, headers, answer)
+        finally:
+            self.limiter.release()
+
+    async def _exchange_now(self, url: str, name: str, headers: dict[str, str], answer: Any) -> Any:
         """One request (redirects followed by httpx) under the request deadline and the command's."""
         httpx = self.httpx
         where = f"{self.repo_id}/{name}"
         limit = min(self.limits.request_s, self.budget.left_s())
         try:
             async with asyncio.timeout(max(0.0, limit)):
-                if not self.closing:
-                    return await self._send(url, headers, answer)
-                async with self.closing_gate:
-                    return await self._send(url, headers, answer)
+                return await self._send_gated(url, headers, answer)
         except TimeoutError:
             if self.budget.left_s() <= 0:
                 raise self.budget.deadline_error(where) from None
@@ -258,6 +274,12 @@ class HubClient:
             raise _Retryable(f"connection error: {type(exc).__name__}: {self._short(exc)}") from None
         except httpx.NetworkError as exc:
             raise _Retryable(f"connection error: {type(exc).__name__}: {self._short(exc)}") from None
+
+    async def _send_gated(self, url: str, headers: dict[str, str], answer: Any) -> Any:
+        if not self.closing:
+            return await self._send(url, headers, answer)
+        async with self.closing_gate:
+            return await self._send(url, headers, answer)
 
     async def _send(self, url: str, headers: dict[str, str], answer: Any) -> Any:
         async with self.client.stream("GET", url, headers=headers) as resp:
