@@ -272,3 +272,14 @@ def test_offline_mode_is_unchanged_by_the_header_cache(server, repo, tmp_path, m
     with pytest.raises(NotFoundError, match="HF_HUB_OFFLINE"):
         ckptinspect.inspect(REPO)
     assert _ours(server) == []
+
+
+def test_a_header_longer_than_the_file_the_key_names_is_a_miss(tmp_path):
+    """A stored header must fit in the file the key pins (8 + n <= size), as the reader checks online."""
+    cache = HeaderCache(tmp_path / "c")
+    header = b'{"__metadata__":{"format":"pt"}}'
+    short = entry_key("http://h", REPO, SHA, "s.safetensors", ETAG, 8 + len(header) - 1)
+    fits = entry_key("http://h", REPO, SHA, "s.safetensors", ETAG, 8 + len(header))
+    cache.put(short, header)
+    cache.put(fits, header)
+    assert cache.get(short) is None and cache.get(fits) == header

@@ -14,11 +14,11 @@ the token) before any lookup, so a gated or private repo answers 401/403 as with
 Entries live in ``$CKPTINSPECT_CACHE_DIR/hub-headers`` (default ``$XDG_CACHE_HOME/ckptinspect`` or
 ``~/.cache/ckptinspect``), one file per key, named by the key's sha256::
 
-    MAGIC (8 bytes) | key length (4 bytes, big-endian) | key JSON | sha256(key JSON + payload) | payload
+    MAGIC (8 bytes) | key length (4 bytes, big-endian) | key | sha256(key + payload) | payload
 
 where the payload is the file's first ``8 + n`` bytes (the little-endian length prefix and the header).
-A read re-derives everything: the magic, the key JSON equal to the one asked for, the checksum, the
-prefix equal to the payload length, the 25,000,000-byte header limit. Anything else is a miss (the file
+A read re-derives everything: the magic, the key equal to the one asked for, the checksum, the
+prefix equal to the payload length and within the file size the key names, the 25,000,000-byte header limit. Anything else is a miss (the file
 is removed and the header read from the Hub): a cache can cost a request, never change an answer or
 raise. Writes are atomic (a temporary file in the same directory, then ``os.replace``; the temporary
 file is removed on every path), so concurrent reports writing the same entry each leave a whole entry.
@@ -31,7 +31,6 @@ the directory holds at most ``CKPTINSPECT_HEADER_CACHE_MAX_BYTES`` (default 512 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import stat
@@ -78,14 +77,16 @@ def max_bytes() -> int:
 
 def entry_key(endpoint: str, repo_id: str, commit: str, filename: str, etag: str | None,
               size: int | None) -> bytes | None:
-    """The key's canonical JSON, or None when the file is not pinned (no commit sha, etag or size)."""
+    """The key's canonical bytes (its fields joined by NUL, which no repo id, URL or file name the repo
+    info passed holds), or None when the file is not pinned (no commit sha, etag or size)."""
     if not (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
         return None
     if not (isinstance(etag, str) and _ETAG.fullmatch(etag)) or not isinstance(size, int) or size < 8:
         return None
-    key = {"v": 1, "endpoint": redact_url(endpoint).rstrip("/"), "repo": repo_id, "commit": commit,
-           "file": filename, "etag": etag, "size": size}
-    return json.dumps(key, sort_keys=True, separators=(",", ":")).encode()
+    fields = ["v1", redact_url(endpoint).rstrip("/"), repo_id, commit, filename, etag, str(size)]
+    if any("\0" in field for field in fields):
+        return None
+    return "\0".join(fields).encode("utf-8", "surrogatepass")
 
 
 class HeaderCache:
@@ -203,7 +204,8 @@ def _decode(blob: bytes, key: bytes) -> bytes | None:
     if len(digest) != _DIGEST or len(payload) < 8 or hashlib.sha256(key + payload).digest() != digest:
         return None
     (n,) = struct.unpack("<Q", payload[:8])
-    if n != len(payload) - 8 or n > MAX_HEADER_LENGTH:
+    size = int(key.rsplit(b"\0", 1)[1])  # the key is this module's own (entry_key): its last field
+    if n != len(payload) - 8 or n > MAX_HEADER_LENGTH or 8 + n > size:
         return None
     return payload[8:]
 
