@@ -283,3 +283,25 @@ def test_a_header_longer_than_the_file_the_key_names_is_a_miss(tmp_path):
     cache.put(short, header)
     cache.put(fits, header)
     assert cache.get(short) is None and cache.get(fits) == header
+
+
+def _write_and_read(args: tuple[str, bytes, bytes]) -> list[bytes | None]:
+    root, key, header = args
+    cache = HeaderCache(Path(root))
+    got = []
+    for _ in range(30):
+        cache.put(key, header)
+        got.append(cache.get(key))
+    return got
+
+
+def test_concurrent_processes_writing_the_same_entry_leave_one_whole_entry(tmp_path):
+    import multiprocessing
+
+    key = entry_key("http://h", REPO, SHA, "s.safetensors", ETAG, 10**6)
+    header = b'{"__metadata__":{"format":"pt"}' + b" " * 50_000 + b"}"
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        seen = [x for got in pool.map(_write_and_read, [(str(tmp_path / "c"), key, header)] * 3) for x in got]
+    assert set(seen) <= {header, None} and seen.count(header) >= 1
+    assert [p.name for p in (tmp_path / "c").iterdir()] == [HeaderCache(tmp_path / "c")._path(key).name]
+    assert HeaderCache(tmp_path / "c").get(key) == header
