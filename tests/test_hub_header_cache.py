@@ -305,3 +305,27 @@ def test_concurrent_processes_writing_the_same_entry_leave_one_whole_entry(tmp_p
     assert set(seen) <= {header, None} and seen.count(header) >= 1
     assert [p.name for p in (tmp_path / "c").iterdir()] == [HeaderCache(tmp_path / "c")._path(key).name]
     assert HeaderCache(tmp_path / "c").get(key) == header
+
+
+
+def test_access_with_a_warm_cache_is_decided_by_the_repo_info_as_for_huggingface_hub(server, repo, tmp_path):
+    """The repo-info call comes before any lookup: a repo the Hub no longer shows (private, deleted) is an
+    error with a warm cache. A gated repo's info is public on the Hub (and on the test server), and its
+    files are gated: cached headers of a pinned commit are then used without a new access check, as
+    huggingface_hub's ``hf_hub_download`` returns a cached file of a commit hash without a request
+    (file_download.py ``_hf_hub_download_to_cache_dir``, "shortcut everything")."""
+    from ckptinspect.errors import AccessError
+
+    root, headers = repo
+    server.add_repo(REPO, root, gated_token="hf_granted")
+    with pytest.raises(AccessError):
+        _read(server, token="hf_other")  # cold: the header GETs answer 403
+    assert dict(_read(server, token="hf_granted").headers) == headers
+    assert len(_entries(tmp_path)) == 3
+    server.reset_stats()
+    warm = _read(server, token="hf_other")
+    assert warm.stats["headers_from_cache"] == 3 and dict(warm.headers) == headers
+    assert _ours(server) == [("GET", f"/api/models/{REPO}?blobs=True", None, 200)]
+    del server._repos[REPO]  # gone (or private) on the Hub: the warm cache answers nothing
+    with pytest.raises(NotFoundError):
+        _read(server, token="hf_granted")

@@ -8,8 +8,11 @@ sources/repo_info.py): for an LFS file the etag is its ``lfs.sha256``, for a pla
 the same values huggingface_hub uses as etags and blob names (``file_download.py``
 ``_normalize_etag`` / ``X-Linked-Etag``). A commit sha pins every file's bytes, so the header under a key
 can never change. Nothing is looked up unless the repo info named a 40-hex commit: a branch name whose
-commit is unknown is never a key. Access is still decided by the Hub: the repo-info call is made (with
-the token) before any lookup, so a gated or private repo answers 401/403 as without the cache.
+commit is unknown is never a key. The repo-info call is made (with the token) before any lookup, so a
+repo that is private to the caller or gone is an error as without the cache; a gated repo's info is
+public and only its files are gated, so its cached headers are used without a new access check, as
+huggingface_hub returns a cached file of a commit hash without a request (file_download.py
+``_hf_hub_download_to_cache_dir``).
 
 Entries live in ``$CKPTINSPECT_CACHE_DIR/hub-headers`` (default ``$XDG_CACHE_HOME/ckptinspect`` or
 ``~/.cache/ckptinspect``), one file per key, named by the key's sha256::
