@@ -21,6 +21,11 @@ if str(ROOT) not in sys.path:
 
 from fixtures.generate import FIXTURES, build_fixture  # noqa: E402
 
+# The Hub header cache (sources/header_cache.py) is off for the test session, so no test writes into the
+# user's ~/.cache/ckptinspect and no test reads a header another test's server stored; the tests of the
+# Hub source turn it on with a directory of their own (hub_repos.isolate_hf).
+os.environ["CKPTINSPECT_HEADER_CACHE"] = "0"
+
 PYTEST_CONFIG: pytest.Config | None = None  # for tests/sglang_parser.py's one-line install notice
 
 

@@ -15,6 +15,9 @@ def isolate_hf(monkeypatch: Any, home: Path) -> None:
     from huggingface_hub import constants
 
     monkeypatch.setenv("HF_HOME", str(home))
+    # The tool's own caches (headers read from the Hub: sources/header_cache.py) beside it, per test.
+    monkeypatch.setenv("CKPTINSPECT_CACHE_DIR", str(home.parent / f"{home.name}-ckptinspect-cache"))
+    monkeypatch.setenv("CKPTINSPECT_HEADER_CACHE", "1")  # off elsewhere in the session (conftest.py)
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HF_HUB_OFFLINE", "HF_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(constants, "HF_HOME", str(home))

@@ -15,8 +15,9 @@ Endpoints (what huggingface_hub's ``HfApi`` / ``hf_hub_download`` / ``get_safete
 Test controls: ``latency_s`` (added before every response), ``faults`` (see :class:`Fault`), and counters of
 requests and body bytes sent (``stats()``), so tests can check "headers only".
 
-LFS object ids are stand-ins (sha256 of path + size), not content hashes: hashing 94 sparse multi-GB
-shards would take minutes and nothing in ckptinspect verifies blob hashes.
+LFS object ids are stand-ins (sha256 of path, size and the safetensors header), not content hashes:
+hashing 94 sparse multi-GB shards would take minutes and nothing in ckptinspect verifies blob hashes; the
+header is in, so an oid changes whenever what ckptinspect reads (and caches by etag) changes.
 """
 
 from __future__ import annotations
@@ -76,6 +77,15 @@ class _Repo:
 def _git_blob_sha1(path: Path) -> str:
     data = path.read_bytes()
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _leading_bytes(path: Path) -> bytes:
+    """A safetensors file's length prefix and header (else its first 1 MiB): what the stand-in LFS oid
+    hashes, so an oid changes whenever a header does (a client may cache headers by commit and etag)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        return head + f.read(n if 0 < n <= 100_000_000 else 1 << 20)
 
 
 def _is_lfs(rel: str, size: int) -> bool:
@@ -222,7 +232,7 @@ class HubServer:
                 size = path.stat().st_size
                 entry: dict[str, Any] = {"path": rel, "size": size}
                 if _is_lfs(rel, size):
-                    oid = hashlib.sha256(f"{rel}:{size}".encode()).hexdigest()
+                    oid = hashlib.sha256(f"{rel}:{size}:".encode() + _leading_bytes(path)).hexdigest()
                     entry["lfs"] = {"oid": oid, "size": size, "pointerSize": 134}
                     entry["oid"] = hashlib.sha1(f"pointer:{oid}".encode()).hexdigest()
                 else:

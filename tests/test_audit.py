@@ -142,6 +142,9 @@ def test_cache_rereads_only_what_changed_and_never_believes_a_damaged_entry(hub,
     from ckptinspect.render.audit_out import row_json
 
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    # Off here so a re-read report shows on the wire as header reads (the Hub header cache would answer
+    # them from disk; tests/test_hub_header_cache.py covers it).
+    monkeypatch.setenv("CKPTINSPECT_HEADER_CACHE", "0")
 
     names = GOOD[:6]
     for name in names:

@@ -66,9 +66,9 @@ def test_sharded_repo_reads_exact_headers_with_one_request_per_shard(server, rep
 def test_second_run_reads_json_from_hf_cache(server, repo, tmp_path):
     root, headers = repo
     server.add_repo("org/tiny", root)
-    open_hub("org/tiny", endpoint=server.url, progress=False)
+    open_hub("org/tiny", endpoint=server.url, progress=False, header_cache=False)
     server.reset_stats()
-    raw = open_hub("org/tiny", endpoint=server.url, progress=False)
+    raw = open_hub("org/tiny", endpoint=server.url, progress=False, header_cache=False)
     assert raw.stats["json_from_cache"] == 4
     # huggingface_hub 2.x may also refresh its user-agent registry (/api/agent-harnesses) on its own.
     ours = [e for e in server.stats()["log"] if not e[1].startswith("/api/agent-harnesses")]

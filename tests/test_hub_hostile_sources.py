@@ -40,7 +40,8 @@ def repo_dir(tmp_path_factory):
 def _env(home: Path, endpoint: str, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HF_", "CKPTINSPECT_")) and k not in ("HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME")}
-    return {**env, "HF_HOME": str(home), "HF_ENDPOINT": endpoint, "PYTHONPATH": str(ROOT), **extra}
+    return {**env, "HF_HOME": str(home), "HF_ENDPOINT": endpoint, "PYTHONPATH": str(ROOT),
+            "CKPTINSPECT_CACHE_DIR": str(home / "ckptinspect-cache"), **extra}
 
 
 def _cli(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:

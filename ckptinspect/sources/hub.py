@@ -26,6 +26,7 @@ from urllib.parse import quote
 from ckptinspect.errors import CkptInspectError, ConfigError, HeaderError, NotFoundError
 from ckptinspect.header.parser import read_length_prefix
 from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
+from ckptinspect.sources.header_cache import HeaderCache, entry_key, store_all
 from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH, RangeSizer
 from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap
 from ckptinspect.sources.hub_client import FetchStats, HubClient, make_client
@@ -60,7 +61,7 @@ def download_timeout() -> float:
 def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
              endpoint: str | None = None, progress: bool = True, max_workers: int | None = None,
              timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None,
-             scan: ScanFn | None = None) -> RawCheckpoint:
+             scan: ScanFn | None = None, header_cache: bool | None = None) -> RawCheckpoint:
     """Read ``repo_id`` at ``revision`` from the Hub: file list, small JSON files, every shard header.
 
     Args:
@@ -78,6 +79,8 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
             thread on each header as it arrives (later headers are still on the wire), the results
             returned in ``scan_plan.scanned``. A shard whose scan raises is left out (the report scans
             it again, in index order, and reports the first error). None: headers only.
+        header_cache: reuse headers stored by an earlier read of the same commit and file etag
+            (sources/header_cache.py); default on unless CKPTINSPECT_HEADER_CACHE=0.
 
     Raises:
         NotFoundError: repo, revision or file missing, or HF_HUB_OFFLINE=1 (names what the cache lacks).
@@ -101,7 +104,8 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
     if shared.ends_at is not None:
         budget.ends_at = min(budget.ends_at, shared.ends_at)
     reader = _HubRead(repo_id, revision, endpoint, headers, budget, secrets,
-                      max(1, max_workers or int(os.environ.get(WORKERS_ENV) or DEFAULT_MAX_WORKERS)))
+                      max(1, max_workers or int(os.environ.get(WORKERS_ENV) or DEFAULT_MAX_WORKERS)),
+                      HeaderCache.default(header_cache))
     reader.limiter = shared.limiter
     return reader.run(progress=progress, on_header=on_header, scan=scan, started=started)
 
@@ -110,7 +114,7 @@ class _HubRead:
     """One Hub read: the ``asyncio`` side in a helper thread, its results consumed by the caller's thread."""
 
     def __init__(self, repo_id: str, revision: str | None, endpoint: str, headers: Mapping[str, str],
-                 budget: Budget, secrets: tuple[str, ...], workers: int) -> None:
+                 budget: Budget, secrets: tuple[str, ...], workers: int, cache: HeaderCache) -> None:
         self.repo_id, self.revision, self.endpoint = repo_id, revision, endpoint
         self.headers, self.budget, self.secrets, self.workers = dict(headers), budget, secrets, workers
         self.stats = FetchStats()
@@ -120,6 +124,8 @@ class _HubRead:
         self.phases: dict[str, float] = {}
         self.stopping = threading.Event()  # set by the caller's thread: do not start (or go on)
         self.limiter: RequestLimiter | None = None  # shared with other reads (sources/shared_limits.py)
+        self.cache = cache
+        self.from_cache = 0
 
     # -- the caller's thread -------------------------------------------------------------------------
     def run(self, *, progress: bool, on_header: Callable[[str, bytes], None] | None, scan: ScanFn | None,
@@ -166,7 +172,8 @@ class _HubRead:
             file_sizes=sizes,
             revision=commit,
             stats={**self.stats.as_dict(), "wall_s": round(wall, 3), "shards": len(shards),
-                   "json_from_cache": meta["cached"], "header_bytes": sum(len(h) for h in header_bytes.values()),
+                   "json_from_cache": meta["cached"], "headers_from_cache": self.from_cache,
+                   "header_bytes": sum(len(h) for h in header_bytes.values()),
                    "endpoint": shown, **{k: round(v, 3) for k, v in self.phases.items()}},
             index_summary=meta["summary"],
             scan_plan=plan,
@@ -243,8 +250,21 @@ class _HubRead:
         self.out.put(("meta", {"commit": commit, "files": tuple(sorted(siblings)), "json_files": json_files,
                                "shards": shards, "sizes": sizes, "summary": summary,
                                "cached": sum(cached for _, cached in answers)}))
-        async for shard, header in read_headers(hub, shards, sizes, url, summary, self.workers):
+        # Headers pinned by the commit and the file's etag come from the header cache, the rest from the Hub.
+        keys = {s: entry_key(self.endpoint, self.repo_id, info.sha or "", s, _etag(siblings[s]), sizes[s])
+                for s in shards}
+        cached = await asyncio.to_thread(lambda: {s: self.cache.get(keys[s]) for s in shards})
+        for shard in shards:
+            if cached[shard] is not None:
+                self.from_cache += 1
+                self.out.put(("header", (shard, cached[shard])))
+        missing = [s for s in shards if cached[s] is None]
+        fetched: list[tuple[bytes | None, bytes]] = []
+        async for shard, header in read_headers(hub, missing, sizes, url, summary, self.workers):
+            fetched.append((keys[shard], header))
             self.out.put(("header", (shard, header)))
+        if fetched:
+            await asyncio.to_thread(store_all, self.cache, fetched)
         self.phases["headers_s"] = time.perf_counter() - t0 - self.phases["info_s"] - self.phases["json_s"]
 
     async def _json_file(self, hub: HubClient, commit: str, name: str, sibling: Any, url: str) -> tuple[Any, int]:
@@ -260,7 +280,7 @@ class _HubRead:
         data = await hub.get_range(url, name, 0, end) if end >= 0 else b""
         if size is not None and len(data) < size:
             data += await hub.rest(url, name, len(data), size)
-        etag = sibling.lfs.sha256 if sibling.lfs is not None else sibling.blob_id
+        etag = _etag(sibling)
         # Stored and parsed off the event loop: the other files' requests go on meanwhile.
         await asyncio.to_thread(cache_store, self.repo_id, commit, self.revision or "main", name, data, etag)
         return await asyncio.to_thread(parse_json_bytes, data, source=where), 0
@@ -306,6 +326,11 @@ async def _read_header(hub: HubClient, sizer: RangeSizer, shard: str, url: str, 
         body += await hub.rest(url, shard, len(body), 8 + n)
     sizer.learn(shard, n)
     return body[8:8 + n]
+
+
+def _etag(sibling: Any) -> str | None:
+    """The file's etag as huggingface_hub names blobs: the LFS sha256, else the git blob id."""
+    return sibling.lfs.sha256 if sibling.lfs is not None else sibling.blob_id
 
 
 def _progress_bar(total: int, progress: bool) -> Any:
