@@ -59,12 +59,14 @@ class _Handler(BaseHTTPRequestHandler):
                 full = out[:, :-1]
                 h = model.get_decoder()(input_ids=full).last_hidden_state[0]
                 p = ids.shape[1]
+                if self.server.shift_hidden:  # an off-by-one server: row t holds h_{t+1}
+                    h = torch.cat([h[1:], h[-1:]], dim=0)
                 meta["hidden_states"] = [h[:p].tolist()] + [row.tolist() for row in h[p:]]
         self._send(200, {"text": "", "output_ids": output_ids, "meta_info": meta})
 
 
 class ProbeTestServer:
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str, shift_hidden: bool = False) -> None:
         from ckptinspect.probe import loader
         from ckptinspect.probe.heads import find_spec
 
@@ -75,6 +77,7 @@ class ProbeTestServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.model, self.httpd.model_path, self.httpd.lock = model, model_path, threading.Lock()
         self.httpd.eos = config.get("eos_token_id")
+        self.httpd.shift_hidden = shift_hidden
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property

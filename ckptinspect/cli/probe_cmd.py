@@ -58,6 +58,9 @@ def _parse_devices(text: str | None) -> list[int] | None:
 @click.option("--output", "-o", default=None, type=click.Path(dir_okay=False), help="Write the result here.")
 @click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write a PNG of acceptance and speedup.")
 @click.option("--main-url", default=None, help="Use a running SGLang server (--enable-return-hidden-states) as main model.")
+@click.option("--engine", "engine_url", default=None, help="Measure acceptance through a running vLLM or SGLang server "
+              "started with MTP speculative decoding (its own counts; vLLM: start it with "
+              "--per-request-spec-decode-metrics detailed).")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (never implied).")
 @click.option("--max-prompts", default=None, type=click.IntRange(1), help="Use only the first N prompts.")
 @click.option("--corpus", default=None, type=click.Path(dir_okay=False),
@@ -77,13 +80,13 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
           steps: int, mode: str, temperature: float, gpu: str, batch_size: int | None, categories: str | None,
           synthetic_len: int,
           experts_implementation: str, dtype: str | None, fmt: str,
-          output: str | None, plot: str | None, main_url: str | None, trust_remote_code: bool,
+          output: str | None, plot: str | None, main_url: str | None, engine_url: str | None, trust_remote_code: bool,
           max_prompts: int | None, corpus: str | None, save_continuations: str | None, continuations: str | None,
           max_gpu_memory: float | None, cost_calibration: str | None, quiet: bool, wide: bool) -> None:
     """Measure how well MODEL's MTP head drafts for its own main model (acceptance per depth,
     accept length, projected speedup, recommended speculative settings)."""
     from ckptinspect import api
-    from ckptinspect.cli.options import output_width, progress_enabled
+    from ckptinspect.cli.options import progress_enabled
 
     progress = progress_enabled(quiet)
     # The probe's batches vary in shape; without expandable segments the CUDA cache fragments (a
@@ -99,8 +102,15 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
     if not progress:
         transformers.utils.logging.disable_progress_bar()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from ckptinspect.render.probe_out import render_probe
-
+    if engine_url:
+        explicit = click.get_current_context().get_parameter_source("steps") != click.core.ParameterSource.DEFAULT
+        result = api.probe(model, engine=engine_url, prompts=prompts_file, max_new_tokens=max_new_tokens,
+                           steps=steps if explicit else None, mode=mode, main_url=main_url, gpu=gpu,
+                           trust_remote_code=trust_remote_code, max_prompts=max_prompts,
+                           cost_calibration=cost_calibration,
+                           categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None)
+        _emit(result, fmt, output, plot, wide)
+        return
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     result = api.probe(model, device=device, devices=_parse_devices(devices), prompts=prompts_file,
@@ -111,6 +121,13 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
                        max_gpu_memory=max_gpu_memory, cost_calibration=cost_calibration,
                        categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
                        experts_implementation=experts_implementation, synthetic_len=synthetic_len)
+    _emit(result, fmt, output, plot, wide)
+
+
+def _emit(result, fmt: str, output: str | None, plot: str | None, wide: bool) -> None:
+    from ckptinspect.cli.options import output_width
+    from ckptinspect.render.probe_out import render_probe
+
     text = render_probe(result, fmt, width=None if output else output_width(fmt, wide))
     if output:
         with open(output, "w", encoding="utf-8") as fh:

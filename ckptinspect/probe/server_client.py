@@ -51,6 +51,30 @@ def hidden_rows(meta: dict[str, Any], url: str) -> torch.Tensor:
     return torch.cat(rows, dim=0)
 
 
+def check_next_tokens(main, hidden: torch.Tensor, next_tokens: list[int], url: str) -> None:
+    """The server's hidden state at each generated position must give the token it emitted there:
+    argmax(lm_head(h_t)) == token t+1. Otherwise the rows are not the post-norm states the logits
+    processor saw (another layer, pre-norm, shifted by one), and every draft scored on them would be
+    wrong. A tie within float rounding (the server's lm_head runs in its own dtype and kernels) is
+    accepted: the emitted token's logit may trail the maximum by 1e-3 of the largest |logit| + 1e-3."""
+    if not next_tokens:
+        return
+    with torch.no_grad():
+        logits = main.get_output_embeddings()(hidden).float()
+    target = torch.tensor(next_tokens, device=logits.device)
+    top = logits.max(dim=-1).values
+    emitted = logits.gather(-1, target[:, None])[:, 0]
+    slack = 1e-3 * logits.abs().max(dim=-1).values + 1e-3
+    bad = torch.nonzero(emitted < top - slack).flatten().tolist()
+    if bad:
+        i = bad[0]
+        raise ProbeError(f"the server's hidden states do not give its own tokens: argmax(lm_head(h)) != next token "
+                         f"at {len(bad)} of {len(next_tokens)} generated positions (first: position {i}, emitted "
+                         f"{next_tokens[i]}, lm_head says {int(logits[i].argmax())}); they are not the post-norm "
+                         "last-layer states of this checkpoint (wrong layer, pre-norm, shifted, or another model)",
+                         path=url)
+
+
 def load_shell(model_dir: str, config: dict[str, Any], spec, dtype: torch.dtype, device: str, metas):
     """Main-model class with one decoder layer; embedding, final norm and lm_head loaded from the checkpoint."""
     from transformers import AutoConfig, AutoModelForCausalLM, CONFIG_MAPPING
@@ -117,6 +141,7 @@ def run_remote(url: str, *, model_dir, config, probe_ckpt, spec, prompts, steps,
             raise ProbeError(f"server returned {rows.shape[0]} hidden rows for {len(tokens)} tokens", path=base)
         hidden = torch.zeros(1, len(tokens), rows.shape[1], dtype=dtype, device=device)
         hidden[0, : len(tokens) - 1] = rows[: len(tokens) - 1].to(dtype)
+        check_next_tokens(main, hidden[0, len(ids) - 1: len(tokens) - 1], tokens[len(ids):], base)
         seq = Sequence(prompt.category, tuple(tokens), len(ids))
         pad = tok.pad_token_id or 0
         for cat, t in score_batch(main, head, [seq], steps, mode="greedy", temperature=temperature, pad_id=pad,
