@@ -64,5 +64,5 @@ def render_family_rule(fam: Any, fmt: str) -> str:
 
 
 def rule_check_line(check: Any) -> str:
-    """``ok: PATH`` or ``invalid: PATH: where: problem`` for one api.RuleFileCheck."""
+    """``ok: PATH`` or ``invalid: PATH: where: problem`` for one readiness.validate.RuleFileCheck."""
     return f"ok: {check.path}" if check.error is None else f"invalid: {check.error}"
