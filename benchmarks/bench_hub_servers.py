@@ -145,7 +145,7 @@ def _trace_child(argv: list[str]) -> None:
 
     mark("interpreter up")
     import ckptinspect.cli.report_cmd  # noqa: F401 - what the command imports before it runs
-    import ckptinspect.pipeline as pipeline
+    import ckptinspect.inventory.parallel as scanning  # where the pipeline's scan calls the per-header scan
     mark("imports done")
     for module, attr, cls, label in TRACED:
         owner = importlib.import_module(module)
@@ -160,7 +160,7 @@ def _trace_child(argv: list[str]) -> None:
                 cpu = os.times()
                 mark(f"< {_label} (process CPU so far {cpu.user + cpu.system:.3f} s)")
         setattr(owner, attr, wrapped)
-    scan = pipeline.scan_header_unpaused
+    scan = scanning.scan_header_unpaused
 
     def counted(*args):
         out = scan(*args)
@@ -169,7 +169,7 @@ def _trace_child(argv: list[str]) -> None:
         if os.getpid() != main_pid and len(done) % 10 in (0, 1):  # a forked child ends without atexit
             mark(f"helper: {len(done)} headers scanned")
         return out
-    pipeline.scan_header_unpaused = counted
+    scanning.scan_header_unpaused = counted
 
     def summary() -> None:
         at = scans.get(main_pid)
