@@ -84,7 +84,8 @@ def diff_text(d: CheckpointDiff, *, limit: int = 20, width: int | None = None, c
     if d.findings:
         lines.append("\nfindings:")
         for f in d.findings:
-            lines.append(f"  {terminal.severity(f.severity, colour)}: {f.code}: {f.message}"
+            lines.append(f"  {terminal.severity(f.severity, colour)}: {f.code}"
+                         + (f" [{f.engine}]" if f.engine else "") + f": {f.message}"
                          + (f" (fix: {f.hint})" if f.hint else ""))
     return terminal.wrap_text("\n".join(lines), width)
 
