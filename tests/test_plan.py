@@ -281,3 +281,42 @@ def test_tree_drafting_from_probe_moves_off_topk1_only_backend(qwen35) -> None:
     assert f["--speculative-eagle-topk"] == "4"
     assert f["--attention-backend"] in engine_rules("sglang")["speculative"]["topk_gt1_backends"]
     assert f["--attention-backend"] != "trtllm_mha"
+
+
+def test_plan_without_readable_weights_is_a_failure_with_no_command(tmp_path: Path, cli) -> None:
+    """A `.bin`-only checkpoint plans 0 GiB of weights on old main and prints commands (issue 26 item 4):
+    now a failure naming the no-weights error, no command, exit 2; the report's plan section says so."""
+    from ckptinspect import api
+    from fixtures.spec import DATA_DIR
+
+    (tmp_path / "config.json").write_bytes((DATA_DIR / "deepseek-ai__DeepSeek-V3__config.json").read_bytes())
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not loaded")
+    result = api.plan(str(tmp_path), gpu="h200", gpus=8)
+    assert not result.ok and "no readable weights" in result.reason and "pytorch_model.bin" in result.reason
+    r = cli("plan", str(tmp_path), "--gpu", "h200", "--gpus", "8")
+    assert r.returncode == 2 and "no readable weights" in r.stderr
+    assert "launch_server" not in r.stdout and "vllm serve" not in r.stdout
+    report = api.inspect(str(tmp_path), gpu="h200", gpus=8)
+    assert not report.plan.ok and any(f.code == "no-weights" and f.severity == "error"
+                                      for f in report.checkpoint.findings)
+
+
+@pytest.mark.parametrize("source, path, revision", [
+    ({"kind": "hub", "ref": "deepseek-ai/DeepSeek-V3", "location": "https://hub/deepseek-ai/DeepSeek-V3",
+      "revision": "a" * 40}, "deepseek-ai/DeepSeek-V3", "a" * 40),
+    ({"kind": "hf-cache", "ref": "deepseek-ai/DeepSeek-V3@v1", "location": "/c/snapshots/x", "revision": "main"},
+     "deepseek-ai/DeepSeek-V3", "v1"),
+    ({"kind": "local", "ref": "./ds", "location": "/models/ds", "revision": None}, "/models/ds", None),
+])
+def test_plan_from_a_snapshot_serves_what_it_recorded(source, path, revision) -> None:
+    """A snapshot holds headers, not weights: `--model-path x.json.gz` cannot be served (issue 26 item 4).
+    The commands name the recorded repo id (and pin its commit) or the original directory."""
+    from dataclasses import replace
+
+    ck = replace(deepseek_v3_fp8(), kind="snapshot", ref="ds.json.gz", location="ds.json.gz",
+                 stats={"snapshot_of": source})
+    plan = make_plan(ck, mtp_ready(), gpu="h200", gpus=8)
+    sg, vl = plan.commands["sglang"], plan.commands["vllm"]
+    assert _flags(plan)["--model-path"] == path and vl.positional == (path,)
+    assert _flags(plan).get("--revision") == revision and _flags(plan, "vllm").get("--revision") == revision
+    assert "json.gz" not in sg.shell() + vl.shell()

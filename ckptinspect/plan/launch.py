@@ -10,6 +10,7 @@ from ckptinspect.plan.kvcache import MemFraction
 from ckptinspect.plan.options import Option
 from ckptinspect.plan.result import Note
 from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, first_match
+from ckptinspect.plan.serve_target import serve_target
 from ckptinspect.plan.sglang import sglang_command
 from ckptinspect.plan.solver import ContextSolution
 from ckptinspect.plan.speculative import draft_moe_flags, spec_values, tree_draft_attention
@@ -114,8 +115,9 @@ def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: PlanFacts, 
         parsers = parsers_for(name, efacts)
         if parsers and parsers.get("note"):
             notes.append(Note("info", f"{name}: {parsers['note']}", parsers["source"]))
+        model_path, revision = serve_target(ck)
         inputs = LaunchInputs(
-            model_path=ck.location if ck.kind == "local" else ck.ref, tp=chosen.memory.tp, ep=chosen.memory.ep,
+            model_path=model_path, revision=revision, tp=chosen.memory.tp, ep=chosen.memory.ep,
             context=context, goal=goal, mem_fraction=mem_value, mem_fraction_reason=mem_reason,
             mem_fraction_source=mem_source, max_running_requests=running,
             running_reason=running_reason, running_source=engine_rules(name)["requests"]["source"],

@@ -79,6 +79,12 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
     ck, cfg = checkpoint, checkpoint.config
     common = engine_rules("common")
     gib = common["planning"]["gib"]
+    unreadable = _no_weights(ck)
+    if unreadable:
+        # Sizing 0 bytes of weights would print a command for a model that cannot be served.
+        return PlanFailure(ck.ref, spec_gpu, gpus, context or cfg.max_position_embeddings or 0, unreadable,
+                           "convert the weights to safetensors (engines and this tool read only those)",
+                           (), None, gib)
     requested = context or cfg.max_position_embeddings
     if not requested:
         raise PlanError("config.json has no max_position_embeddings; pass --context TOKENS", path=ck.location)
@@ -172,6 +178,16 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
     return Plan(ck.ref, spec_gpu, gpus, context, goal, engines, facts.quant, ck.declared.label, cfg.attention_kind,
                 moe, chosen, reason, options, min_gpus, min_reason, mtp_dtypes(ck), _verdicts(mtp),
                 speculative, commands, tuple(notes), gib, requested, used, idle_reason, solution)
+
+
+def _no_weights(ck: Checkpoint) -> str:
+    """Why no plan can be sized ("" when weights were read): the report's no-weights error, or no tensor."""
+    for f in ck.findings:
+        if f.code == "no-weights":
+            return f"no readable weights: {f.message}"
+    if ck.inventory.totals.tensors == 0:
+        return "no readable weights: the checkpoint's safetensors files hold no tensors"
+    return ""
 
 
 def _solved_option(base: Option, solution: ContextSolution) -> Option:
