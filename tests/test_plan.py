@@ -131,7 +131,8 @@ def test_probe_report_overrides_speculative_defaults(qwen35) -> None:
     assert plan.speculative["sglang"]["from"] == "probe report"
 
 
-def test_probe_saying_mtp_does_not_pay_is_surfaced(qwen35) -> None:
+def test_probe_saying_mtp_does_not_pay_drops_the_speculative_flags(qwen35) -> None:
+    """No output recommends speculative flags next to a projection of no gain (issue 26 item 3)."""
     ck, mtp = qwen35
     probe = {"recommendation": {"enabled": False, "projected_speedup_bs1": 0.87,
                                 "sglang": {"num_steps": 1, "eagle_topk": 1, "num_draft_tokens": 2},
@@ -139,7 +140,48 @@ def test_probe_saying_mtp_does_not_pay_is_surfaced(qwen35) -> None:
     plan = make_plan(ck, mtp, gpu="b200", gpus=4, probe_report=probe)
     warnings = [n.message for n in plan.notes if n.severity == "warning" and "does not pay off" in n.message]
     assert len(warnings) == 2 and "x0.87" in warnings[0]
-    assert make_plan(ck, mtp, gpu="b200", gpus=4).notes != plan.notes
+    assert not any(f.startswith("--speculative") for f in _flags(plan))
+    assert "--speculative-config" not in _flags(plan, "vllm")
+    assert not any(plan.speculative.values())
+    assert plan.chosen.memory.mtp_bytes_per_rank == 0  # the draft is not loaded either
+    drafting = make_plan(ck, mtp, gpu="b200", gpus=4)
+    assert "--speculative-algorithm" in _flags(drafting)
+
+
+def test_plan_says_what_decides_the_payoff_and_prints_the_probe_command() -> None:
+    """A drafting plan without a probe report says what decides whether MTP pays, warns about random-token
+    benchmarks and prints the probe command with this plan's GPU, layer-streamed (teacher mode under a
+    memory cap) when the BF16 weights do not fit one GPU (DeepSeek-V3: ~1.3 TB BF16)."""
+    plan = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="b200", gpus=8)
+    [note] = [n.message for n in plan.notes if "ckptinspect probe" in n.message]
+    assert "acceptance" in note and "concurrency" in note and "random" in note
+    command = note.split("`")[1]
+    assert command.split()[:2] == ["ckptinspect", "probe"]
+    args = command.split()
+    assert args[args.index("--gpu") + 1] == "b200"
+    assert args[args.index("--mode") + 1] == "teacher" and "--max-gpu-memory" in args
+    # a GPU other than the probe report's: the projection does not carry over
+    probe = {"cost_model": {"gpu": "H200", "precision": "bf16", "speedup": []},
+             "recommendation": {"enabled": True, "sglang": {"num_steps": 2}}}
+    mismatch = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="b200", gpus=8, probe_report=probe)
+    assert any(n.severity == "warning" and "--gpu b200" in n.message for n in mismatch.notes)
+    same = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="h200", gpus=8, probe_report=probe)
+    assert not any("rerun the probe" in n.message for n in same.notes)
+
+
+def test_small_model_probe_command_is_not_streamed(qwen35) -> None:
+    """Streamed mode only when the BF16 weights exceed one GPU: 397B params do not fit a B200, a 7B would."""
+    from dataclasses import replace
+
+    from ckptinspect.plan.gpus import find_gpu
+    from ckptinspect.plan.payoff import probe_command
+    from ckptinspect.records import Totals
+
+    ck, _ = qwen35
+    big = probe_command(ck, find_gpu("b200"))
+    assert "--mode teacher" in big
+    small = replace(ck, inventory=replace(ck.inventory, totals=Totals(tensors=1, params=7 * 10**9, bytes=14 * 10**9)))
+    assert "--mode" not in probe_command(small, find_gpu("b200"))
 
 
 def test_throughput_goal_prefers_ep_and_adds_caveat(qwen35) -> None:

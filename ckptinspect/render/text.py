@@ -68,6 +68,12 @@ def sections(report: Any, colour: bool = False) -> list[tuple[str, list[str], li
                       for engine, v in mtp.verdicts.items()]
         out.append(("MTP readiness", ["engine", "version", "verdict", "method", "draft class", "draft quant",
                                       "layers used", "because"], ready_rows))
+        if any(v.verdict in ("ready", "degraded") for v in mtp.verdicts.values()):
+            from ckptinspect.plan.payoff import report_line
+
+            plan = getattr(report, "plan", None)
+            out.append(("Will MTP pay off?", ["", ""],
+                        [["", report_line(ck, plan.gpu if plan is not None else None)]]))
     for cost in report.mtp_costs:
         out.append((f"MTP cost at TP={cost.tp} EP={cost.ep}", ["", ""], [
             ["MTP params / stored size", f"{human_count(cost.params)} / {human_bytes(cost.bytes)}"],
