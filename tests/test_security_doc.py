@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from ckptinspect.readiness.loader import ValidationCache
 from ckptinspect.sources import net_limits
 from ckptinspect.sources.http_ranges import CLOSING_SERVER_IN_FLIGHT, DEFAULT_ATTEMPTS, ERROR_BODY_LIMIT
 from ckptinspect.sources.index_prefetch import FIRST_RANGE_BYTES
@@ -49,9 +48,6 @@ def test_every_environment_variable_the_code_reads_is_documented():
     ("MAX_INDEX_FILE_BYTES", _size(MAX_INDEX_FILE_BYTES)),
     ("MAX_RULE_FILE_BYTES", _size(MAX_RULE_FILE_BYTES)),
     ("`MAX_DEPTH`", f"{MAX_DEPTH} levels"),
-    ("MAX_DOC_BYTES", _size(ValidationCache.MAX_DOC_BYTES)),
-    ("MAX_CACHE_BYTES", _size(ValidationCache.MAX_CACHE_BYTES)),
-    ("MAX_AGE_S", f"{int(ValidationCache.MAX_AGE_S // 86400)} days"),
 ])
 def test_documented_defaults_are_the_codes(row_key, value):
     rows = [line for line in DOC.splitlines() if row_key in line and line.startswith("|")]
