@@ -173,12 +173,9 @@ def diff_gate(result: Any, fail_on: str) -> list[str]:
 def read_probe_report(path: Path) -> dict:
     """A probe JSON file for ``plan(probe_report=...)``: a JSON object whose recommendation's step and
     token counts, where given, are positive integers; anything else is a PlanError naming the file."""
-    import json
+    from ckptinspect.guarded_file import MAX_PROBE_REPORT_BYTES, read_json
 
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"cannot read probe report: {exc}", path=str(path)) from exc
+    data = read_json(path, what="probe report", cap=MAX_PROBE_REPORT_BYTES, error=PlanError)
     if not isinstance(data, dict):
         raise PlanError("probe report is not a JSON object", path=str(path))
     rec = data.get("recommendation")

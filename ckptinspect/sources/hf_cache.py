@@ -20,7 +20,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from ckptinspect.errors import NotFoundError
+from ckptinspect.errors import NotFoundError, SourceError
 from ckptinspect.records import RawCheckpoint
 from ckptinspect.sources.offline import hub_offline
 
@@ -55,10 +55,12 @@ def resolve_commit(repo_id: str, revision: str | None) -> str | None:
     if _COMMIT.fullmatch(rev):
         return rev
     ref = repo_storage(repo_id) / "refs" / rev
-    try:
-        commit = ref.read_text().strip()
-    except OSError:
+    if not os.path.lexists(ref):
         return None
+    from ckptinspect.guarded_file import MAX_REF_BYTES, read_text
+
+    # A ref is a small regular file; a FIFO, a device or a huge file there is one error line, not a hang.
+    commit = read_text(ref, what="HF cache ref", cap=MAX_REF_BYTES, error=SourceError).strip()
     return commit if _COMMIT.fullmatch(commit) else None
 
 

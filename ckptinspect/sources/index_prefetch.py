@@ -192,7 +192,10 @@ def _token(explicit: str | None) -> str | None:
         home = os.environ.get("HF_HOME") or os.path.join(
             os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
         path = os.path.join(home, "token")
-    try:
-        return Path(path).expanduser().read_text().strip() or None
-    except OSError:
+    from ckptinspect.errors import CkptInspectError
+    from ckptinspect.guarded_file import read_text
+
+    try:  # a token file is tiny: a FIFO or a device there must not hang or fill memory
+        return read_text(Path(path).expanduser(), what="HF token file", cap=64 * 1024).strip() or None
+    except CkptInspectError:
         return None
