@@ -131,8 +131,14 @@ def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str 
 
     if not str(output).endswith(".json.gz"):
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
+    from ckptinspect.snapshot_output import refuse_protected_output, write_error
+
     raw = open_source(check_ref(ref), revision=revision, token=token, progress=progress)
-    write_snapshot(raw, output)
+    refuse_protected_output(raw, output)
+    try:
+        write_snapshot(raw, output)
+    except OSError as exc:
+        raise write_error(exc, output) from None
     return raw
 
 
