@@ -12,12 +12,14 @@ and ``errors``.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError
 from ckptinspect.records import VERDICT_RANK
+from ckptinspect.refs import looks_like_repo_id, normalize_ref
 
 # `--fail-on LEVEL`: the verdict rank at and above which a gate trips.
 FAIL_ON = {"degraded": VERDICT_RANK["degraded"], "unusable": VERDICT_RANK["unusable"]}
@@ -48,6 +50,17 @@ def check_ref(ref: str) -> str:
     return ref
 
 
+@contextmanager
+def _not_found_context(ref: str) -> Iterator[None]:
+    """A repo id the Hub does not know that could have been a mistyped relative path says so."""
+    try:
+        yield
+    except NotFoundError as exc:
+        if looks_like_repo_id(ref) and not Path(ref).exists() and "local directory" not in str(exc):
+            raise NotFoundError(f"{exc}; no local directory of that name either") from None
+        raise
+
+
 def example_ref() -> str:
     """The bundled example checkpoint (the layout of nvidia/Qwen3.5-397B-A17B-NVFP4, tiny dims), named as
     the user would type it from the current directory: relative below it (a checkout), else absolute
@@ -73,7 +86,9 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
     if (gpu is None) != (gpus is None):
         raise PlanError("--gpu and --gpus go together")
     ref = example_ref() if ref is None else check_ref(ref)
-    report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    ref, revision = normalize_ref(ref, revision)
+    with _not_found_context(ref):
+        report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
     if tp is not None:
         report = replace(report, mtp_costs=(_mtp_cost(report, tp, ep),))
     if gpu is not None and gpus is not None:
@@ -106,7 +121,9 @@ def plan(ref: str, *, gpu: str, gpus: int, context: int | None = None, goal: str
     from ckptinspect.plan import find_gpu, plan_or_failure
 
     find_gpu(gpu)  # fail on a bad GPU name before reading any checkpoint
-    report = build_report(check_ref(ref), rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    ref, revision = normalize_ref(check_ref(ref), revision)
+    with _not_found_context(ref):
+        report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
     return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
                            engine=engine, probe_report=probe_report, max_context=max_context,
                            concurrency=concurrency)
@@ -117,8 +134,12 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
     from ckptinspect.diff import diff_checkpoints
     from ckptinspect.pipeline import build_report
 
-    ra = build_report(check_ref(ref_a), rules_dirs=tuple(rules_dirs), progress=progress)
-    rb = build_report(check_ref(ref_b), rules_dirs=tuple(rules_dirs), progress=progress)
+    ref_a, _ = normalize_ref(check_ref(ref_a))
+    ref_b, _ = normalize_ref(check_ref(ref_b))
+    with _not_found_context(ref_a):
+        ra = build_report(ref_a, rules_dirs=tuple(rules_dirs), progress=progress)
+    with _not_found_context(ref_b):
+        rb = build_report(ref_b, rules_dirs=tuple(rules_dirs), progress=progress)
     return diff_checkpoints(ra.checkpoint, rb.checkpoint, ra.mtp, rb.mtp)
 
 
@@ -133,7 +154,9 @@ def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str 
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
     from ckptinspect.snapshot_output import refuse_protected_output, write_error
 
-    raw = open_source(check_ref(ref), revision=revision, token=token, progress=progress)
+    ref, revision = normalize_ref(check_ref(ref), revision)
+    with _not_found_context(ref):
+        raw = open_source(ref, revision=revision, token=token, progress=progress)
     refuse_protected_output(raw, output)
     try:
         write_snapshot(raw, output)

@@ -44,6 +44,13 @@ def output_width(fmt: str, wide: bool) -> int | None:
     """Columns for human text (None: full width)."""
     if wide or fmt != "text":
         return None
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return max(40, int(columns))
+    if not _isatty(sys.stdout):
+        # A pipe or a file has no width: wrapping at a guessed 80 columns split flags and paths in
+        # what people copy from logs and grep (issue 26 item 8).
+        return None
     return max(40, shutil.get_terminal_size((80, 24)).columns)
 
 

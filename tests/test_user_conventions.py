@@ -1,0 +1,89 @@
+"""What users type and where output goes (issue 26 items 6, 8, 9): Hub URLs, hf:// and HF cache folders
+as references, a revision given twice, a mistyped path that looks like org/name; text to a pipe not
+wrapped at a guessed 80 columns; "did you mean" for commands; the group's options after the command."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptinspect.errors import SourceError
+from ckptinspect.refs import normalize_ref
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in ("CKPTINSPECT_DEBUG", "COLUMNS")}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "ckptinspect", *args], capture_output=True, text=True, cwd=REPO,
+                          env=full, timeout=120)
+
+
+@pytest.mark.parametrize("typed, ref", [
+    ("https://huggingface.co/org/name", "org/name"),
+    ("https://huggingface.co/org/name/tree/dev", "org/name@dev"),
+    ("https://huggingface.co/org/name/blob/main/config.json", "org/name"),
+    ("hf://org/name", "org/name"),
+    ("hf://org/name@v1", "org/name@v1"),
+    ("org/name", "org/name"),
+])
+def test_hub_urls_become_repo_ids(typed, ref):
+    assert normalize_ref(typed) == (ref, None)
+
+
+def test_a_revision_given_twice_must_agree():
+    assert normalize_ref("org/name@v1", "v1") == ("org/name@v1", "v1")
+    with pytest.raises(SourceError, match="pins revision 'v1' but --revision says 'v2'"):
+        normalize_ref("org/name@v1", "v2")
+    r = _cli("report", "org/name@v1", "--revision", "v2")
+    assert r.returncode == 2 and "--revision says 'v2'" in r.stderr
+
+
+def test_an_hf_cache_repo_folder_reads_its_main_snapshot(tmp_path, make_fixture):
+    from ckptinspect import api
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = tmp_path / "hub" / "models--org--name"
+    shutil.copytree(make_fixture("deepseek_v3_nvfp4"), folder / "snapshots" / commit)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit + "\n")
+    (folder / "blobs").mkdir()
+    direct = api.inspect(str(folder / "snapshots" / commit))
+    for typed in (folder, folder / "snapshots"):
+        report = api.inspect(str(typed))
+        assert report.checkpoint.location == direct.checkpoint.location
+        assert report.mtp.verdicts == direct.mtp.verdicts
+
+
+def test_a_mistyped_path_that_looks_like_a_repo_id_says_so(tmp_path):
+    r = _cli("report", "mymodels/qwen-nvfp4", env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert r.returncode == 2 and "no local directory of that name either" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_text_to_a_pipe_is_not_wrapped_at_80_columns(make_fixture):
+    path = make_fixture("deepseek_v3_nvfp4_mtp_fp4")
+    piped = _cli("report", str(path))
+    assert piped.returncode == 0 and max(map(len, piped.stdout.splitlines())) > 100
+    # the probe command of the payoff section is whole on one line
+    assert any("ckptinspect probe" in line and "-o probe.json" in line for line in piped.stdout.splitlines())
+    narrow = _cli("report", str(path), env={"COLUMNS": "80"})
+    assert max(map(len, narrow.stdout.splitlines())) <= 80
+
+
+def test_unknown_command_suggests_the_closest():
+    r = _cli("reprot", "x")
+    assert r.returncode == 2 and "did you mean 'report'" in r.stderr
+    r = _cli("frobnicate")
+    assert r.returncode == 2 and "commands: report" in r.stderr
+
+
+def test_network_options_after_the_command(make_fixture):
+    r = _cli("report", str(make_fixture("deepseek_v3_nvfp4")), "--deadline", "30", "--request-timeout=10", "-q")
+    assert r.returncode == 0, r.stderr
