@@ -56,8 +56,14 @@ def _not_found_context(ref: str) -> Iterator[None]:
     try:
         yield
     except NotFoundError as exc:
-        if looks_like_repo_id(ref) and not Path(ref).exists() and "local directory" not in str(exc):
-            raise NotFoundError(f"{exc}; no local directory of that name either") from None
+        if looks_like_repo_id(ref) and not Path(ref).exists() and not cached_files(ref)[2]:
+            message = str(exc)
+            if exc.path and message.startswith(f"{exc.path}: "):
+                message = message[len(exc.path) + 2:]
+            if exc.hint and message.endswith(f" ({exc.hint})"):
+                message = message[: -len(f" ({exc.hint})")]
+            raise type(exc)(f"{message}; no local directory of that name either", path=exc.path,
+                            hint=exc.hint) from None
         raise
 
 

@@ -72,7 +72,7 @@ def test_text_to_a_pipe_is_not_wrapped_at_80_columns(make_fixture):
     piped = _cli("report", str(path))
     assert piped.returncode == 0 and max(map(len, piped.stdout.splitlines())) > 100
     # the probe command of the payoff section is whole on one line
-    assert any("ckptinspect probe" in line and "-o probe.json" in line for line in piped.stdout.splitlines())
+    assert any("ckptinspect probe" in line and "--gpu YOUR_GPU`" in line for line in piped.stdout.splitlines())
     narrow = _cli("report", str(path), env={"COLUMNS": "80"})
     assert max(map(len, narrow.stdout.splitlines())) <= 80
 

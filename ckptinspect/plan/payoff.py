@@ -40,14 +40,14 @@ def probe_command(ck: Checkpoint, gpu: GpuSpec) -> str:
 
 
 def report_line(ck: Checkpoint, gpu: GpuSpec | None) -> str:
-    """The report's answer to "will MTP pay on my workload?" (``gpu``: the report's plan GPU, if any)."""
+    """The report's short answer to "will MTP pay on my workload?" (``gpu``: the report's plan GPU)."""
     if gpu is not None:
-        return f"{WHAT_DECIDES}; measure it with `{probe_command(ck, gpu)}`"
-    model, _ = serve_target(ck)
-    bf16 = ck.inventory.totals.params * _BF16_BYTES / 2**30
-    return (f"{WHAT_DECIDES}; measure it with `ckptinspect probe {shlex.quote(model)} --gpu YOUR_GPU --format json "
-            f"-o probe.json` (add `--mode teacher --max-gpu-memory GIB` when the {bf16:.1f} GiB of BF16 weights "
-            f"exceed one GPU)")
+        command = probe_command(ck, gpu)
+    else:
+        model, _ = serve_target(ck)
+        command = f"ckptinspect probe {shlex.quote(model)} --gpu YOUR_GPU"
+    return (f"depends on draft acceptance on your own traffic and on concurrency (random-token benchmarks "
+            f"show no gain); measure: `{command}`")
 
 
 def payoff_note(ck: Checkpoint, gpu: GpuSpec) -> str:
