@@ -87,3 +87,37 @@ def test_unknown_command_suggests_the_closest():
 def test_network_options_after_the_command(make_fixture):
     r = _cli("report", str(make_fixture("deepseek_v3_nvfp4")), "--deadline", "30", "--request-timeout=10", "-q")
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("smi, catalog", [
+    ("NVIDIA H200", "H200-SXM"),
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+    ("NVIDIA H100 PCIe", "H100-PCIe"),
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM-80GB"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000-Blackwell"),
+    ("NVIDIA GeForce RTX 5090", "RTX-5090"),
+    ("NVIDIA B300 SXM6 AC", "B300"),
+    ("AMD Instinct MI300X", "MI300X"),
+])
+def test_nvidia_smi_names_are_accepted(smi, catalog):
+    """What `nvidia-smi --query-gpu=name` / rocm-smi print (issue 26 item 7)."""
+    from ckptinspect.plan.gpus import find_gpu
+
+    assert find_gpu(smi).name == catalog
+
+
+@pytest.mark.parametrize("typed", ["NVIDIA H100 NVL", "NVIDIA H200 NVL", "h100-nvl", "h300"])
+def test_another_card_is_never_suggested(typed):
+    """H100 NVL (94 GB) is neither an H100 SXM nor an H200: unknown, and no suggestion names another card."""
+    from ckptinspect.errors import PlanError
+    from ckptinspect.plan.gpus import find_gpu
+
+    with pytest.raises(PlanError):
+        find_gpu(typed)
+    r = _cli("plan", "x", "--gpu", typed, "--gpus", "8")
+    assert r.returncode == 2 and "unknown GPU" in r.stderr and "did you mean" not in r.stderr, r.stderr
+
+
+def test_spelling_variants_are_still_suggested():
+    r = _cli("plan", "x", "--gpu", "rtx-6000-pro", "--gpus", "8")
+    assert r.returncode == 2 and "did you mean" in r.stderr and "rtx-pro-6000" in r.stderr
