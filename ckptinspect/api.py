@@ -241,6 +241,13 @@ def find_gpu(name: str) -> Any:
     return find(name)
 
 
+def gpu_name_keys(name: str) -> list[str]:
+    """The spellings ``find_gpu`` tries for ``name`` (as typed, without vendor, without packaging words)."""
+    from ckptinspect.plan.gpus import name_keys
+
+    return name_keys(name)
+
+
 def split_problem(tp: int, ep: int | None) -> str:
     """Why SGLang / vLLM refuse ``--tp tp --ep ep``, or "" when both accept it."""
     from ckptinspect.plan import split_problem as problem

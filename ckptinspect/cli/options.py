@@ -105,9 +105,9 @@ def check_gpu(ctx: click.Context | None, param: Any, value: str | None) -> str |
     for name, aliases in gpu_names():
         for spelling in (name, *aliases):
             spellings[_key(spelling)] = spelling
-    from ckptinspect.plan.gpus import name_keys
+    from ckptinspect.api import gpu_name_keys
 
-    keys = name_keys(value)
+    keys = gpu_name_keys(value)
     if any(k in spellings for k in keys):
         return value
     wanted = keys[-1]
