@@ -166,3 +166,9 @@ def test_escape_keeps_safe_text_and_escapes_the_rest():
     assert escaped(f) is f  # nothing to escape: no copy
     assert escaped((f, {"k\x07": ["v\r"]}))[1] == {"k\\x07": ["v\\r"]}
     assert SourceError("bad\nline", path="dir\x1b").args[0] == "dir\\x1b: bad\\nline"
+
+
+def test_usage_errors_quote_arguments_escaped():
+    r = _run("report", "x", "--format", "\x1b[2Jevil\x07")
+    assert r.returncode == 2 and "\x1b" not in r.stderr and "\x07" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -127,11 +127,16 @@ def main(argv: list[str] | None = None) -> Any:
         exc.show()
         sys.exit(2)
     except click.UsageError as exc:  # one line, like every other error
+        from ckptinspect.render.terminal import escape_controls
+
         where = exc.ctx.command_path if exc.ctx is not None else "ckptinspect"
-        click.echo(f"error: {where}: {' '.join(exc.format_message().split())} (see --help)", err=True)
+        message = escape_controls(' '.join(exc.format_message().split()))  # the user's argument, quoted
+        click.echo(f"error: {where}: {message} (see --help)", err=True)
         sys.exit(2)
     except click.ClickException as exc:
-        click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        from ckptinspect.render.terminal import escape_controls
+
+        click.echo(f"error: {escape_controls(' '.join(exc.format_message().split()))}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
