@@ -186,6 +186,8 @@ def _readiness_findings(mtp_a: MtpAssessment | None, mtp_b: MtpAssessment | None
         out.append(Finding("mtp-verdict-worse", "error" if vb.verdict == "unusable" else "warning",
                            f"{engine} MTP verdict {va.verdict.upper()} on A, {vb.verdict.upper()} on B{because}",
                            engine=engine, hint=f"run `ckptinspect report` on B for the {engine} findings"))
+    if not mtp_b.present_layers:
+        return out  # no MTP layer in B: mtp-dropped already says it, B's own errors only restate it
     a_errors = {(f.code, f.engine) for f in (mtp_a.findings if mtp_a is not None else ()) if f.severity == "error"}
     for f in mtp_b.findings:
         if f.severity == "error":

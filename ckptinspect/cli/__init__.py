@@ -46,7 +46,7 @@ class LazyGroup(click.Group):
 
             close = difflib.get_close_matches(name, list(COMMANDS), n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else f" (commands: {', '.join(COMMANDS)})"
-            raise click.UsageError(f"no such command {name!r}{hint}", ctx)
+            raise click.UsageError(f"No such command {name!r}{hint}", ctx)
         return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
