@@ -362,3 +362,19 @@ def test_plan_from_a_snapshot_serves_what_it_recorded(source, path, revision) ->
     assert _flags(plan)["--model-path"] == path and vl.positional == (path,)
     assert _flags(plan).get("--revision") == revision and _flags(plan, "vllm").get("--revision") == revision
     assert "json.gz" not in sg.shell() + vl.shell()
+
+
+def test_a_string_config_size_is_one_error_line_not_a_type_error(tmp_path: Path, make_fixture, cli) -> None:
+    """benchmarks/fuzz.py (seed 2, case 50,747): a string linear_conv_kernel_dim crashed the plan's
+    linear-attention state model with a TypeError traceback."""
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(make_fixture("qwen3_5_moe_nvfp4"), model)
+    config = json.loads((model / "config.json").read_text())
+    section = config.get("text_config", config)
+    section["linear_conv_kernel_dim"] = "4"
+    (model / "config.json").write_text(json.dumps(config))
+    r = cli("report", str(model), "--gpu", "h200", "--gpus", "8")
+    assert r.returncode == 2 and "linear_conv_kernel_dim must be a non-negative integer" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
