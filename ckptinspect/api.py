@@ -12,12 +12,14 @@ and ``errors``.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError
 from ckptinspect.records import VERDICT_RANK
+from ckptinspect.refs import looks_like_repo_id, normalize_ref
 
 if TYPE_CHECKING:  # the return types, named without importing their stages at import time
     from ckptinspect.diff import CheckpointDiff
@@ -56,6 +58,23 @@ def check_ref(ref: str) -> str:
     return ref
 
 
+@contextmanager
+def _not_found_context(ref: str) -> Iterator[None]:
+    """A repo id the Hub does not know that could have been a mistyped relative path says so."""
+    try:
+        yield
+    except NotFoundError as exc:
+        if looks_like_repo_id(ref) and not Path(ref).exists() and not cached_files(ref)[2]:
+            message = str(exc)
+            if exc.path and message.startswith(f"{exc.path}: "):
+                message = message[len(exc.path) + 2:]
+            if exc.hint and message.endswith(f" ({exc.hint})"):
+                message = message[: -len(f" ({exc.hint})")]
+            raise type(exc)(f"{message}; no local directory of that name either", path=exc.path,
+                            hint=exc.hint) from None
+        raise
+
+
 def example_ref() -> str:
     """The bundled example checkpoint (the layout of nvidia/Qwen3.5-397B-A17B-NVFP4, tiny dims), named as
     the user would type it from the current directory: relative below it (a checkout), else absolute
@@ -81,7 +100,9 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
     if (gpu is None) != (gpus is None):
         raise PlanError("--gpu and --gpus go together")
     ref = example_ref() if ref is None else check_ref(ref)
-    report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    ref, revision = normalize_ref(ref, revision)
+    with _not_found_context(ref):
+        report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
     if report.checkpoint.format == "gguf" and (tp is not None or gpu is not None):
         raise PlanError("--tp / --gpu describe SGLang / vLLM deployments; for a GGUF run "
                         "`ckptinspect plan MODEL --gpu GPU --gpus N` (a llama-server command)", path=ref)
@@ -117,7 +138,9 @@ def plan(ref: str, *, gpu: str, gpus: int, context: int | None = None, goal: str
     from ckptinspect.plan import find_gpu, plan_or_failure
 
     find_gpu(gpu)  # fail on a bad GPU name before reading any checkpoint
-    report = build_report(check_ref(ref), rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    ref, revision = normalize_ref(check_ref(ref), revision)
+    with _not_found_context(ref):
+        report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
     if report.checkpoint.format == "gguf":  # GGUF runs on llama.cpp (plan/llamacpp.py)
         if engine not in ("both", "llamacpp"):
             raise PlanError(f"{ref} is a GGUF checkpoint: plans are made for llama.cpp (--engine llamacpp), not {engine}")
@@ -136,8 +159,12 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
     from ckptinspect.diff import diff_checkpoints
     from ckptinspect.pipeline import build_report
 
-    ra = build_report(check_ref(ref_a), rules_dirs=tuple(rules_dirs), progress=progress)
-    rb = build_report(check_ref(ref_b), rules_dirs=tuple(rules_dirs), progress=progress)
+    ref_a, _ = normalize_ref(check_ref(ref_a))
+    ref_b, _ = normalize_ref(check_ref(ref_b))
+    with _not_found_context(ref_a):
+        ra = build_report(ref_a, rules_dirs=tuple(rules_dirs), progress=progress)
+    with _not_found_context(ref_b):
+        rb = build_report(ref_b, rules_dirs=tuple(rules_dirs), progress=progress)
     a, b = ra.checkpoint, rb.checkpoint
     if a.format != b.format:  # safetensors vs GGUF: compare under the converter's Hugging Face names
         from dataclasses import replace
@@ -159,11 +186,19 @@ def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str 
 
     if not str(output).endswith(".json.gz"):
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
-    raw = open_source(check_ref(ref), revision=revision, token=token, progress=progress)
+    from ckptinspect.snapshot_output import refuse_protected_output, write_error
+
+    ref, revision = normalize_ref(check_ref(ref), revision)
+    with _not_found_context(ref):
+        raw = open_source(ref, revision=revision, token=token, progress=progress)
     if getattr(raw, "format", None) == "gguf":
         raise CkptInspectError("snapshots hold safetensors headers; a GGUF checkpoint is reported from its files",
                                path=ref)
-    write_snapshot(raw, output)
+    refuse_protected_output(raw, output)
+    try:
+        write_snapshot(raw, output)
+    except OSError as exc:
+        raise write_error(exc, output) from None
     return raw
 
 
@@ -220,12 +255,9 @@ def diff_gate(result: Any, fail_on: str) -> list[str]:
 def read_probe_report(path: Path) -> dict:
     """A probe JSON file for ``plan(probe_report=...)``: a JSON object whose recommendation's step and
     token counts, where given, are positive integers; anything else is a PlanError naming the file."""
-    import json
+    from ckptinspect.guarded_file import MAX_PROBE_REPORT_BYTES, read_json
 
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"cannot read probe report: {exc}", path=str(path)) from exc
+    data = read_json(path, what="probe report", cap=MAX_PROBE_REPORT_BYTES, error=PlanError)
     if not isinstance(data, dict):
         raise PlanError("probe report is not a JSON object", path=str(path))
     rec = data.get("recommendation")
@@ -254,6 +286,13 @@ def find_gpu(name: str) -> "GpuSpec":
     from ckptinspect.plan import find_gpu as find
 
     return find(name)
+
+
+def gpu_name_keys(name: str) -> list[str]:
+    """The spellings ``find_gpu`` tries for ``name`` (as typed, without vendor, without packaging words)."""
+    from ckptinspect.plan.gpus import name_keys
+
+    return name_keys(name)
 
 
 def split_problem(tp: int, ep: int | None) -> str:

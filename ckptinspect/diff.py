@@ -11,10 +11,10 @@ loading both checkpoints: ckptinspect.api.diff.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-from ckptinspect.records import Checkpoint, Finding, MtpAssessment, TensorGroup
+from ckptinspect.records import VERDICT_RANK, Checkpoint, Finding, MtpAssessment, TensorGroup
 
 _WEIGHT_ROLES = ("weight", "other")
 
@@ -138,7 +138,7 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, mtp_a: MtpAssessment | None =
     side_a, side_b = _side(a, mtp_a), _side(b, mtp_b)
     only_a = tuple(e for e in side_a.excludes if e not in set(side_b.excludes))
     only_b = tuple(e for e in side_b.excludes if e not in set(side_a.excludes))
-    findings = _findings(side_a, side_b, removed)
+    findings = _findings(side_a, side_b, removed) + _readiness_findings(mtp_a, mtp_b)
     return CheckpointDiff(a=side_a, b=side_b, scheme_changes=tuple(_summarise(changed)),
                           removed=tuple(_summarise(removed)), added=tuple(_summarise(added)),
                           excludes_only_a=only_a, excludes_only_b=only_b, findings=tuple(findings))
@@ -166,4 +166,31 @@ def _findings(a: Side, b: Side, removed: list[Any]) -> list[Finding]:
                            hint="re-export B with the complete MTP layer"))
     if a.family != b.family:
         out.append(Finding("family-differs", "warning", f"A matches family {a.family}, B {b.family}"))
+    return out
+
+
+def _readiness_findings(mtp_a: MtpAssessment | None, mtp_b: MtpAssessment | None) -> list[Finding]:
+    """What B's own report says about its MTP layer, carried into the diff: a quant that re-quantized
+    the MTP layer keeps every module (nothing disappears) yet no engine can use it, and a
+    `diff --fail-on error` gate must trip on that exactly as `report --fail-on error` on B does.
+    Each engine whose verdict got worse from A to B is a finding (an error when B is unusable), and
+    B's error findings about the MTP layer are repeated with their engine, prefixed "B:"."""
+    if mtp_b is None:
+        return []
+    out: list[Finding] = []
+    for engine, vb in sorted(mtp_b.verdicts.items()):
+        va = mtp_a.verdicts.get(engine) if mtp_a is not None else None
+        if va is None or VERDICT_RANK[vb.verdict] <= VERDICT_RANK[va.verdict]:
+            continue
+        because = f" (because: {', '.join(vb.reasons)})" if vb.reasons else ""
+        out.append(Finding("mtp-verdict-worse", "error" if vb.verdict == "unusable" else "warning",
+                           f"{engine} MTP verdict {va.verdict.upper()} on A, {vb.verdict.upper()} on B{because}",
+                           engine=engine, hint=f"run `ckptinspect report` on B for the {engine} findings"))
+    if not mtp_b.present_layers:
+        return out  # no MTP layer in B: mtp-dropped already says it, B's own errors only restate it
+    a_errors = {(f.code, f.engine) for f in (mtp_a.findings if mtp_a is not None else ()) if f.severity == "error"}
+    for f in mtp_b.findings:
+        if f.severity == "error":
+            also = " (A has it too)" if (f.code, f.engine) in a_errors else ""
+            out.append(replace(f, message=f"B: {f.message}{also}"))
     return out

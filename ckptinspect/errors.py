@@ -24,7 +24,11 @@ class CkptInspectError(Exception):
         text = f"{path}: {message}" if path else message
         if hint:
             text = f"{text} ({hint})"
-        super().__init__(text)
+        # One line, and no terminal control from a file name or a value the checkpoint chose (a newline in
+        # a file name would make the second line attacker-written): ckptinspect/escape.py.
+        from ckptinspect.escape import escape_controls
+
+        super().__init__(escape_controls(text))
 
 
 class SourceError(CkptInspectError):

@@ -24,6 +24,12 @@ MAX_JSON_DEPTH = 127
 # (conversion is quadratic), but that limit can be lifted with PYTHONINTMAXSTRDIGITS=0; this keeps
 # the bound whatever the environment says. No metadata value needs more than 20 digits (u64).
 MAX_INT_DIGITS = 4300
+# Most values (containers + elements) a document may build, bounded before parsing by counting the
+# bytes that can start one ("," "[" "{"; those inside strings count too, so this over-counts). A byte
+# cap alone does not bound memory: ``[[],[],...]`` builds a 56-byte list per 3 bytes, so 300 MiB of
+# legal-looking JSON became 7 GB of objects. Every value costs at most ~72 bytes (an empty dict plus
+# its slot), so 4M values stay under ~300 MB. The largest real index (371k tensors) counts ~0.75M.
+MAX_JSON_ITEMS = 4_000_000
 # A JSON escape that decodes to a UTF-16 surrogate (\uD800-\uDFFF). Only when the text contains one
 # can a decoded string hold a lone surrogate; an escaped backslash before "ud8.." is a false positive
 # that costs one exact walk, never a wrong answer.
@@ -46,7 +52,7 @@ def _bounded_int(literal: str) -> int:
 
 
 def decode_json(data: bytes | str, *, source: str, error: type[CkptInspectError] = ConfigError,
-                what: str | None = None) -> Any:
+                what: str | None = None, max_items: int = MAX_JSON_ITEMS) -> Any:
     """Decode one JSON document; every malformed or hostile input raises ``error`` naming ``source``
     (its message starts with ``what``, when given, e.g. "not a JSON snapshot").
 
@@ -56,6 +62,9 @@ def decode_json(data: bytes | str, *, source: str, error: type[CkptInspectError]
     """
     if what is not None:
         error = _prefixed(error, what)
+    items = _value_bound(data)
+    if items > max_items:
+        raise error(f"would build up to {items:,} JSON values, over the {max_items:,} cap", path=source)
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
             text = bytes(data).decode("utf-8")
@@ -89,6 +98,15 @@ def _compiled(text: str) -> Any:
         return _compiled_loads(text)
     except ValueError:  # orjson.JSONDecodeError: json decides (and words the error)
         return _REFUSED
+
+
+def _value_bound(data: bytes | bytearray | memoryview | str) -> int:
+    """An upper bound on the values ``data`` decodes to (C-speed counts, ~30 ms per 100 MB)."""
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    if isinstance(data, str):
+        return data.count(",") + data.count("[") + data.count("{") + 1
+    return data.count(b",") + data.count(b"[") + data.count(b"{") + 1
 
 
 def check_structure(obj: Any, *, source: str, error: type[CkptInspectError] = ConfigError,

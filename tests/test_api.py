@@ -69,7 +69,9 @@ def test_snapshot_round_trip_through_the_api(make_fixture, tmp_path):
 
 def test_diff_gate_levels(make_fixture):
     d = api.diff(str(make_fixture("qwen3_5_moe_nvfp4")), str(make_fixture("qwen3_5_moe_nvfp4_nomtp")))
-    assert api.diff_gate(d, "error") == ["mtp-dropped (error)"]
+    # the dropped layer, and each engine whose verdict got worse (issue 26 item 1); B's own readiness
+    # errors are not repeated when B has no MTP layer at all
+    assert api.diff_gate(d, "error") == ["mtp-dropped (error)"] + ["mtp-verdict-worse (error)"] * 2
     assert api.diff_gate(d, "warning")[0] == "mtp-dropped (error)"
     same = api.diff(str(make_fixture("deepseek_v3_fp8")), str(make_fixture("deepseek_v3_fp8")))
     assert api.diff_gate(same, "warning") == []

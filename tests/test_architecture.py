@@ -73,7 +73,6 @@ def test_json_report_loads_no_terminal_code():
 # Modules outside render/ that write JSON for a reason other than a command's output, and why.
 JSON_WRITERS = {
     "ckptinspect/sources/snapshot.py": "the snapshot file (metadata a later `report` reads back)",
-    "ckptinspect/readiness/loader.py": "the rule validation cache file",
     "ckptinspect/plan/vllm.py": "the value of vLLM's --speculative-config flag is a JSON string",
     "ckptinspect/probe/server_client.py": "request bodies sent to a running SGLang server",
     "ckptinspect/probe/engine_client.py": "request bodies sent to a running vLLM / SGLang server (--engine)",

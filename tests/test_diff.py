@@ -108,3 +108,35 @@ def test_diff_output_does_not_depend_on_the_hash_seed(make_fixture):
     assert dropped, doc["findings"]
     mtp_removed = sorted(c["module"] for c in doc["removed"] if c["mtp"])
     assert f"(e.g. {mtp_removed[0]})" in dropped[0]["message"]
+
+
+def test_diff_gate_trips_on_a_requantized_mtp_layer(make_fixture, tmp_path):
+    """README quickstart 4: `diff BF16 QUANT --fail-on error` must trip when QUANT's MTP layer cannot be
+    used, although no module disappeared (issue 26 item 1). The diff carries B's readiness errors and
+    each verdict that got worse, with its engine."""
+    from ckptinspect.api import diff_gate, inspect
+
+    a, b = make_fixture("deepseek_v3_nvfp4"), make_fixture("deepseek_v3_nvfp4_mtp_fp4")
+    d = load_and_diff(str(a), str(b))
+    assert d.removed == ()
+    report_b = inspect(str(b))
+    b_errors = {(f.code, f.engine) for f in report_b.mtp.findings if f.severity == "error"}
+    assert b_errors and b_errors <= {(f.code, f.engine) for f in d.findings if f.severity == "error"}
+    worse = {f.engine: f.severity for f in d.findings if f.code == "mtp-verdict-worse"}
+    expected = {e: {"unusable": "error", "degraded": "warning"}[v.verdict]
+                for e, v in report_b.mtp.verdicts.items() if v.verdict != "ready"}
+    assert worse == expected and "error" in worse.values()
+    assert diff_gate(d, "error")
+    # the reverse direction (B is the good one) is no regression
+    assert not [f for f in load_and_diff(str(b), str(a)).findings if f.code == "mtp-verdict-worse"]
+
+
+def test_diff_cli_gate_exit_code_on_requantized_mtp(make_fixture):
+    import subprocess
+    import sys
+
+    a, b = make_fixture("deepseek_v3_nvfp4"), make_fixture("deepseek_v3_nvfp4_mtp_fp4")
+    r = subprocess.run([sys.executable, "-m", "ckptinspect", "diff", str(a), str(b), "--fail-on", "error"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    assert "mtp-verdict-worse [sglang]" in r.stdout and "fail-on error" in r.stderr

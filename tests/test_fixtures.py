@@ -13,7 +13,6 @@ import json
 import math
 import re
 import struct
-import time
 from pathlib import Path
 
 import pytest
@@ -80,9 +79,7 @@ def all_tensors(d: Path) -> dict[str, tuple[str, dict]]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fx")
-    t0 = time.perf_counter()
-    build_all(out)
-    assert time.perf_counter() - t0 < 5.0
+    build_all(out)  # its time: BENCHMARKS.md (tests assert no wall-clock bounds)
     return out
 
 

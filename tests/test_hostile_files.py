@@ -15,7 +15,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -170,9 +169,7 @@ def test_non_regular_indexed_shard_is_refused_without_blocking(model, kind):
         path.symlink_to("/dev/zero")
     else:
         path.mkdir()
-    started = time.monotonic()
     result = _run(model, timeout=30)  # a blocking open would hit the timeout (TimeoutExpired)
-    assert time.monotonic() - started < 30
     _assert_one_line(result, SHARD, "not a regular file")
 
 
@@ -195,13 +192,11 @@ def test_sparse_2gib_config_is_refused_fast_in_bounded_memory(model):
               "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
               "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
               "print(code, hwm)")
-    started = time.monotonic()
     out = subprocess.run([sys.executable, "-c", script, "report", str(model), "--quiet"], capture_output=True,
                          text=True, timeout=60, cwd=str(ROOT))
-    elapsed = time.monotonic() - started
     code, rss_kb = out.stdout.split()
     assert code == "2" and "config.json" in out.stderr and "cap" in out.stderr, out.stderr
-    assert elapsed < 10 and int(rss_kb) < 300 * 1024, (elapsed, rss_kb)  # never read: ~60 MB interpreter
+    assert int(rss_kb) < 300 * 1024, rss_kb  # never read: ~60 MB interpreter
 
 
 def test_json_size_cap_is_checked_before_reading(tmp_path):
@@ -232,10 +227,8 @@ def test_depth_cap_is_the_reference_limit():
 ])
 def test_header_shapes_never_cost_unbounded_time_or_memory(header):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    started = time.monotonic()
     with pytest.raises(HeaderError):
         parse_header(header.encode(), source="x.safetensors", file_size=None)
-    assert time.monotonic() - started < 5
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024
 
 
@@ -245,9 +238,7 @@ def test_huge_counts_in_config_are_refused_not_enumerated(model, key):
     config["text_config"][key] = 10 ** 12  # one entry per layer / expert id would never finish
     config["text_config"].pop("layer_types", None)
     (model / "config.json").write_text(json.dumps(config))
-    started = time.monotonic()
     _assert_one_line(_run(model, timeout=60), "config.json", "10,000" if key == "num_hidden_layers" else "65,536")
-    assert time.monotonic() - started < 30
 
 
 def test_config_integers_over_64_bits_are_one_line(model):

@@ -134,7 +134,8 @@ def test_probe_report_overrides_speculative_defaults(qwen35) -> None:
     assert plan.speculative["sglang"]["from"] == "probe report"
 
 
-def test_probe_saying_mtp_does_not_pay_is_surfaced(qwen35) -> None:
+def test_probe_saying_mtp_does_not_pay_drops_the_speculative_flags(qwen35) -> None:
+    """No output recommends speculative flags next to a projection of no gain (issue 26 item 3)."""
     ck, mtp = qwen35
     probe = {"recommendation": {"enabled": False, "projected_speedup_bs1": 0.87,
                                 "sglang": {"num_steps": 1, "eagle_topk": 1, "num_draft_tokens": 2},
@@ -142,7 +143,48 @@ def test_probe_saying_mtp_does_not_pay_is_surfaced(qwen35) -> None:
     plan = make_plan(ck, mtp, gpu="b200", gpus=4, probe_report=probe)
     warnings = [n.message for n in plan.notes if n.severity == "warning" and "does not pay off" in n.message]
     assert len(warnings) == 2 and "x0.87" in warnings[0]
-    assert make_plan(ck, mtp, gpu="b200", gpus=4).notes != plan.notes
+    assert not any(f.startswith("--speculative") for f in _flags(plan))
+    assert "--speculative-config" not in _flags(plan, "vllm")
+    assert not any(plan.speculative.values())
+    assert plan.chosen.memory.mtp_bytes_per_rank == 0  # the draft is not loaded either
+    drafting = make_plan(ck, mtp, gpu="b200", gpus=4)
+    assert "--speculative-algorithm" in _flags(drafting)
+
+
+def test_plan_says_what_decides_the_payoff_and_prints_the_probe_command() -> None:
+    """A drafting plan without a probe report says what decides whether MTP pays, warns about random-token
+    benchmarks and prints the probe command with this plan's GPU, layer-streamed (teacher mode under a
+    memory cap) when the BF16 weights do not fit one GPU (DeepSeek-V3: ~1.3 TB BF16)."""
+    plan = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="b200", gpus=8)
+    [note] = [n.message for n in plan.notes if "ckptinspect probe" in n.message]
+    assert "acceptance" in note and "concurrency" in note and "random" in note
+    command = note.split("`")[1]
+    assert command.split()[:2] == ["ckptinspect", "probe"]
+    args = command.split()
+    assert args[args.index("--gpu") + 1] == "b200"
+    assert args[args.index("--mode") + 1] == "teacher" and "--max-gpu-memory" in args
+    # a GPU other than the probe report's: the projection does not carry over
+    probe = {"cost_model": {"gpu": "H200", "precision": "bf16", "speedup": []},
+             "recommendation": {"enabled": True, "sglang": {"num_steps": 2}}}
+    mismatch = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="b200", gpus=8, probe_report=probe)
+    assert any(n.severity == "warning" and "--gpu b200" in n.message for n in mismatch.notes)
+    same = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="h200", gpus=8, probe_report=probe)
+    assert not any("rerun the probe" in n.message for n in same.notes)
+
+
+def test_small_model_probe_command_is_not_streamed(qwen35) -> None:
+    """Streamed mode only when the BF16 weights exceed one GPU: 397B params do not fit a B200, a 7B would."""
+    from dataclasses import replace
+
+    from ckptinspect.plan.gpus import find_gpu
+    from ckptinspect.plan.payoff import probe_command
+    from ckptinspect.records import Totals
+
+    ck, _ = qwen35
+    big = probe_command(ck, find_gpu("b200"))
+    assert "--mode teacher" in big
+    small = replace(ck, inventory=replace(ck.inventory, totals=Totals(tensors=1, params=7 * 10**9, bytes=14 * 10**9)))
+    assert "--mode" not in probe_command(small, find_gpu("b200"))
 
 
 def test_throughput_goal_prefers_ep_and_adds_caveat(qwen35) -> None:
@@ -284,3 +326,58 @@ def test_tree_drafting_from_probe_moves_off_topk1_only_backend(qwen35) -> None:
     assert f["--speculative-eagle-topk"] == "4"
     assert f["--attention-backend"] in engine_rules("sglang")["speculative"]["topk_gt1_backends"]
     assert f["--attention-backend"] != "trtllm_mha"
+
+
+def test_plan_without_readable_weights_is_a_failure_with_no_command(tmp_path: Path, cli) -> None:
+    """A `.bin`-only checkpoint plans 0 GiB of weights on old main and prints commands (issue 26 item 4):
+    now a failure naming the no-weights error, no command, exit 2; the report's plan section says so."""
+    from ckptinspect import api
+    from fixtures.spec import DATA_DIR
+
+    (tmp_path / "config.json").write_bytes((DATA_DIR / "deepseek-ai__DeepSeek-V3__config.json").read_bytes())
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not loaded")
+    result = api.plan(str(tmp_path), gpu="h200", gpus=8)
+    assert not result.ok and "no readable weights" in result.reason and "pytorch_model.bin" in result.reason
+    r = cli("plan", str(tmp_path), "--gpu", "h200", "--gpus", "8")
+    assert r.returncode == 2 and "no readable weights" in r.stderr
+    assert "launch_server" not in r.stdout and "vllm serve" not in r.stdout
+    report = api.inspect(str(tmp_path), gpu="h200", gpus=8)
+    assert not report.plan.ok and any(f.code == "no-weights" and f.severity == "error"
+                                      for f in report.checkpoint.findings)
+
+
+@pytest.mark.parametrize("source, path, revision", [
+    ({"kind": "hub", "ref": "deepseek-ai/DeepSeek-V3", "location": "https://hub/deepseek-ai/DeepSeek-V3",
+      "revision": "a" * 40}, "deepseek-ai/DeepSeek-V3", "a" * 40),
+    ({"kind": "hf-cache", "ref": "deepseek-ai/DeepSeek-V3@v1", "location": "/c/snapshots/x", "revision": "main"},
+     "deepseek-ai/DeepSeek-V3", "v1"),
+    ({"kind": "local", "ref": "./ds", "location": "/models/ds", "revision": None}, "/models/ds", None),
+])
+def test_plan_from_a_snapshot_serves_what_it_recorded(source, path, revision) -> None:
+    """A snapshot holds headers, not weights: `--model-path x.json.gz` cannot be served (issue 26 item 4).
+    The commands name the recorded repo id (and pin its commit) or the original directory."""
+    from dataclasses import replace
+
+    ck = replace(deepseek_v3_fp8(), kind="snapshot", ref="ds.json.gz", location="ds.json.gz",
+                 stats={"snapshot_of": source})
+    plan = make_plan(ck, mtp_ready(), gpu="h200", gpus=8)
+    sg, vl = plan.commands["sglang"], plan.commands["vllm"]
+    assert _flags(plan)["--model-path"] == path and vl.positional == (path,)
+    assert _flags(plan).get("--revision") == revision and _flags(plan, "vllm").get("--revision") == revision
+    assert "json.gz" not in sg.shell() + vl.shell()
+
+
+def test_a_string_config_size_is_one_error_line_not_a_type_error(tmp_path: Path, make_fixture, cli) -> None:
+    """benchmarks/fuzz.py (seed 2, case 50,747): a string linear_conv_kernel_dim crashed the plan's
+    linear-attention state model with a TypeError traceback."""
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(make_fixture("qwen3_5_moe_nvfp4"), model)
+    config = json.loads((model / "config.json").read_text())
+    section = config.get("text_config", config)
+    section["linear_conv_kernel_dim"] = "4"
+    (model / "config.json").write_text(json.dumps(config))
+    r = cli("report", str(model), "--gpu", "h200", "--gpus", "8")
+    assert r.returncode == 2 and "linear_conv_kernel_dim must be a non-negative integer" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from ckptinspect.readiness.loader import ValidationCache
 from ckptinspect.sources import net_limits
 from ckptinspect.sources.hub import DEFAULT_MAX_WORKERS
 from ckptinspect.sources.hub_client import DEFAULT_ATTEMPTS, ERROR_BODY_LIMIT
@@ -48,9 +47,6 @@ def test_every_environment_variable_the_code_reads_is_documented():
     ("MAX_INDEX_FILE_BYTES", _size(MAX_INDEX_FILE_BYTES)),
     ("MAX_RULE_FILE_BYTES", _size(MAX_RULE_FILE_BYTES)),
     ("`MAX_DEPTH`", f"{MAX_DEPTH} levels"),
-    ("MAX_DOC_BYTES", _size(ValidationCache.MAX_DOC_BYTES)),
-    ("MAX_CACHE_BYTES", _size(ValidationCache.MAX_CACHE_BYTES)),
-    ("MAX_AGE_S", f"{int(ValidationCache.MAX_AGE_S // 86400)} days"),
 ])
 def test_documented_defaults_are_the_codes(row_key, value):
     rows = [line for line in DOC.splitlines() if row_key in line and line.startswith("|")]

@@ -39,6 +39,17 @@ class LazyGroup(click.Group):
         module = importlib.import_module(module_name)
         return getattr(module, attr)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        """An unknown command names the closest one ("did you mean"), as git and pip do."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(COMMANDS), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (commands: {', '.join(COMMANDS)})"
+            raise click.UsageError(f"No such command {name!r}{hint}", ctx)
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, help_text) in COMMANDS.items()]
         with formatter.section("Commands"):
@@ -75,12 +86,31 @@ def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout
 _NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
+# The group's network options, accepted after the subcommand too (`report X --deadline 30`).
+_GROUP_VALUE_OPTIONS = ("--deadline", "--request-timeout")
+
+
 def hoist_debug(args: list[str]) -> tuple[list[str], bool]:
-    """``--debug`` anywhere before a ``--`` separator (also after the subcommand) -> the group's flag."""
+    """``--debug`` and the network options anywhere before a ``--`` separator (also after the
+    subcommand) -> the group's options."""
     cut = args.index("--") if "--" in args else len(args)
-    head = [a for a in args[:cut] if a != "--debug"]
-    debug = len(head) != cut
-    return (["--debug"] if debug else []) + head + args[cut:], debug
+    head: list[str] = []
+    hoisted: list[str] = []
+    debug = False
+    i = 0
+    while i < cut:
+        arg = args[i]
+        if arg == "--debug":
+            debug = True
+        elif arg in _GROUP_VALUE_OPTIONS and i + 1 < cut:
+            hoisted += [arg, args[i + 1]]
+            i += 1
+        elif arg.split("=", 1)[0] in _GROUP_VALUE_OPTIONS and "=" in arg:
+            hoisted.append(arg)
+        else:
+            head.append(arg)
+        i += 1
+    return (["--debug"] if debug else []) + hoisted + head + args[cut:], debug
 
 
 def _exit_cleanly_on_sigterm() -> None:
@@ -109,11 +139,16 @@ def main(argv: list[str] | None = None) -> Any:
         exc.show()
         sys.exit(2)
     except click.UsageError as exc:  # one line, like every other error
+        from ckptinspect.render.terminal import escape_controls
+
         where = exc.ctx.command_path if exc.ctx is not None else "ckptinspect"
-        click.echo(f"error: {where}: {' '.join(exc.format_message().split())} (see --help)", err=True)
+        message = escape_controls(' '.join(exc.format_message().split()))  # the user's argument, quoted
+        click.echo(f"error: {where}: {message} (see --help)", err=True)
         sys.exit(2)
     except click.ClickException as exc:
-        click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        from ckptinspect.render.terminal import escape_controls
+
+        click.echo(f"error: {escape_controls(' '.join(exc.format_message().split()))}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)

@@ -44,6 +44,13 @@ def output_width(fmt: str, wide: bool) -> int | None:
     """Columns for human text (None: full width)."""
     if wide or fmt != "text":
         return None
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return max(40, int(columns))
+    if not _isatty(sys.stdout):
+        # A pipe or a file has no width: wrapping at a guessed 80 columns split flags and paths in
+        # what people copy from logs and grep (issue 26 item 8).
+        return None
     return max(40, shutil.get_terminal_size((80, 24)).columns)
 
 
@@ -80,6 +87,16 @@ def gpu_catalog_help() -> str:
     return ", ".join(aliases[0] if aliases else name for name, aliases in gpu_names())
 
 
+def _one_edit(a: str, b: str) -> bool:
+    """``a`` and ``b`` differ by at most one inserted, deleted or replaced character."""
+    if abs(len(a) - len(b)) > 1:
+        return False
+    i = 0
+    while i < min(len(a), len(b)) and a[i] == b[i]:
+        i += 1
+    return a[i + 1:] == b[i + 1:] or a[i:] == b[i + 1:] or a[i + 1:] == b[i:]
+
+
 def check_gpu(ctx: click.Context | None, param: Any, value: str | None) -> str | None:
     """click callback: an unknown GPU name is a one-line PlanError (exit 2) suggesting the closest names."""
     if value is None:
@@ -88,14 +105,28 @@ def check_gpu(ctx: click.Context | None, param: Any, value: str | None) -> str |
     for name, aliases in gpu_names():
         for spelling in (name, *aliases):
             spellings[_key(spelling)] = spelling
-    wanted = _key(value)
-    if wanted in spellings:
+    from ckptinspect.api import gpu_name_keys
+
+    keys = gpu_name_keys(value)
+    if any(k in spellings for k in keys):
         return value
-    # Compare with and without dashes, so "rtxpro6000" and "rtx-6000-pro" find "rtx-pro-6000".
+    wanted = keys[-1]
+    # Compare with and without dashes, so "rtxpro6000" and "rtx-6000-pro" find "rtx-pro-6000"; but never
+    # suggest another card: a suggestion must carry every number the user typed ("h100-nvl" is not an
+    # H200, "a6000" not an RTX PRO 6000 unless it says so).
     squashed = {k.replace("-", ""): k for k in spellings}
     close = difflib.get_close_matches(wanted, list(spellings), n=3, cutoff=0.6)
     close += [squashed[k] for k in difflib.get_close_matches(wanted.replace("-", ""), list(squashed), n=3,
                                                              cutoff=0.6)]
+    flat = wanted.replace("-", "")
+
+    def same_card(key: str) -> bool:  # the same letters reordered, or one letter off with the same numbers
+        other = key.replace("-", "")
+        # reordered, or one character doubled or dropped ("h2000" -> h200, "h20o" -> h20); never a
+        # changed character ("h300" is neither an H200 nor a B300)
+        return sorted(other) == sorted(flat) or (abs(len(other) - len(flat)) == 1 and _one_edit(other, flat))
+
+    close = [k for k in close if same_card(k)]
     suggestion = " or ".join(dict.fromkeys(spellings[k] for k in close[:3]))
     hint = f"did you mean {suggestion}? " if suggestion else ""
     raise PlanError(f"unknown GPU {value!r}; {hint}known GPUs: {gpu_catalog_help()}",

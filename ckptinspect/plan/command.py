@@ -80,6 +80,7 @@ class LaunchInputs:
     trust_remote_code: bool = False
     draft_flags: tuple[FlagLine, ...] = ()  # draft-side flags (e.g. --speculative-moe-runner-backend)
     caveats: tuple[str, ...] = ()  # plan-level caveats for this command (e.g. from the max-context solver)
+    revision: str | None = None  # --revision for a Hub repo pinned by the user or by a snapshot's commit
 
 
 def choice_lines(choices: tuple[Choice, ...]) -> list[FlagLine]:

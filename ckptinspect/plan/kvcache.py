@@ -182,16 +182,26 @@ def kv_bytes_per_token(ck: Checkpoint, tp: int, kv_dtype: str, extra_layers: int
     return kv_cost(ck, tp, kv_dtype, extra_layers).per_token
 
 
+def _count(ck: Checkpoint, key: str, default: int) -> int:
+    """A config size the state model multiplies: a non-negative integer, else one ConfigError line
+    (a string there crashed the plan with a TypeError; found by benchmarks/fuzz.py, seed 2)."""
+    from ckptinspect.errors import ConfigError
+
+    value = ck.config.text.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 1 << 20:
+        raise ConfigError(f"{key} must be a non-negative integer, got {value!r}", path=f"{ck.location}/config.json")
+    return value
+
+
 def state_bytes_per_request(ck: Checkpoint, tp: int) -> int:
     """GDN conv + SSM state one request holds on one rank (0 without linear-attention layers)."""
     layers = linear_attention_layers(ck)
     if not layers:
         return 0
     planning = engine_rules("common")["planning"]
-    t = ck.config.text
-    k_heads, k_dim = t.get("linear_num_key_heads", 0), t.get("linear_key_head_dim", 0)
-    v_heads, v_dim = t.get("linear_num_value_heads", 0), t.get("linear_value_head_dim", 0)
-    kernel = t.get("linear_conv_kernel_dim", 1)
+    k_heads, k_dim = _count(ck, "linear_num_key_heads", 0), _count(ck, "linear_key_head_dim", 0)
+    v_heads, v_dim = _count(ck, "linear_num_value_heads", 0), _count(ck, "linear_value_head_dim", 0)
+    kernel = _count(ck, "linear_conv_kernel_dim", 1)
     conv_dim = (2 * k_heads * k_dim + v_heads * v_dim) / tp
     conv = conv_dim * (kernel - 1) * planning["conv_state_bytes"]
     ssm = (v_heads / tp) * k_dim * v_dim * planning["ssm_state_bytes"]

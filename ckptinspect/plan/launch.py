@@ -11,6 +11,7 @@ from ckptinspect.plan.kvcache import MemFraction
 from ckptinspect.plan.options import Option
 from ckptinspect.plan.result import Note
 from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, first_match
+from ckptinspect.plan.serve_target import serve_target
 from ckptinspect.plan.sglang import sglang_command
 from ckptinspect.plan.solver import ContextSolution
 from ckptinspect.plan.speculative import draft_moe_flags, spec_values, tree_draft_attention
@@ -20,6 +21,11 @@ from ckptinspect.records import Checkpoint, MtpAssessment
 SPEC_VERDICTS = ("ready", "degraded")
 # SGLang --kv-cache-dtype values -> vLLM's spelling.
 VLLM_KV = {"fp8_e4m3": "fp8"}
+
+
+def probe_declines(probe_report: dict | None) -> bool:
+    """The probe projected no gain at any step count (recommendation.enabled false)."""
+    return ((probe_report or {}).get("recommendation") or {}).get("enabled") is False
 
 
 def _spec_on(mtp: MtpAssessment | None, engine: str) -> bool:
@@ -78,7 +84,8 @@ def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: PlanFacts, 
     commands: dict[str, Command] = {}
     notes: list[Note] = []
     for name in engines:
-        on = _spec_on(mtp, name) and not draft_off
+        declined = _spec_on(mtp, name) and probe_declines(probe_report)
+        on = _spec_on(mtp, name) and not draft_off and not declined
         efacts = PlanFacts(**{**facts.__dict__, "spec": on})
         choices, avoid = choose(name, efacts)
         values, reason = spec_values(name, mtp, goal, probe_report) if on else ({}, "")
@@ -92,12 +99,14 @@ def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: PlanFacts, 
         elif mtp and name in mtp.verdicts and not on:
             notes.append(Note("info", f"{name}: no speculative flags, MTP verdict is {mtp.verdicts[name].verdict}",
                               "ckptinspect readiness (MtpAssessment)"))
-        if on and ((probe_report or {}).get("recommendation") or {}).get("enabled") is False:
-            rec = probe_report["recommendation"]
+        if declined:
+            rec = probe_report["recommendation"] if probe_report else {}
+            speedup = rec.get("projected_speedup_bs1")
+            at = f" (x{speedup:.2f} at batch 1)" if isinstance(speedup, (int, float)) else ""
             notes.append(Note(
-                "warning", f"{name}: the probe projects that MTP does not pay off (x"
-                f"{rec.get('projected_speedup_bs1', 0):.2f} at batch 1); the speculative flags below use its "
-                "least costly setting; drop them to serve without MTP", "ckptinspect probe --format json"))
+                "warning", f"{name}: no speculative flags: the probe projects that MTP does not pay off{at}; "
+                "add them only if your own traffic accepts more drafts than the probe's prompts",
+                "ckptinspect probe --format json (recommendation.enabled)"))
         if on and mtp.verdicts[name].verdict == "degraded":
             notes.append(Note("warning", f"{name}: MTP verdict is degraded; expect lower acceptance "
                               f"({', '.join(mtp.verdicts[name].reasons)})", "ckptinspect readiness (MtpAssessment)"))
@@ -115,8 +124,9 @@ def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: PlanFacts, 
         parsers = parsers_for(name, efacts)
         if parsers and parsers.get("note"):
             notes.append(Note("info", f"{name}: {parsers['note']}", parsers["source"]))
+        model_path, revision = serve_target(ck)
         inputs = LaunchInputs(
-            model_path=ck.location if ck.kind == "local" else ck.ref, tp=chosen.memory.tp, ep=chosen.memory.ep,
+            model_path=model_path, revision=revision, tp=chosen.memory.tp, ep=chosen.memory.ep,
             context=context, goal=goal, mem_fraction=mem_value, mem_fraction_reason=mem_reason,
             mem_fraction_source=mem_source, max_running_requests=running,
             running_reason=running_reason, running_source=engine_rules(name)["requests"]["source"],

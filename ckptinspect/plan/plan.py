@@ -16,9 +16,10 @@ from ckptinspect.plan.backends import choose
 from ckptinspect.plan.fit import component_quant
 from ckptinspect.plan.gpus import GpuSpec, find_gpu
 from ckptinspect.plan.kvcache import kv_capacity
-from ckptinspect.plan.launch import build_commands
+from ckptinspect.plan.launch import build_commands, probe_declines
 from ckptinspect.plan.memory import Split, mtp_dtypes
 from ckptinspect.plan.options import Option, closeness, ep_order, evaluate
+from ckptinspect.plan.payoff import payoff_note, probe_gpu_mismatch
 from ckptinspect.plan.result import Note, Plan, PlanFailure
 from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, holds
 from ckptinspect.plan.solver import ContextSolution, solve_max_context
@@ -79,6 +80,12 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
     ck, cfg = checkpoint, checkpoint.config
     common = engine_rules("common")
     gib = common["planning"]["gib"]
+    unreadable = _no_weights(ck)
+    if unreadable:
+        # Sizing 0 bytes of weights would print a command for a model that cannot be served.
+        return PlanFailure(ck.ref, spec_gpu, gpus, context or cfg.max_position_embeddings or 0, unreadable,
+                           "convert the weights to safetensors (engines and this tool read only those)",
+                           (), None, gib)
     requested = context or cfg.max_position_embeddings
     if not requested:
         raise PlanError("config.json has no max_position_embeddings; pass --context TOKENS", path=ck.location)
@@ -86,7 +93,8 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
     lead = engines[0]
     moe = bool(cfg.routed_experts)
     facts = PlanFacts(arch=spec_gpu.arch, quant=quant_kind_of(ck), attention=cfg.attention_kind, moe=moe,
-                  interconnect=spec_gpu.interconnect, spec=spec_on(mtp, lead), goal=goal, model_type=cfg.model_type)
+                  interconnect=spec_gpu.interconnect,
+                  spec=spec_on(mtp, lead) and not probe_declines(probe_report), goal=goal, model_type=cfg.model_type)
     sg_choices, _ = choose("sglang", facts)
     kv_dtype = next((c.value for c in sg_choices if c.setting == "kv_cache_dtype"), None) or "auto"
     attention_backend = next((c.value for c in sg_choices if c.setting == "attention_backend"), None)
@@ -169,9 +177,25 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
         running=chosen.kv.max_running_requests if not solution else running_target, running_reason=running_reason,
         solution=solution)
     notes.extend(more_notes)
+    if any(speculative.values()):
+        mismatch = probe_gpu_mismatch(probe_report, spec_gpu) if probe_report else ""
+        if mismatch:
+            notes.append(Note("warning", mismatch, "ckptinspect probe --format json (cost_model.gpu)"))
+        elif not probe_report:
+            notes.append(Note("info", payoff_note(ck, spec_gpu), "ckptinspect plan/payoff.py; docs/probe.md"))
     return Plan(ck.ref, spec_gpu, gpus, context, goal, engines, facts.quant, ck.declared.label, cfg.attention_kind,
                 moe, chosen, reason, options, min_gpus, min_reason, mtp_dtypes(ck), _verdicts(mtp),
                 speculative, commands, tuple(notes), gib, requested, used, idle_reason, solution)
+
+
+def _no_weights(ck: Checkpoint) -> str:
+    """Why no plan can be sized ("" when weights were read): the report's no-weights error, or no tensor."""
+    for f in ck.findings:
+        if f.code == "no-weights":
+            return f"no readable weights: {f.message}"
+    if ck.inventory.totals.tensors == 0:
+        return "no readable weights: the checkpoint's safetensors files hold no tensors"
+    return ""
 
 
 def _solved_option(base: Option, solution: ContextSolution) -> Option:

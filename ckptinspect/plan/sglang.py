@@ -15,6 +15,8 @@ def sglang_command(inp: LaunchInputs) -> Command:
         FlagLine("--tp-size", str(inp.tp), f"tensor parallel over the {inp.tp} GPUs; passes every divisibility check and fits",
                  "ckptinspect plan: fit + divisibility checks (rules/engines/common.yaml)"),
     ]
+    if inp.revision:
+        flags.insert(1, FlagLine("--revision", inp.revision, "the Hub revision the plan was sized for", SRV))
     if inp.ep > 1:
         flags.append(FlagLine("--ep-size", str(inp.ep), "expert parallel: whole experts per rank, so expert shapes "
                               "are not split and the per-rank expert checks pass", "SG:layers/moe (moe_tp_size = tp / ep)"))

@@ -15,6 +15,8 @@ ARGS = "VL:engine/arg_utils.py"
 def vllm_command(inp: LaunchInputs, facts: PlanFacts) -> Command:
     rules = engine_rules("vllm")
     flags = [FlagLine("--tensor-parallel-size", str(inp.tp), f"tensor parallel over {inp.tp} GPUs", ARGS)]
+    if inp.revision:
+        flags.insert(0, FlagLine("--revision", inp.revision, "the Hub revision the plan was sized for", ARGS))
     if inp.ep > 1:
         flags.append(FlagLine("--enable-expert-parallel", None,
                               f"experts sharded over the {inp.ep} ranks (EP size = TP x DP in vLLM)", ARGS))

@@ -175,6 +175,12 @@ def _compare_lists(excludes: list[ExcludeList]) -> list[Finding]:
                     reference="docs/reference/checkpoint_formats.md §6 (lists drift between exporter versions)")]
 
 
+# Wildcard / regex entries evaluated per exclude list (real lists: 184 ModelOpt entries, a few hundred
+# compressed-tensors ones; plain names are unlimited, they are a set lookup), and RE2 parts per program.
+MAX_PATTERN_ENTRIES = 10_000
+UNION_CHUNK = 256
+
+
 class ExcludeMatcher:
     """Compiled exclude lists of a DeclaredQuant; ``is_excluded(module_name)`` is the question.
 
@@ -187,21 +193,32 @@ class ExcludeMatcher:
     def __init__(self, declared: DeclaredQuant) -> None:
         self.declared = declared
         self.findings: list[Finding] = []
-        self._regexes: list[tuple[ExcludeList, Any, Any]] = []
+        self._regexes: list[tuple[ExcludeList, Any, Any, frozenset[str]]] = []
         for lst in declared.excludes:
             self._regexes.append(self._compile(lst))
 
-    def _compile(self, lst: ExcludeList) -> tuple[ExcludeList, Any, Any]:
+    def _compile(self, lst: ExcludeList) -> tuple[ExcludeList, Any, Any, frozenset[str]]:
         parts: list[tuple[int, str, str]] = []  # (position, entry, its RE2 part)
         refused: list[tuple[int, str, str]] = []  # (position, entry, why): findings in entry order
         exact = []
+        literals = []  # glob entries without a wildcard: the name or a parent, one set lookup per prefix
+        over = 0
         for position, entry in enumerate(lst.entries):
             try:
                 if lst.semantics in ("ct_regex", "gptq_dynamic") and (entry.startswith("re:")
                                                                       or lst.semantics == "gptq_dynamic"):
+                    if len(parts) >= MAX_PATTERN_ENTRIES:
+                        over += 1
+                        continue
                     body = entry[3:] if entry.startswith("re:") else entry
                     part = f"(?:{translate(body)})"  # re.match semantics: anchored at the start only
                 elif lst.semantics in ("modelopt_glob", "glob"):
+                    if not any(c in entry for c in "*?["):
+                        literals.append(entry)  # fnmatch of a plain name is equality
+                        continue
+                    if len(parts) >= MAX_PATTERN_ENTRIES:
+                        over += 1
+                        continue
                     # A listed parent covers its children in both vLLM and HF loaders.
                     part = f"(?:{translate_glob(entry)})(?s:\\..*)?\\z"
                 elif lst.semantics == "include_map":  # the name or a parent listed, or a glob key
@@ -214,19 +231,35 @@ class ExcludeMatcher:
                 refused.append((position, entry, str(exc)))
                 continue
             parts.append((position, entry, part))
-        regex = None
-        if parts:
-            try:
-                # One compilation of the union. Each part is a whole regex on its own (translate() has
-                # Python's parser accept it, globs are escaped by translate_glob), so no part can close
-                # another's group, and RE2 compiles a union only when it compiles every part: success
-                # here means every entry is evaluated, as compiling each alone would have shown.
-                regex = compile_re2("|".join(part for _, _, part in parts))
-            except UnsupportedPattern:
-                regex = self._compile_entrywise(lst, parts, refused)
+        if over:
+            # Never guessed: an entry not evaluated may exclude the MTP layer, so the verdicts that read
+            # this list cannot be trusted (an error, like any check that cannot run).
+            self.findings.append(Finding(
+                "exclude-list-too-long", "error",
+                f"{lst.source}: {over:,} wildcard / regex entries beyond the first {MAX_PATTERN_ENTRIES:,} "
+                "were not evaluated; what the engines build for the modules they name is unknown",
+                subject=lst.source))
+        # RE2 programs of at most UNION_CHUNK parts each: one union of 100,000 parts overflows RE2's
+        # memory cap and its simplifier (which then logs to stderr itself), and the entry-by-entry
+        # fallback after that costs a compilation per entry; chunks keep both linear and quiet.
+        programs = [p for start in range(0, len(parts), UNION_CHUNK)
+                    if (p := self._compile_union(lst, parts[start:start + UNION_CHUNK], refused)) is not None]
+        regex = _Programs(programs) if programs else None
         for _, entry, why in sorted(refused):
             self._unsafe(lst, entry, why)
-        return lst, regex, frozenset(exact) if lst.semantics == "include_map" else tuple(exact)
+        return (lst, regex, frozenset(exact) if lst.semantics == "include_map" else tuple(exact),
+                frozenset(literals))
+
+    def _compile_union(self, lst: ExcludeList, parts: list[tuple[int, str, str]],
+                       refused: list[tuple[int, str, str]]) -> Any:
+        try:
+            # One compilation of the chunk's union. Each part is a whole regex on its own (translate()
+            # has Python's parser accept it, globs are escaped by translate_glob), so no part can close
+            # another's group, and RE2 compiles a union only when it compiles every part: success here
+            # means every entry is evaluated, as compiling each alone would have shown.
+            return compile_re2("|".join(part for _, _, part in parts))
+        except UnsupportedPattern:
+            return self._compile_entrywise(lst, parts, refused)
 
     def _compile_entrywise(self, lst: ExcludeList, parts: list[tuple[int, str, str]],
                            refused: list[tuple[int, str, str]]) -> Any:
@@ -256,16 +289,26 @@ class ExcludeMatcher:
         None when the checkpoint declares no quantization."""
         if self.declared.label is None:
             return None
-        for lst, regex, exact in self._regexes:
+        for lst, regex, exact, literals in self._regexes:
             if lst.semantics == "include_map":
                 if not (_listed(module, exact) or (regex is not None and regex.match(module))):
                     return True
                 continue
-            if module in exact or any(module.startswith(e + ".") for e in exact if lst.semantics == "glob"):
+            if module in exact or (literals and _listed(module, literals)):
                 return True
             if regex is not None and regex.match(module):
                 return True
         return False
+
+
+class _Programs:
+    """Several RE2 programs asked as one: a match of any (each is linear in the name)."""
+
+    def __init__(self, programs: list[Any]) -> None:
+        self.programs = programs
+
+    def match(self, text: str) -> bool:
+        return any(p.match(text) is not None for p in self.programs)
 
 
 def _listed(module: str, names: frozenset[str]) -> bool:

@@ -3,16 +3,13 @@
 Built-in rules live in ``rules/families`` (``ckptinspect/_rules/families`` in a wheel); every
 ``--rules-dir`` adds files that override built-ins with the same ``id``. Each file (a regular file of at
 most 1 MiB) is parsed by the one safe YAML loader (ckptinspect/safe_yaml.py: no anchors or aliases,
-bounded depth) and validated against ``rules/schema/family.schema.json``; any error raises
-:class:`RuleError` naming the file, the path inside the document and the schema message.
+bounded depth); a user's file is validated against ``rules/schema/family.schema.json`` on every run,
+the built-ins in CI (tests/test_rules.py), and no validation result is kept between runs. Any error
+raises :class:`RuleError` naming the file, the path inside the document and the schema message.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -22,117 +19,27 @@ from ckptinspect.readiness.model import (
     DEFAULT_SEVERITY, ENGINES, Check, Defect, DraftQuantRule, EngineRule, ExpertLayout,
     FamilyRule, ForcedUnquantized, MtpLayout, Requirement, RuleSet, RuntimeName,
 )
-from ckptinspect.rules.documents import rules_root, schema_path, validate_document
+from ckptinspect.rules.documents import rules_root, validate_document
 from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
 
 def builtin_dir() -> Path:
     return rules_root() / "families"
 
 
-class ValidationCache:
-    """Rule documents that already passed the schema, keyed by sha256(schema bytes + file bytes).
+def read_rule_file(path: Path, *, validate: bool = True) -> dict[str, Any]:
+    """Parse one rule file (safe YAML loader) and validate it against the family schema.
 
-    Importing jsonschema and validating ~25 files costs ~0.25 s, a quarter of a whole ``report`` on a
-    370k-tensor checkpoint; identical bytes validate identically, so the result is kept in
-    ``$CKPTINSPECT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/ckptinspect`` or ``~/.cache/ckptinspect``).
-    An edited file has another hash and is validated again; an invalid file is never stored. An
-    unreadable or unwritable cache only costs the validation time.
-
-    Bounded: a document over MAX_DOC_BYTES (as JSON) is not stored, the file is kept under
-    MAX_CACHE_BYTES by dropping the entries used longest ago, entries unused for MAX_AGE_S are dropped,
-    and a cache file over the cap is ignored when read (so no run ever loads more than the cap).
-    """
-
-    VERSION = 2
-    MAX_CACHE_BYTES = 4 * 1024 * 1024  # the built-in rules take ~150 KB
-    MAX_DOC_BYTES = 512 * 1024
-    MAX_AGE_S = 30 * 24 * 3600.0
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.schema_digest = hashlib.sha256(schema_path().read_bytes()).hexdigest()
-        self.entries: dict[str, dict[str, Any]] = {}
-        self.now = time.time()
-        self.dirty = False
-        if path is not None:
-            try:
-                if path.stat().st_size <= self.MAX_CACHE_BYTES:
-                    stored = json.loads(path.read_text(encoding="utf-8"))
-                    if stored.get("version") == self.VERSION and isinstance(stored.get("docs"), dict):
-                        self.entries = {k: v for k, v in stored["docs"].items() if _cache_entry_ok(v)}
-            except (OSError, ValueError, AttributeError, RecursionError):
-                self.entries = {}
-
-    def _key(self, data: bytes) -> str:
-        return hashlib.sha256(self.schema_digest.encode() + b"\0" + data).hexdigest()
-
-    def get(self, data: bytes) -> dict[str, Any] | None:
-        key = self._key(data)
-        entry = self.entries.get(key)
-        if entry is None:
-            return None
-        if self.now - entry["used"] > 3600:  # refresh the use time, at most hourly (a write per run otherwise)
-            entry["used"] = self.now
-            self.dirty = True
-        return entry["doc"]
-
-    def put(self, data: bytes, doc: dict[str, Any]) -> None:
-        """Store a document that passed validation (callers only store those), unless it is large."""
-        try:
-            size = len(json.dumps(doc))
-        except (TypeError, ValueError):  # a value JSON cannot hold (a YAML date): not cacheable
-            return
-        if size > self.MAX_DOC_BYTES:
-            return
-        self.entries[self._key(data)] = {"doc": doc, "used": self.now, "size": size}
-        self.dirty = True
-
-    def save(self) -> None:
-        if self.path is None or not self.dirty:
-            return
-        keep: dict[str, Any] = {}
-        total = 0
-        for key, entry in sorted(self.entries.items(), key=lambda kv: -kv[1]["used"]):  # most recent first
-            if self.now - entry["used"] > self.MAX_AGE_S or total + entry["size"] + 100 > self.MAX_CACHE_BYTES:
-                continue
-            keep[key] = entry
-            total += entry["size"] + 100
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"version": self.VERSION, "docs": keep}), encoding="utf-8")
-            os.replace(tmp, self.path)
-        except (OSError, TypeError, ValueError):  # read-only home, or a value JSON cannot hold
-            pass
-
-
-def _cache_entry_ok(entry: Any) -> bool:
-    return (isinstance(entry, dict) and isinstance(entry.get("doc"), dict)
-            and isinstance(entry.get("used"), (int, float)) and isinstance(entry.get("size"), int))
-
-
-def default_cache() -> ValidationCache:
-    if os.environ.get("CKPTINSPECT_NO_RULE_CACHE"):
-        return ValidationCache(None)
-    base = os.environ.get("CKPTINSPECT_CACHE_DIR")
-    if base:
-        root = Path(base)
-    else:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ckptinspect"
-    return ValidationCache(root / "rules-validated.json")
-
-
-def read_rule_file(path: Path, cache: "ValidationCache | None" = None) -> dict[str, Any]:
-    """Parse and schema-validate one rule file (or take the result for identical bytes from ``cache``)."""
+    ``validate=False`` is for the built-in files only: they ship with the package and are validated
+    in CI (tests/test_rules.py), like code; re-validating them costs ~0.3 s per run, and the run-time
+    cache that used to save it was input the next run trusted (issue 26: a poisoned cache changed a
+    verdict). A user's --rules-dir file is always validated."""
     data = read_rule_bytes(path)
-    if cache is not None:
-        hit = cache.get(data)
-        if hit is not None:
-            return hit
-    doc = _parse_and_validate(data, path)
-    if cache is not None:
-        cache.put(data, doc)
-    return doc
+    if not validate:
+        doc = load_rule_yaml(data, path)
+        if not isinstance(doc, dict):
+            raise RuleError("$: a rule file must be a mapping", path=str(path))
+        return doc
+    return _parse_and_validate(data, path)
 
 
 def _parse_and_validate(data: bytes, path: Path) -> dict[str, Any]:
@@ -157,17 +64,15 @@ def load_rules(extra_dirs: Iterable[str | Path] = (), extra_files: Iterable[str 
     dirs = [builtin_dir(), *(Path(d) for d in extra_dirs)]
     layers = [rule_files(d) for d in dirs] + [[Path(f)] for f in extra_files]
     docs: dict[str, tuple[dict[str, Any], str, int]] = {}
-    cache = default_cache()
     for origin, paths in enumerate(layers):
         seen: dict[str, str] = {}
         for path in paths:
-            doc = read_rule_file(path, cache)
+            doc = read_rule_file(path, validate=origin > 0)  # layer 0: the built-ins, validated in CI
             fid = doc["id"]
             if fid in seen:
                 raise RuleError(f"$.id: family {fid!r} is also defined in {seen[fid]}", path=str(path))
             seen[fid] = str(path)
             docs[fid] = (doc, str(path), origin)
-    cache.save()
     merged = {fid: _resolve(fid, docs, ()) for fid in docs}
     families = tuple(_build(fid, merged[fid], docs[fid][1], docs[fid][2]) for fid in sorted(docs))
     _check_claims(families)

@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 from ckptinspect.diff import CheckpointDiff, PatternChange, Side
 from ckptinspect.render import terminal
+from ckptinspect.escape import escaped
 from ckptinspect.render.findings import finding_json
 
 SCHEMA_VERSION = 1  # keys of schema_version 1 are stable; a removed or renamed key bumps it
@@ -84,7 +85,8 @@ def diff_text(d: CheckpointDiff, *, limit: int = 20, width: int | None = None, c
     if d.findings:
         lines.append("\nfindings:")
         for f in d.findings:
-            lines.append(f"  {terminal.severity(f.severity, colour)}: {f.code}: {f.message}"
+            lines.append(f"  {terminal.severity(f.severity, colour)}: {f.code}"
+                         + (f" [{f.engine}]" if f.engine else "") + f": {f.message}"
                          + (f" (fix: {f.hint})" if f.hint else ""))
     return terminal.wrap_text("\n".join(lines), width)
 
@@ -93,4 +95,4 @@ def render_diff(d: CheckpointDiff, fmt: str, *, limit: int = 20, width: int | No
                 colour: bool = False) -> str:
     if fmt == "json":
         return json.dumps(diff_json(d), indent=2)
-    return diff_text(d, limit=limit, width=width, colour=colour)
+    return diff_text(escaped(d), limit=limit, width=width, colour=colour)

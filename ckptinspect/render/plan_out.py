@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ckptinspect.escape import escaped
 from ckptinspect.render.plan_json import plan_json
 from ckptinspect.render.plan_text import render_plan_markdown, render_plan_text
 from ckptinspect.render.terminal import wrap_text
@@ -23,6 +24,7 @@ def render_plan(plan: Any, fmt: str, *, width: int | None = None) -> str:
         return render_llamacpp_plan(plan, fmt, width=width)
     if fmt == "json":
         return json.dumps(plan_json(plan), indent=2) + "\n"
+    plan = escaped(plan)  # the model path and notes quote the checkpoint: no raw controls on a terminal
     if fmt == "markdown":
         return render_plan_markdown(plan)
     return wrap_text(render_plan_text(plan), width)

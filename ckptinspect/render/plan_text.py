@@ -57,7 +57,7 @@ def _solution(sol: ContextSolution | None, gib: int) -> list[str]:
 
 def _failure_lines(f: PlanFailure) -> list[str]:
     g = f.gib
-    lines = [f"no plan: {f.message}", f"hint: {f.hint}", "TP / EP options:"]
+    lines = [f"no plan: {f.message}", f"hint: {f.hint}"] + (["TP / EP options:"] if f.options else [])
     for o in f.options:
         state = "ok" if o.loads and o.fits else o.why_not(g)
         lines.append(f"  TP {o.memory.tp:>2} EP {o.memory.ep:>2}: weights {o.memory.main_bytes_per_rank / g:7.2f} GiB"

@@ -165,5 +165,8 @@ def probe_text(result: Any) -> str:
 def render_probe(result: Any, fmt: str, *, width: int | None = None) -> str:
     if fmt == "json":
         return json.dumps(probe_json(result), indent=2)
-    return wrap_text(probe_text(result), width)
+    from ckptinspect.escape import escape_controls
+
+    # escaped line by line: the probe's own text has newlines, its values (paths, prompts) must not
+    return wrap_text("\n".join(escape_controls(line) for line in probe_text(result).split("\n")), width)
 

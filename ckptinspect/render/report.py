@@ -13,8 +13,10 @@ def render_report(report: Any, fmt: str, *, width: int | None = None, colour: bo
         from ckptinspect.render.json_out import dumps, report_to_json
 
         return dumps(report_to_json(report)) + "\n"
+    from ckptinspect.escape import escaped
     from ckptinspect.render.text import render_markdown, render_text
 
+    report = escaped(report)  # names and values from the checkpoint reach a terminal: no raw controls
     if fmt == "markdown":
         return render_markdown(report)
     return render_text(report, width=width, colour=colour)

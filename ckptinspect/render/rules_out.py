@@ -33,6 +33,9 @@ def render_rules_list(families: Sequence[Any], fmt: str) -> str:
     rows = [family_row(fam) for fam in families]
     if fmt == "json":
         return json.dumps({"families": rows}, indent=2)
+    from ckptinspect.escape import escaped
+
+    rows = escaped(rows)  # ids, names and paths of user rule files
     from tabulate import tabulate
 
     def archs(names: list[str]) -> str:
@@ -56,13 +59,18 @@ def render_family_rule(fam: Any, fmt: str) -> str:
         return json.dumps({"source": fam.source, "extends": fam.extends, "rule": doc}, indent=2)
     import yaml
 
-    head = f"# {fam.id}: {fam.source}"
+    from ckptinspect.escape import escape_controls, escaped
+
+    doc = escaped(doc)
+    head = escape_controls(f"# {fam.id}: {fam.source}")
     if fam.extends:
-        head += f"\n# extends {fam.extends} (inherited entries merged below)"
+        head += "\n" + escape_controls(f"# extends {fam.extends} (inherited entries merged below)")
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     return head + "\n" + yaml.dump(doc, Dumper=dumper, sort_keys=False, width=110, allow_unicode=True)
 
 
 def rule_check_line(check: Any) -> str:
     """``ok: PATH`` or ``invalid: PATH: where: problem`` for one readiness.validate.RuleFileCheck."""
-    return f"ok: {check.path}" if check.error is None else f"invalid: {check.error}"
+    from ckptinspect.escape import escape_controls
+
+    return escape_controls(f"ok: {check.path}" if check.error is None else f"invalid: {check.error}")

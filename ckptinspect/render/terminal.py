@@ -13,6 +13,8 @@ from typing import Any, Sequence
 import click
 from tabulate import tabulate
 
+from ckptinspect.escape import escape_controls  # noqa: F401  (the CLI's usage-error lines use it)
+
 MIN_COLUMN = 8  # a column is never wrapped narrower than this (or its natural width, if smaller)
 COLUMN_GAP = 2  # tabulate's "simple" format separates columns by two spaces
 MAX_UNBROKEN_WORD = 24  # longer words (module paths) may be broken to fit

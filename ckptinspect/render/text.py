@@ -63,6 +63,11 @@ def sections(report: Any, colour: bool = False) -> list[tuple[str, list[str], li
                            if layer.experts_expected else "")
             missing = f", missing {len(layer.missing)}" if layer.missing else ""
             rows.append([f"Layer {layer.k}", f"{layer.prefix} {layer.tensors} tensors{experts_txt}{missing}"])
+        if any(v.verdict in ("ready", "degraded") for v in mtp.verdicts.values()):
+            from ckptinspect.plan.payoff import report_line
+
+            plan = getattr(report, "plan", None)
+            rows.append(["Pays off?", report_line(ck, plan.gpu if plan is not None else None)])
         out.append(("MTP summary", ["", ""], rows))
         ready_rows = [[engine, v.engine_version, terminal.verdict(v.verdict, colour), v.method or "-", v.draft_architecture or "-",
                        v.draft_quantization or "unquantized", v.layers_used, ", ".join(v.reasons) or "-"]

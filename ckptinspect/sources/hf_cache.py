@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import uuid
 from pathlib import Path
 
-from ckptinspect.errors import NotFoundError
+from ckptinspect.errors import NotFoundError, SourceError
 from ckptinspect.records import RawCheckpoint
 from ckptinspect.sources.offline import hub_offline
 from ckptinspect.sources.revisions import check_revision
@@ -32,7 +31,6 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 # Blob names huggingface_hub uses: a git blob sha1 or an LFS sha256. The etag comes from the server (repo
 # info, X-Linked-Etag): anything else could name a path outside the cache, so it is not stored.
 _ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-_MAX_REF_BYTES = 256  # a ref file holds one 40-hex commit hash
 _LOCK_WAIT_S = 10.0  # another process writing the same blob: wait this long, then skip caching
 
 
@@ -63,18 +61,12 @@ def resolve_commit(repo_id: str, revision: str | None) -> str | None:
         return rev
     check_revision(rev)
     ref = repo_storage(repo_id) / "refs" / rev
-    try:
-        fd = os.open(ref, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+    if not os.path.lexists(ref):
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        commit = os.read(fd, _MAX_REF_BYTES + 1).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    from ckptinspect.guarded_file import MAX_REF_BYTES, read_text
+
+    # A ref is a small regular file; a FIFO, a device or a huge file there is one error line, not a hang.
+    commit = read_text(ref, what="HF cache ref", cap=MAX_REF_BYTES, error=SourceError).strip()
     return commit if _COMMIT.fullmatch(commit) else None
 
 

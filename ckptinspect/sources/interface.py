@@ -30,7 +30,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # >100x that. The largest real index known (nvidia/Qwen3.5-397B-A17B-NVFP4, 371k tensors) is 41 MB;
 # 512 MiB leaves room for ~4.5M tensors while bounding the parse (~10x the file in memory).
 MAX_JSON_FILE_BYTES = 16 * 1024 ** 2
-MAX_INDEX_FILE_BYTES = 512 * 1024 ** 2
+MAX_INDEX_FILE_BYTES = 256 * 1024 ** 2  # the 371k-tensor Qwen3.5-397B index is 39 MiB
 
 
 def json_file_cap(name: str) -> int:
@@ -77,6 +77,8 @@ def check_relative_name(name: Any, *, source: str) -> None:
     """Reject index entries that are not plain relative paths inside the checkpoint."""
     if not isinstance(name, str) or not name or "\0" in name:
         raise ConfigError(f"weight_map names a shard {name!r} that is not a file name", path=source)
+    if name.endswith(("/", os.sep)):  # normpath would drop it: "shard.safetensors/" names a directory
+        raise ConfigError(f"weight_map entry '{name}' ends with a slash: a directory, not a shard file", path=source)
     norm = os.path.normpath(name)
     if os.path.isabs(name) or norm == ".." or norm.startswith(".." + os.sep) or "\\" in name:
         raise ConfigError(f"weight_map entry '{name}' points outside the checkpoint directory", path=source)

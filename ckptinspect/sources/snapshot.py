@@ -32,9 +32,13 @@ from ckptinspect.sources.interface import gc_paused, open_regular
 
 FORMAT = "ckptinspect-snapshot"
 FORMAT_VERSION = 1
-# Uncompressed size cap (refuses gzip bombs, bounds the JSON parse at ~10x this in memory): the
-# 371k-tensor Qwen3.5-397B NVFP4 snapshot is ~95 MB uncompressed, so 512 MiB is >5x the largest known.
-MAX_SNAPSHOT_BYTES = 512 * 1024 ** 2
+# Uncompressed size cap (refuses gzip bombs): the 371k-tensor Qwen3.5-397B NVFP4 snapshot is 90 MiB
+# uncompressed, so 256 MiB is ~2.8x the largest known. With the value cap below it bounds the parse's
+# memory (a 1.8 MiB gzip of 400 MiB JSON reached 7 GB under the old 512 MiB cap and no value cap).
+MAX_SNAPSHOT_BYTES = 256 * 1024 ** 2
+# Values the snapshot's JSON may build (json_text.py counts them before parsing): that snapshot
+# counts 3.16M (header strings over-count), so 12M is ~3.8x it.
+MAX_SNAPSHOT_ITEMS = 12_000_000
 # Hugging Face cache layout: <cache>/models--org--name/{blobs,refs,snapshots/<rev>}; every folder of a
 # repo is the cache's, so a snapshot is written into none of them (blobs are content-addressed and
 # snapshot files are links into them).
@@ -121,7 +125,7 @@ def read_snapshot(path: Path) -> RawCheckpoint:
     if len(payload) > MAX_SNAPSHOT_BYTES:
         raise ConfigError(f"uncompressed snapshot over {MAX_SNAPSHOT_BYTES:,} bytes", path=str(path))
     with gc_paused():
-        doc = decode_json(payload, source=str(path), what="not a JSON snapshot")
+        doc = decode_json(payload, source=str(path), what="not a JSON snapshot", max_items=MAX_SNAPSHOT_ITEMS)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ConfigError(f"not a ckptinspect snapshot (format != {FORMAT!r})", path=str(path))
     version = doc.get("format_version")
@@ -141,6 +145,7 @@ def read_snapshot(path: Path) -> RawCheckpoint:
         if sorted(order) != sorted(loaded):
             raise ValueError("'shards' does not list the same files as 'headers'")
         headers = {shard: loaded[shard] for shard in order}
+        rank = {shard: i for i, shard in enumerate(order)}  # list.index per file was quadratic
         source = doc["source"]
         return RawCheckpoint(
             ref=str(path),
@@ -150,7 +155,7 @@ def read_snapshot(path: Path) -> RawCheckpoint:
             json_files=doc["json_files"],
             headers=headers,
             file_sizes={k: (int(v) if v is not None else None)
-                        for k, v in sorted(doc["file_sizes"].items(), key=lambda kv: _position(order, kv[0]))},
+                        for k, v in sorted(doc["file_sizes"].items(), key=lambda kv: _position(rank, kv[0]))},
             revision=source.get("revision"),
             stats={"requests": 0, "bytes_fetched": 0, "snapshot_of": source, "snapshot_stats": doc.get("stats", {})},
         )
@@ -172,8 +177,8 @@ def _umask() -> int:
     return mask
 
 
-def _position(order: list[str], shard: str) -> tuple[int, str]:
-    return (order.index(shard) if shard in order else len(order), shard)
+def _position(rank: dict[str, int], shard: str) -> tuple[int, str]:
+    return (rank.get(shard, len(rank)), shard)
 
 
 def _jsonable(value: Any) -> Any:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 from ckptinspect.errors import ProbeError
+from ckptinspect.guarded_file import (MAX_PROMPTS_BYTES, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, read_bytes,
+                                      read_json, read_text)
 
 
 @dataclass(frozen=True)
@@ -26,11 +28,7 @@ def load_prompts(path: str | None) -> list[Prompt]:
     ``.txt``: one prompt per non-empty line (category ``file``)."""
     if path is None:
         return builtin_prompts()
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError as exc:
-        raise ProbeError(f"cannot read prompts ({exc.strerror})", path=path) from exc
+    lines = read_text(path, what="prompts file", cap=MAX_PROMPTS_BYTES, error=ProbeError).splitlines()
     prompts: list[Prompt] = []
     if path.endswith(".jsonl"):
         for no, line in enumerate(lines, start=1):
@@ -67,12 +65,33 @@ def load_tokenizer(model_dir: str, vocab_size: int | None, *, trust_remote_code:
     if not any(n in TOKENIZER_FILES or n.endswith(".tiktoken") for n in names):
         raise ProbeError(f"no tokenizer in the checkpoint (none of {', '.join(TOKENIZER_FILES)}): the probe "
                          "needs the model's own tokenizer", path=model_dir)
+    check_tokenizer_files(model_dir, names)
     try:
         tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ProbeError(f"no usable tokenizer ({exc})", path=model_dir) from exc
     tok.probe_vocab_size = vocab_size
     return tok
+
+
+# What transformers reads to build a tokenizer and its chat template, with the cap each gets.
+_TOKENIZER_SIDE_FILES = {"tokenizer_config.json": MAX_TEMPLATE_BYTES * 16, "special_tokens_map.json": MAX_TEMPLATE_BYTES,
+                         "added_tokens.json": MAX_TOKENIZER_BYTES, "chat_template.json": MAX_TEMPLATE_BYTES,
+                         "chat_template.jinja": MAX_TEMPLATE_BYTES}
+
+
+def check_tokenizer_files(model_dir: str, names: list[str]) -> None:
+    """The checks every file the tool reads gets (guarded_file.py), before transformers opens them: a FIFO
+    would hang its open(), /dev/zero or a sparse 4 GB file exhaust memory, deep JSON nesting raise
+    RecursionError inside the tokenizer library."""
+    import os
+
+    for name in names:
+        path = os.path.join(model_dir, name)
+        if name.endswith(".json") and (name in _TOKENIZER_SIDE_FILES or name in TOKENIZER_FILES):
+            read_json(path, what=name, cap=_TOKENIZER_SIDE_FILES.get(name, MAX_TOKENIZER_BYTES), error=ProbeError)
+        elif name in _TOKENIZER_SIDE_FILES or name in TOKENIZER_FILES or name.endswith(".tiktoken"):
+            read_bytes(path, what=name, cap=_TOKENIZER_SIDE_FILES.get(name, MAX_TOKENIZER_BYTES), error=ProbeError)
 
 
 def encode_prompt(tok, prompt: Prompt, *, chat: bool, vocab_size: int | None, source: str) -> list[int]:
@@ -82,8 +101,12 @@ def encode_prompt(tok, prompt: Prompt, *, chat: bool, vocab_size: int | None, so
     if prompt.ids is not None:
         return check_ids(list(prompt.ids), vocab_size, source, what=f"{prompt.category} prompt")
     if chat and getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": prompt.text}], tokenize=False,
-                                       add_generation_prompt=True)
+        try:
+            text = tok.apply_chat_template([{"role": "user", "content": prompt.text}], tokenize=False,
+                                           add_generation_prompt=True)
+        except Exception as exc:  # the template is the checkpoint's code (Jinja): any failure is its own
+            raise ProbeError(f"the checkpoint's chat template fails: {type(exc).__name__}: {exc}",
+                             path=source) from None
         ids = list(tok(text, add_special_tokens=False)["input_ids"])
     else:
         ids = list(tok(prompt.text)["input_ids"])
@@ -107,11 +130,7 @@ def load_corpus(path: str) -> list[Prompt]:
         return load_prompts(path)
     if not path.endswith(".txt"):
         raise ProbeError("a corpus must be a .txt or .jsonl file", path=path)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ProbeError(f"cannot read corpus ({exc.strerror})", path=path) from exc
+    text = read_text(path, what="corpus", cap=MAX_PROMPTS_BYTES, error=ProbeError)
     docs = [d.strip() for d in text.split("\n\n") if d.strip()]
     if not docs:
         raise ProbeError("empty corpus", path=path)

@@ -1,0 +1,51 @@
+"""Where `snapshot -o` may write: never into a model directory or a Hugging Face cache repo folder.
+
+Checked against the resolved output path (symlinks followed), whatever the source: a snapshot of a
+Hub repo written into *another* repo's ``blobs/`` or ``snapshots/<commit>/`` corrupts that cache entry
+(blobs are content-addressed, snapshot files are links into them) as surely as one written into its
+own; and a snapshot of a snapshot must not land in the directory the first one was taken of. An
+unwritable path or a full disk is one error line; sources/snapshot.py removes its temporary file on
+every failure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from ckptinspect.errors import CkptInspectError, SourceError
+
+HF_CACHE_REPO_PREFIXES = ("models--", "datasets--", "spaces--")
+
+
+def refuse_protected_output(raw: Any, output: Path) -> None:
+    """SourceError when ``output`` lies in the model directory (of the source or, for a snapshot, of
+    what it was taken of) or in any Hugging Face cache repo folder."""
+    target = Path(output).expanduser().resolve()
+    for protected, what in _protected(raw):
+        if target == protected or protected in target.parents:
+            raise SourceError(f"refusing to write a snapshot into {what}", path=str(output),
+                              hint="choose an output path outside it")
+    for folder in target.parents:
+        if folder.name.startswith(HF_CACHE_REPO_PREFIXES) and any(
+                (folder / sub).is_dir() for sub in ("snapshots", "blobs", "refs")):
+            raise SourceError("refusing to write a snapshot into a Hugging Face cache repo folder",
+                              path=str(output), hint="choose an output path outside the HF cache")
+
+
+def _protected(raw: Any) -> list[tuple[Path, str]]:
+    found: list[tuple[Path, str]] = []
+    if raw.kind in ("local", "hf-cache"):
+        found.append((Path(raw.location).resolve(), "the model directory"))
+    source = raw.stats.get("snapshot_of") if raw.kind == "snapshot" else None
+    if isinstance(source, Mapping) and source.get("kind") in ("local", "hf-cache"):
+        location = source.get("location")
+        if isinstance(location, str) and location:
+            found.append((Path(location).expanduser().resolve(), "the directory the snapshot was taken of"))
+    return found
+
+
+def write_error(exc: OSError, output: Path) -> CkptInspectError:
+    """The one error line for a snapshot that could not be written (read-only or missing folder, a file
+    where a folder should be, a full disk, a file-size limit)."""
+    return CkptInspectError(f"cannot write the snapshot ({exc.strerror or exc})", path=str(output))
