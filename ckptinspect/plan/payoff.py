@@ -41,6 +41,10 @@ def probe_command(ck: Checkpoint, gpu: GpuSpec) -> str:
 
 def report_line(ck: Checkpoint, gpu: GpuSpec | None) -> str:
     """The report's short answer to "will MTP pay on my workload?" (``gpu``: the report's plan GPU)."""
+    if ck.format == "gguf":  # the probe runs safetensors checkpoints only (api.probe refuses GGUF)
+        return ("depends on draft acceptance on your own traffic and on concurrency (random-token benchmarks "
+                "show no gain); ckptinspect probe does not run GGUF files: measure with llama-server's own "
+                "draft-acceptance statistics on your prompts")
     if gpu is not None:
         command = probe_command(ck, gpu)
     else:
