@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError
 from ckptinspect.records import VERDICT_RANK
-from ckptinspect.refs import looks_like_repo_id, normalize_ref
+from ckptinspect.refs import check_ref, looks_like_repo_id, normalize_ref
 
 if TYPE_CHECKING:  # the return types, named without importing their stages at import time
     from ckptinspect.diff import CheckpointDiff
@@ -33,31 +33,6 @@ if TYPE_CHECKING:  # the return types, named without importing their stages at i
 FAIL_ON = {"degraded": VERDICT_RANK["degraded"], "unusable": VERDICT_RANK["unusable"]}
 FAIL_ON_CHOICES = (*sorted(FAIL_ON), "error")  # "error": any error-severity finding
 ENGINES = ("sglang", "vllm")
-# Files that live inside a model directory: naming one means the directory was meant.
-_MODEL_DIR_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json",
-                    "generation_config.json", "tokenizer.json", "tokenizer_config.json")
-
-
-def check_ref(ref: str) -> str:
-    """Reject references that can only be a mistake, before any source is opened.
-
-    An empty string (an unset shell variable) is never "the bundled example"; a file inside a model
-    directory (``path/config.json``, a ``.safetensors`` shard) names the directory to pass instead.
-    """
-    if not ref.strip():
-        raise NotFoundError("empty model reference (an unset shell variable?); pass a directory, org/name "
-                            "or a .json.gz snapshot, or no argument at all for the bundled example",
-                            path=repr(ref))
-    path = Path(ref).expanduser()
-    if path.is_file() and not ref.endswith(".json.gz"):
-        name = path.name
-        if name in _MODEL_DIR_FILES or name.endswith((".safetensors", ".safetensors.index.json")):
-            parent = str(path.parent) or "."
-            raise NotFoundError(f"is a file inside a model directory; pass the directory instead: {parent}",
-                                path=ref)
-    return ref
-
-
 @contextmanager
 def _not_found_context(ref: str) -> Iterator[None]:
     """A repo id the Hub does not know that could have been a mistyped relative path says so."""

@@ -63,3 +63,28 @@ def _cache_folder(ref: str) -> str:
 def looks_like_repo_id(ref: str) -> bool:
     """``org/name`` (one slash, no path syntax): a Hub repo id, or a mistyped relative path."""
     return bool(re.fullmatch(r"[\w.-]+/[\w.-]+(?:@[^/\s]+)?", ref)) and not ref.startswith((".", "/"))
+
+
+# Files that live inside a model directory: naming one means the directory was meant.
+_MODEL_DIR_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json",
+                    "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def check_ref(ref: str) -> str:
+    """Reject references that can only be a mistake, before any source is opened.
+
+    An empty string (an unset shell variable) is never "the bundled example"; a file inside a model
+    directory (``path/config.json``, a ``.safetensors`` shard) names the directory to pass instead.
+    """
+    if not ref.strip():
+        raise NotFoundError("empty model reference (an unset shell variable?); pass a directory, org/name "
+                            "or a .json.gz snapshot, or no argument at all for the bundled example",
+                            path=repr(ref))
+    path = Path(ref).expanduser()
+    if path.is_file() and not ref.endswith(".json.gz"):
+        name = path.name
+        if name in _MODEL_DIR_FILES or name.endswith((".safetensors", ".safetensors.index.json")):
+            parent = str(path.parent) or "."
+            raise NotFoundError(f"is a file inside a model directory; pass the directory instead: {parent}",
+                                path=ref)
+    return ref

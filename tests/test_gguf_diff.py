@@ -59,5 +59,7 @@ def test_two_quants_show_type_changes_and_a_dropped_head(quants):
     assert d.removed == () and d.added == ()
     assert {(c.before, c.after) for c in d.scheme_changes} == {("Q4_K", "IQ3_S"), ("Q8_0", "IQ3_S")}
     dropped = api.diff(str(quants["GLM-4.5-Air-Q4_K_M"]), str(quants["GLM-4.5-Air-noMTP-Q4_K_M"]))
-    assert [f.code for f in dropped.findings] == ["mtp-dropped"]
+    # the dropped head, and the llama.cpp verdict it costs (diff.py _readiness_findings)
+    assert [f.code for f in dropped.findings] == ["mtp-dropped", "mtp-verdict-worse"]
+    assert next(f for f in dropped.findings if f.code == "mtp-verdict-worse").engine == "llamacpp"
     assert all(c.mtp for c in dropped.removed)

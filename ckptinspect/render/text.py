@@ -81,8 +81,10 @@ def sections(report: Any, colour: bool = False) -> list[tuple[str, list[str], li
             module_rows = [[m.module, m.declared, m.stored,
                             *[m.built[e] + ("" if m.matches[e] else " (!)") for e in engines]] for m in misfits]
             rest = len(mtp.modules) - len(misfits)
-            out.append((f"MTP modules: declared / stored / built (! = does not fit what is stored; {rest} more "
-                        "fit every engine, all in --format json)",
+            if rest:  # a row, not the title: a title is never wrapped, and 80 columns must hold
+                module_rows.append([f"(+{rest} that fit every engine: --format json)", "", "",
+                                    *["" for _ in engines]])
+            out.append(("MTP modules (! = built unlike stored)",
                         ["module", "declared", "stored", *[f"{e} builds" for e in engines]], module_rows))
     for cost in report.mtp_costs:
         out.append((f"MTP cost at TP={cost.tp} EP={cost.ep}", ["", ""], [
