@@ -111,6 +111,7 @@ class HubServer:
         self._lock = threading.Lock()
         self._log: list[tuple[str, str, str | None, int, int]] = []
         self._in_flight = 0
+        self._answering = 0  # requests whose response headers have not gone out (peak_in_flight)
         self.peak_in_flight = 0  # the most requests being answered at once (both listeners)
         self.listing_page_size = 1000  # entries per /api/models page (the Hub's 1000); tests lower it
         self.authorized: list[str] = []  # paths of requests that carried an Authorization header
@@ -245,6 +246,7 @@ class HubServer:
 class _Handler(BaseHTTPRequestHandler):
     hub: HubServer
     protocol_version = "HTTP/1.1"  # keep-alive
+    _still_answering = False  # set per request in _dispatch (send_error may answer before it)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence stderr
         pass
@@ -281,14 +283,31 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         with self.hub._lock:
             self.hub._in_flight += 1
-            self.hub.peak_in_flight = max(self.hub.peak_in_flight, self.hub._in_flight)
+            self.hub._answering += 1
+            self.hub.peak_in_flight = max(self.hub.peak_in_flight, self.hub._answering)
             if self.headers.get("Authorization"):
                 self.hub.authorized.append(self.path)
+        self._still_answering = True
         try:
             self._route(method)
         finally:
+            self._answered()
             with self.hub._lock:
                 self.hub._in_flight -= 1
+
+    def _answered(self) -> None:
+        """This request stops counting towards ``peak_in_flight``. Called as its response headers go out:
+        the client cannot have its whole answer (and free its request slot) before that, so the peak
+        never counts a request the client already let go of (after the write, this thread can lag
+        behind the client's next request). ``_in_flight`` (what ``stats`` settles on) ends later."""
+        if self._still_answering:
+            self._still_answering = False
+            with self.hub._lock:
+                self.hub._answering -= 1
+
+    def end_headers(self) -> None:
+        self._answered()
+        super().end_headers()
 
     def _route(self, method: str) -> None:
         if self.hub.latency_s:

@@ -153,9 +153,10 @@ def test_byte_budget_stops_an_endless_answer(hub, monkeypatch):
 
 # -- in a fresh interpreter, as the CLI runs ------------------------------------------------------------
 def _env(url: str, home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "XDG_CACHE_HOME", "CKPTINSPECT_DEBUG")
-           and not k.startswith("CKPTINSPECT_")}
+    # A fresh process as a user starts it: only the basics of this environment, nothing that other tests
+    # of this worker left in it (HF_*, CKPTINSPECT_*, proxies, timeouts) and no user-level site dirs.
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")}
+    env["PYTHONNOUSERSITE"] = "1"
     return {**env, "HF_ENDPOINT": url, "HF_HOME": str(home), "PYTHONPATH": str(ROOT),
             "CKPTINSPECT_CACHE_DIR": str(home / "ckptinspect-cache"), **extra}
 
