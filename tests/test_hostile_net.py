@@ -164,10 +164,11 @@ def _env(url: str, home: Path, **extra: str) -> dict[str, str]:
 def test_an_endless_index_answer_is_cut_at_its_declared_size(repo_dir, tmp_path):
     """A server that ignores Range and streams without end in place of the index: the reader stops at the
     size the repo info declared (a 200 is the whole file), so memory stays bounded and the answer is one
-    line naming the file."""
+    line naming the file. The peak is the child's own VmHWM (reset at exec); getrusage's ru_maxrss is
+    inherited across execve, so a child of a large pytest worker would report the worker's peak."""
     root, _ = repo_dir
     code = f"""
-import json, resource
+import json, re
 from ckptinspect.errors import CkptInspectError
 from ckptinspect.sources.hub import open_hub
 try:
@@ -175,7 +176,8 @@ try:
     err = None
 except CkptInspectError as exc:
     err = str(exc)
-print(json.dumps({{"err": err, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
+hwm = re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)
+print(json.dumps({{"err": err, "rss_kib": int(hwm)}}))
 """
     with HostileProcess({REPO: root}, endless=((INDEX, 1),)) as server:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
