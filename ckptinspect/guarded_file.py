@@ -30,24 +30,49 @@ MAX_TEMPLATE_BYTES = 1 * MIB  # chat templates are a few KB; the largest known ~
 MAX_PROMPTS_BYTES = 64 * MIB  # --prompts / --corpus text
 
 
+class NotRegularFile(Exception):
+    """``open_regular_file`` found something other than a regular file (before or after opening)."""
+
+
+def open_regular_file(path: str | Path) -> tuple[int, int]:
+    """(read-only descriptor, size) of ``path`` if it is a regular file; the caller closes it.
+
+    stat() before opening (opening a FIFO for reading blocks until a writer appears, and opening a
+    device can have side effects), fstat() on the opened descriptor (the path may have been swapped in
+    between; O_NONBLOCK keeps even that open from blocking). The one copy of this sequence: the
+    checkpoint sources (sources/interface.py ``open_regular``) and ``read_bytes`` word its failures.
+
+    Raises:
+        NotRegularFile; FileNotFoundError when missing; the OSError of stat, open or fstat otherwise.
+    """
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise NotRegularFile
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info.st_size
+
+
 def read_bytes(path: str | Path, *, what: str, cap: int,
                error: type[CkptInspectError] = CkptInspectError) -> bytes:
     """The bytes of ``path`` if it is a regular file of at most ``cap`` bytes; else ``error``."""
     source = str(path)
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise error(f"{what} is not a regular file", path=source)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd, size = open_regular_file(path)
+    except NotRegularFile:
+        raise error(f"{what} is not a regular file", path=source) from None
     except FileNotFoundError:
         raise error(f"{what} does not exist", path=source) from None
     except OSError as exc:
         raise error(_os_problem(exc, what), path=source) from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise error(f"{what} is not a regular file", path=source)
-        if info.st_size > cap:
-            raise error(f"{what} is {info.st_size:,} bytes, over the {cap:,}-byte cap", path=source)
+        if size > cap:
+            raise error(f"{what} is {size:,} bytes, over the {cap:,}-byte cap", path=source)
         with os.fdopen(fd, "rb", closefd=False) as handle:
             data = handle.read(cap + 1)
     except OSError as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import gc
 import os
-import stat
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ckptinspect.json_text import decode_json
 from ckptinspect.errors import ConfigError, HeaderError, NotFoundError, SourceError
+from ckptinspect.guarded_file import NotRegularFile, open_regular_file
 from ckptinspect.header.parser import PREFIX_BYTES, read_length_prefix
 
 CONFIG = "config.json"
@@ -87,29 +87,20 @@ def check_relative_name(name: Any, *, source: str) -> None:
 def open_regular(path: Path, *, source: str, what: str = "file") -> tuple[int, int]:
     """Open ``path`` for reading only if it is a regular file; returns (descriptor, size).
 
-    Checked with stat() before opening (opening a FIFO for reading blocks until a writer appears, and
-    opening a device can have side effects), and again with fstat() on the opened descriptor (the path
-    may have been swapped in between; O_NONBLOCK keeps even that open from blocking).
+    The checks (stat before the open, fstat after it, O_NONBLOCK between) are
+    ``guarded_file.open_regular_file``'s; this words their failures for checkpoint files.
 
     Raises:
         NotFoundError: missing.  SourceError: not a regular file, a symlink loop, or unreadable.
     """
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise SourceError(f"{what} is not a regular file", path=source)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        return open_regular_file(path)
+    except NotRegularFile:
+        raise SourceError(f"{what} is not a regular file", path=source) from None
     except FileNotFoundError:
         raise NotFoundError(f"{what} is missing", path=source) from None
     except OSError as exc:
         raise _os_error(exc, source) from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SourceError(f"{what} is not a regular file", path=source)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, info.st_size
 
 
 def _os_error(exc: OSError, source: str) -> SourceError:
