@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -225,7 +225,7 @@ class Inventory:
 
 @dataclass(frozen=True)
 class IndexSummary:
-    """What the report needs from model.safetensors.index.json, in a few kilobytes (sources/index_summary.py)."""
+    """What the report needs from model.safetensors.index.json, in a few kilobytes (header/index.py)."""
 
     shards: tuple[str, ...]  # unique shard files in first-seen order
     counts: Mapping[str, int]  # shard -> tensor names mapped to it
@@ -236,34 +236,34 @@ class IndexSummary:
 
 @dataclass(frozen=True)
 class ScanPlan:
-    """How the scan stage may read a source's headers. The source fills it; inventory/parallel.py reads
-    it and never asks which kind of source it holds."""
+    """Scans a source made while it was still reading (the Hub reader's optional ``scan`` callable, run
+    on each header as it arrived); inventory/parallel.py uses them as they are and scans the rest."""
 
-    early: Mapping[str, int | None]  # shards that can be scanned before the shard list is final -> size
-    header_bytes: int  # header volume, exact or estimated: decides whether worker processes pay
-    # Reads and summarizes the index in a worker process (the parent never holds the 370k-entry dict);
-    # None when the index is already summarized or absent.
-    index_summarizer: Callable[[], IndexSummary] | None = None
-    # shard -> its scan (inventory/scan.py ShardScan), made by the source with the report's own scan
-    # function while later headers were still arriving (the Hub: sources/hub.py); used as is.
-    scanned: Mapping[str, Any] = field(default_factory=dict)
+    scanned: Mapping[str, Any] = field(default_factory=dict)  # shard -> inventory/scan.py ShardScan
 
 
 @dataclass(frozen=True)
 class RawCheckpoint:
-    """What a source delivers: small JSON files and every shard's header bytes."""
+    """What every source delivers (sources/interface.py ``Source``), complete and eager: plain dicts already
+    read, so no consumer needs to know which kind of source made it and no access does I/O.
+
+    ``headers`` holds every shard the engines load, in the index's first-seen order (else the single
+    ``model.safetensors``, else every top-level safetensors file, sorted); ``file_sizes`` has the same keys.
+    ``index_summary`` is the index's one summary (header/index.py), made by the source that parsed it;
+    None exactly when there is no index.
+    """
 
     ref: str  # what the user typed
-    kind: str  # local | hf-cache | hub | snapshot
+    kind: str  # local | hf-cache | hub | snapshot (or a registered kind's name)
     location: str  # directory, repo@revision, or snapshot file
     files: tuple[str, ...]  # every file name of the checkpoint (relative)
-    json_files: Mapping[str, Any]  # config.json, hf_quant_config.json, index, generation_config
+    json_files: Mapping[str, Any]  # parsed config.json, hf_quant_config.json, index, generation_config
     headers: Mapping[str, bytes]  # shard -> header JSON bytes (without the 8-byte prefix)
     file_sizes: Mapping[str, int | None]  # shard -> total file size when known
     revision: str | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)  # requests, bytes fetched, ...
-    index_summary: IndexSummary | None = None  # when the source already summarized the index (Hub)
-    scan_plan: ScanPlan | None = None  # None: scan the shards of ``headers`` (already in memory)
+    index_summary: IndexSummary | None = None
+    scan_plan: ScanPlan | None = None  # None: nothing scanned yet
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ def isolate_hf(monkeypatch: Any, home: Path) -> None:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(constants, "HF_HOME", str(home))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # huggingface_hub reads the variable at import
 
 
 # -- fixture repo builders (tiny safetensors written in the test, sparse data) ----------------------

@@ -9,6 +9,7 @@ comments and code exists is tests/test_docs.py's job.)"""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,46 @@ def test_import_contracts_hold():
     engine below readiness and plan, sources below every later stage (import-linter checks them)."""
     done = _lint_imports(ROOT / ".importlinter")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "4 kept, 0 broken" in done.stdout
+    assert "5 kept, 0 broken" in done.stdout
+
+
+# What may import ckptinspect.sources: the sources themselves and what opens a reference (the pipeline,
+# the library API and its helpers, the audit's shared network limits, the probe's local reader, the CLI).
+ABOVE_THE_SOURCES = {"sources", "pipeline", "pipeline_gguf", "api", "refs", "audit", "probe", "cli",
+                     "__init__", "__main__"}
+
+
+def test_every_stage_below_the_pipeline_is_in_the_no_sources_contract():
+    """The `nothing-below-the-pipeline-imports-sources` contract names every other module and package,
+    so a new stage is checked from its first commit (or consciously listed above)."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    listed = set(config["importlinter:contract:nothing-below-the-pipeline-imports-sources"]["source_modules"].split())
+    present = {f"ckptinspect.{p.stem if p.is_file() else p.name}" for p in PACKAGE.iterdir()
+               if (p.suffix == ".py" or (p / "__init__.py").is_file())}
+    assert present - listed == {f"ckptinspect.{name}" for name in ABOVE_THE_SOURCES}
+    assert listed <= present  # no stale names
+
+
+def test_the_no_sources_contract_catches_an_import(tmp_path):
+    """The contract is live: the same contract over a copy of the package in which inventory imports
+    sources is broken (import-linter reads the copy through PYTHONPATH)."""
+    import shutil
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(PACKAGE, copy / "ckptinspect", ignore=shutil.ignore_patterns("__pycache__", "*.safetensors"))
+    scan = copy / "ckptinspect" / "inventory" / "build.py"
+    scan.write_text(scan.read_text(encoding="utf-8") + "\nfrom ckptinspect.sources import interface  # noqa\n",
+                    encoding="utf-8")
+    config = tmp_path / ".importlinter"
+    config.write_text((ROOT / ".importlinter").read_text(encoding="utf-8"), encoding="utf-8")
+    done = subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; "
+                           "sys.argv = ['lint-imports', '--config', sys.argv[1], '--no-cache']; c()", str(config)],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(copy)})
+    assert done.returncode != 0
+    assert "ckptinspect.inventory.build -> ckptinspect.sources.interface" in done.stdout
 
 
 def test_modules_stay_under_the_size_budget():

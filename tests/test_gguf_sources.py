@@ -98,6 +98,7 @@ def test_hf_cache_snapshot_is_read_without_network(quants, tmp_path, monkeypatch
     (storage / "refs").mkdir()
     (storage / "refs" / "main").write_text(commit)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # huggingface_hub reads it at import
     raw = open_source("org/GLM-4.5-Air-GGUF", progress=False)
     assert raw.kind == "hf-cache" and len(raw.parts) == 3
     assert _summary(raw) == _summary(open_source(str(quants / "Q8_0"), progress=False))
@@ -183,6 +184,7 @@ def test_a_cache_holding_another_quant_falls_back_to_the_hub(quants, tmp_path, m
         assert open_source("org/GLM-4.5-Air-GGUF:Q8_0", progress=False).kind == "hf-cache"
         assert open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False).kind == "hub"
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # huggingface_hub reads it at import
         with pytest.raises(NotFoundError, match="no GGUF model matches :Q4_K_M"):
             open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False)
 

@@ -73,6 +73,7 @@ def test_offline_hub_read_fails_with_the_cache_gap(cached_repo, monkeypatch):
     _, _, snapshot = cached_repo
     (snapshot / "model-00003-of-00003.safetensors").unlink()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # huggingface_hub reads it at import
     with pytest.raises(NotFoundError) as err:
         open_hub(REPO, endpoint="http://127.0.0.1:9", progress=False)  # nothing listens there
     assert "HF_HUB_OFFLINE=1" in str(err.value) and "model-00003-of-00003.safetensors" in str(err.value)
@@ -81,6 +82,7 @@ def test_offline_hub_read_fails_with_the_cache_gap(cached_repo, monkeypatch):
 def test_open_source_uses_the_cache_offline_without_a_server(cached_repo, monkeypatch):
     headers, _, _ = cached_repo
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # huggingface_hub reads it at import
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     from ckptinspect.sources import open_source
 

@@ -269,6 +269,7 @@ def test_offline_mode_is_unchanged_by_the_header_cache(server, repo, tmp_path, m
     assert len(_entries(tmp_path)) == 3
     server.reset_stats()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # huggingface_hub reads it at import
     with pytest.raises(NotFoundError, match="HF_HUB_OFFLINE"):
         ckptinspect.inspect(REPO)
     assert _ours(server) == []

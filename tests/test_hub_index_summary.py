@@ -1,4 +1,4 @@
-"""The index summary (sources/index_summary.py) that sizes the Hub header reads and cross-checks the
+"""The index summary (header/index.py) that sizes the Hub header reads and cross-checks the
 headers: its run-wise sums equal a name-at-a-time reference, whatever the order of the weight map."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptinspect.sources.index_summary import HASH_MASK, summarize_index
+from ckptinspect.header.index import HASH_MASK, summarize_index
 
 SHARDS = [f"model-{i:05d}-of-00007.safetensors" for i in range(1, 8)]
 NAMES = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40)

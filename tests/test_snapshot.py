@@ -172,6 +172,7 @@ def test_report_from_hub_equals_report_from_its_snapshot(tmp_path, monkeypatch):
 
         write_snapshot(open_source("org/fixture", progress=False), out)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # huggingface_hub reads it at import
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: offline for real
     assert _strip_source(_report_json(str(out))) == _strip_source(from_hub)
     assert _strip_source(from_hub) == _strip_source(_report_json(str(model)))

@@ -1,7 +1,8 @@
 """Scan every shard header of a checkpoint, in this process.
 
-One scan for every source: headers already scanned by the source as they arrived (the Hub reader),
-headers in memory (a snapshot), headers on disk (a local directory or the HF cache, read on access).
+One scan for every source: the record is complete and eager (records.RawCheckpoint), so the scan reads
+``raw.headers`` and the source's one ``index_summary`` and never asks which kind of source it holds;
+headers a source already scanned as they arrived (the Hub reader's optional ``scan``) are used as they are.
 
 No worker processes and no ``gc.freeze``: a library call must work inside a daemonic
 ``multiprocessing`` worker, under the ``spawn`` start method, on Windows and macOS, and leave nothing
@@ -15,16 +16,13 @@ parallel scan would go if a measurement shows it pays.
 
 from __future__ import annotations
 
-from typing import Mapping
-
+from ckptinspect.gc_pause import gc_paused
 from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
-from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
-from ckptinspect.sources.index_summary import summarize_index
-from ckptinspect.sources.interface import INDEX, gc_paused
+from ckptinspect.records import IndexSummary, RawCheckpoint
 
 
 def scan_checkpoint(raw: RawCheckpoint) -> tuple[list[ShardScan], IndexSummary | None]:
-    """(one ShardScan per shard in index order, the index summary when there is an index)."""
+    """(one ShardScan per shard in the record's order, the index summary when there is an index)."""
     with start_scan(raw) as scan:
         return scan.finish()
 
@@ -42,10 +40,15 @@ class Scan:
         self.raw = raw
 
     def finish(self) -> tuple[list[ShardScan], IndexSummary | None]:
-        """(one ShardScan per shard in index order, the index summary when there is an index)."""
+        """(one ShardScan per shard in the record's order, the index summary when there is an index).
+        The first bad shard in that order raises, whoever met it first."""
+        raw = self.raw
+        scanned = dict(raw.scan_plan.scanned) if raw.scan_plan is not None else {}
         with gc_paused():  # the scans are acyclic: collections during the loop would find nothing
-            summary = _summary_in_process(self.raw)
-            return _assemble(self.raw, summary, dict(scan_plan(self.raw).scanned), {}), summary
+            for shard, header in raw.headers.items():
+                if shard not in scanned:
+                    scanned[shard] = scan_header_unpaused(shard, header, raw.file_sizes.get(shard))
+        return [scanned[s] for s in raw.headers], raw.index_summary
 
     def close(self) -> None:
         """Release what the scan holds (nothing in-process)."""
@@ -55,30 +58,3 @@ class Scan:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _summary_in_process(raw: RawCheckpoint) -> IndexSummary | None:
-    if raw.index_summary is not None or INDEX not in raw.json_files:
-        return raw.index_summary
-    return summarize_index(raw.json_files[INDEX], source=f"{raw.location}/{INDEX}")
-
-
-def _assemble(raw: RawCheckpoint, summary: IndexSummary | None, scanned: dict[str, ShardScan],
-              errors: Mapping[str, BaseException]) -> list[ShardScan]:
-    """The scans in index order; a shard not scanned yet is scanned here, and the error raised is the
-    first bad shard's in index order, whoever met it."""
-    shards = list(summary.shards) if summary is not None else list(raw.headers)
-    for shard in shards:
-        if shard in errors:
-            raise errors[shard]
-        if shard not in scanned:  # indexed but absent raises here (the source's one-line error)
-            scanned[shard] = scan_header_unpaused(shard, raw.headers[shard], raw.file_sizes.get(shard))
-    return [scanned[s] for s in shards]
-
-
-def scan_plan(raw: RawCheckpoint) -> ScanPlan:
-    """The source's plan, or (headers already in memory) every shard at once with its exact volume."""
-    if raw.scan_plan is not None:
-        return raw.scan_plan
-    return ScanPlan(early={s: raw.file_sizes.get(s) for s in raw.headers},
-                    header_bytes=sum(len(v) for v in raw.headers.values()))

@@ -1,27 +1,35 @@
-"""Resolve what the user typed into a RawCheckpoint.
+"""Resolve what the user typed into a RawCheckpoint (or a RawGguf): the source registry.
 
-- an existing directory                -> local (sources/local.py)
-- a ``*.json.gz`` file                 -> a metadata snapshot (sources/snapshot.py)
-- a GGUF file / directory / repo       -> sources/gguf_local.py, gguf_hub.py (a RawGguf, not a RawCheckpoint)
-- ``org/name[@revision]``              -> the local Hugging Face cache when it holds the whole
-                                          checkpoint (sources/hf_cache.py), else the Hub over HTTP
-                                          ranges (sources/hub.py); ``HF_HUB_OFFLINE=1`` forbids the Hub.
+Every kind of reference is one registered ``Source`` (sources/interface.py): a cheap ``claims(ref, path)``
+and an ``open`` that does the I/O and returns a complete, eager record. ``open_source`` asks the kinds
+added with ``register_source`` first (in registration order), then the built-in ones in ``BUILT_IN``'s
+order, which is the whole dispatch rule:
+
+- ``gguf-local``  a ``.gguf`` file, a GGUF directory, ``dir:TAG``         (sources/gguf_local.py)
+- ``local``       an existing directory                                   (sources/local.py)
+- ``snapshot``    a ``*.json.gz`` / ``*.json`` file                       (sources/snapshot.py)
+- ``gguf-hub``    a GGUF repo id: ``org/repo:TAG``, ``...GGUF``, or cached with GGUF files only;
+                  read from the HF cache when it holds the model, else the Hub (sources/gguf_hub.py)
+- ``hf-cache``    ``org/name[@revision]`` that the local Hugging Face cache holds completely
+                  (sources/hf_cache.py); offline (HF_HUB_OFFLINE=1) a gap is an error naming it
+- ``hub``         ``org/name[@revision]`` over HTTP ranges                (sources/hub.py)
 """
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Union
 
 from ckptinspect.errors import NotFoundError
 from ckptinspect.records import RawCheckpoint
-from ckptinspect.sources.offline import hub_offline
+from ckptinspect.sources.interface import Source
 
 # Hub repo ids: "name" or "org/name", letters, digits, "-", "_", "."; optional "@revision".
 _REPO_ID = re.compile(r"^(?:[\w.\-]+/)?[\w.\-]+(?:@[\w.\-/]+)?$")
+
+__all__ = ["Source", "SourceKind", "BUILT_IN", "open_source", "register_source", "source_kinds", "split_repo_ref"]
 
 
 def split_repo_ref(ref: str) -> tuple[str, str | None]:
@@ -32,74 +40,121 @@ def split_repo_ref(ref: str) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class SourceKind:
-    """A kind of checkpoint reference beyond the built-in ones (e.g. a file format): ``claims(ref, path)``
-    says whether ``ref`` is one of it (cheap: a suffix, a magic number), ``open(ref, path, revision=,
-    token=, progress=)`` reads it into a complete RawCheckpoint."""
+    """A ``Source`` made of two functions: ``claims(ref, path)`` says whether ``ref`` is one of it (cheap: a
+    suffix, a magic number), ``open(ref, path, revision=, token=, progress=)`` reads it into a complete
+    record (or None: not this kind after all, ask the next)."""
 
     name: str
     claims: Callable[[str, Path], bool]
-    open: Callable[..., RawCheckpoint]
+    open: Callable[..., Any]
 
 
-_REGISTERED: list[SourceKind] = []
+_REGISTERED: list[Source] = []
 
 
-def register_source(kind: SourceKind) -> None:
-    """Add ``kind`` to the kinds ``open_source`` asks first, in registration order (once per name)."""
+def register_source(kind: Source) -> None:
+    """Add ``kind`` to the kinds ``open_source`` asks before the built-in ones, in registration order
+    (once per name)."""
     if all(k.name != kind.name for k in _REGISTERED):
         _REGISTERED.append(kind)
 
 
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
-                progress: bool = True, scan: Callable[[str, bytes, int | None], Any] | None = None) -> RawCheckpoint:
-    """Open a model reference (directory, snapshot file, or Hub repo id).
-
-    ``scan``, when given, is a per-shard header scan the Hub source runs on each header as it arrives
-    (RawCheckpoint.scan_plan.scanned); the report does not pass it (see pipeline.py), the other sources
-    ignore it.
+                progress: bool = True) -> "Union[RawCheckpoint, Any]":
+    """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``).
 
     Raises:
         NotFoundError: nothing matches the reference.
-        SourceError / ConfigError / HeaderError: see the individual sources.
+        SourceError / ConfigError / HeaderError / NetworkError / AccessError: see the individual sources.
     """
-    from ckptinspect.sources.gguf_local import open_gguf_if_gguf
-
-    gguf = open_gguf_if_gguf(ref, revision=revision, token=token)  # None unless ref names a GGUF model
-    if gguf is not None:
-        return gguf
     path = Path(ref).expanduser()
-    for kind in _REGISTERED:
+    for kind in source_kinds():
         if kind.claims(ref, path):
-            return kind.open(ref, path, revision=revision, token=token, progress=progress)
-    if path.is_dir():
-        from ckptinspect.sources.local import open_local
-
-        return open_local(path, ref=ref)
-    if ref.endswith(".json.gz") or ref.endswith(".json"):
-        if not path.exists():
-            raise NotFoundError("snapshot file does not exist", path=ref)
-        from ckptinspect.sources.snapshot import read_snapshot
-
-        return read_snapshot(path)
+            opened = kind.open(ref, path, revision=revision, token=token, progress=progress)
+            if opened is not None:
+                return opened
     if path.exists():
         raise NotFoundError("is neither a model directory nor a .json.gz snapshot", path=ref)
-    if not _REPO_ID.match(ref) or ref.startswith((".", "/", "~")):
-        raise NotFoundError("no such directory, and not a Hub repo id (org/name[@revision])", path=ref)
+    raise NotFoundError("no such directory, and not a Hub repo id (org/name[@revision])", path=ref)
 
+
+def source_kinds() -> tuple[Source, ...]:
+    """Every kind ``open_source`` asks, in order: the registered ones, then ``BUILT_IN``."""
+    return (*_REGISTERED, *BUILT_IN)
+
+
+# -- the built-in kinds --------------------------------------------------------------------------------
+def _open_gguf(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> Any:
+    from ckptinspect.sources.gguf_local import open_gguf_if_gguf
+
+    return open_gguf_if_gguf(ref, revision=revision, token=token)
+
+
+def _claims_local_gguf(ref: str, path: Path) -> bool:
+    from ckptinspect.sources.gguf_local import claims_local_gguf
+
+    return claims_local_gguf(ref, path)
+
+
+def _claims_gguf_repo(ref: str, path: Path) -> bool:
+    from ckptinspect.sources.gguf_local import claims_gguf_repo
+
+    return claims_gguf_repo(ref, path)
+
+
+def _open_local(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> RawCheckpoint:
+    from ckptinspect.sources.local import open_local
+
+    return open_local(path, ref=ref)
+
+
+def _claims_snapshot(ref: str, path: Path) -> bool:
+    return ref.endswith((".json.gz", ".json")) and not path.is_dir()
+
+
+def _open_snapshot(ref: str, path: Path, *, revision: str | None, token: str | None,
+                   progress: bool) -> RawCheckpoint:
+    if not path.exists():
+        raise NotFoundError("snapshot file does not exist", path=ref)
+    from ckptinspect.sources.snapshot import read_snapshot
+
+    return read_snapshot(path)
+
+
+def _claims_repo_id(ref: str, path: Path) -> bool:
+    return not path.exists() and bool(_REPO_ID.match(ref)) and not ref.startswith((".", "/", "~"))
+
+
+def _repo_and_revision(ref: str, revision: str | None) -> tuple[str, str | None]:
     repo_id, ref_revision = split_repo_ref(ref)
     revision = revision or ref_revision
     if revision is not None:  # before it is joined into a cache path or a URL
         from ckptinspect.sources.revisions import check_revision
 
         check_revision(revision)
+    return repo_id, revision
+
+
+def _open_hf_cache(ref: str, path: Path, *, revision: str | None, token: str | None,
+                   progress: bool) -> RawCheckpoint | None:
     from ckptinspect.sources.hf_cache import open_hf_cache
 
-    cached = open_hf_cache(repo_id, revision=revision)
-    if cached is not None:
-        return cached
-    if hub_offline():
-        raise NotFoundError("HF_HUB_OFFLINE=1 and the checkpoint is not (fully) in the local Hugging Face cache",
-                            path=ref)
+    repo_id, revision = _repo_and_revision(ref, revision)
+    return open_hf_cache(repo_id, revision=revision)  # None: not (fully) cached, ask the Hub
+
+
+def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> RawCheckpoint:
     from ckptinspect.sources.hub import open_hub
 
-    return open_hub(repo_id, revision=revision, token=token, progress=progress, scan=scan)
+    repo_id, revision = _repo_and_revision(ref, revision)
+    return open_hub(repo_id, revision=revision, token=token, progress=progress)
+
+
+BUILT_IN: tuple[Source, ...] = (
+    SourceKind("gguf-local", _claims_local_gguf, _open_gguf),
+    SourceKind("local", lambda ref, path: path.is_dir(), _open_local),
+    SourceKind("snapshot", _claims_snapshot, _open_snapshot),
+    SourceKind("gguf-hub", _claims_gguf_repo, _open_gguf),
+    SourceKind("hf-cache", _claims_repo_id, _open_hf_cache),
+    SourceKind("hub", _claims_repo_id, _open_hub),
+)

@@ -1,8 +1,8 @@
 """GGUF models on disk: one file, a split set, a directory of quants, or a repo in the HF cache.
 
 Headers are parsed straight from a read-only memory map (header/gguf.py reads only the header's pages,
-never tensor data). ``open_gguf_if_gguf`` is the dispatch hook ``sources.open_source`` calls first:
-it answers None for anything that is not a GGUF reference, so safetensors sources are untouched.
+never tensor data). ``claims_local_gguf`` / ``claims_gguf_repo`` are the GGUF kinds' claims in the
+source registry (sources/__init__.py); ``open_gguf_if_gguf`` opens what they claim.
 
 A reference is GGUF when it is a ``.gguf`` file, a directory holding GGUF files and no safetensors
 weights, or a repo id that is either tagged (llama.cpp's ``org/repo:TAG``), named ``...GGUF`` (the
@@ -112,6 +112,31 @@ def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | Non
     from ckptinspect.sources.gguf_hub import open_gguf_hub
 
     return open_gguf_hub(repo_id, ref=ref, tag=tag, revision=rev, token=token)
+
+
+def claims_local_gguf(ref: str, path: Path) -> bool:
+    """A GGUF file, a GGUF directory (``dir`` or ``dir:TAG``), or a ``.gguf`` path that is not there (the
+    open then says so) — the cheap checks ``open_gguf_if_gguf`` makes first (registry: sources/__init__.py)."""
+    if path.is_file():
+        return is_gguf(path.name)
+    if path.is_dir():
+        return _is_gguf_dir(path)
+    base, sep, tag = ref.rpartition(":")
+    if sep and "/" not in tag and Path(base).expanduser().is_dir() and _is_gguf_dir(Path(base).expanduser()):
+        return True
+    return not path.exists() and is_gguf(ref)
+
+
+def claims_gguf_repo(ref: str, path: Path) -> bool:
+    """A repo id that names a GGUF model: tagged (``org/repo:TAG``), named ``...GGUF``, or cached with GGUF
+    files only (one ref file and one listing read)."""
+    m = TAGGED_REF.match(ref)
+    if m is None or ref.startswith((".", "/", "~")) or path.exists() or is_gguf(ref):
+        return False
+    if m.group("tag") is not None or m.group("repo").lower().endswith("gguf"):
+        return True
+    cached = _cached_snapshot(m.group("repo"), m.group("rev"))
+    return cached is not None and _is_gguf_dir(cached)
 
 
 def looks_like_gguf(ref: str) -> bool:

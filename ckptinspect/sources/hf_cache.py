@@ -19,6 +19,7 @@ import os
 import re
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from ckptinspect.errors import NotFoundError, SourceError
 from ckptinspect.records import RawCheckpoint
@@ -185,24 +186,61 @@ def describe_cache_gap(repo_id: str, revision: str | None = None) -> str:
 def open_hf_cache(repo_id: str, *, revision: str | None = None, required: bool | None = None) -> RawCheckpoint | None:
     """Read ``repo_id@revision`` from the HF cache; None when not fully cached.
 
+    The snapshot folder is read once, eagerly (sources/local.py): its index parsed and summarized once,
+    and the shards it names checked against what the folder holds before any header is read. A folder
+    that holds no safetensors file at all (a Hub run caches only the JSON files) is answered without
+    parsing its index.
+
     Args:
         required: raise NotFoundError naming what is missing instead of returning None. Defaults to
-            HF_HUB_OFFLINE=1 (or TRANSFORMERS_OFFLINE=1): offline, the caller cannot fall back to the Hub,
-            so the error says which file the cache lacks.
+            huggingface_hub's offline mode (HF_HUB_OFFLINE=1): offline, the caller cannot fall back to
+            the Hub, so the error says which file the cache lacks.
     """
     if required is None:
         required = hub_offline()
-    gap = describe_cache_gap(repo_id, revision)
-    if gap:
+
+    def gap(what: Callable[[], str]) -> None:  # the message is made only when it is raised
         if required:
-            raise NotFoundError(f"HF_HUB_OFFLINE=1 and {gap}", path=repo_id,
+            raise NotFoundError(f"HF_HUB_OFFLINE=1 and {what()}", path=repo_id,
                                 hint="run once online, or use a .json.gz snapshot")
         return None
-    commit = resolve_commit(repo_id, revision)
-    assert commit is not None
-    snapshot = repo_storage(repo_id) / "snapshots" / commit
-    ref = repo_id if revision is None else f"{repo_id}@{revision}"
-    # The local-directory source reads the same layout (headers lazily: prefix + N bytes only).
-    from ckptinspect.sources.local import open_local
 
-    return open_local(snapshot, ref=ref, kind="hf-cache", revision=commit)
+    storage = repo_storage(repo_id)
+    if not storage.is_dir():
+        return gap(lambda: f"{repo_id} is not in the HF cache at {hub_cache_dir()}")
+    commit = resolve_commit(repo_id, revision)
+    snapshot = storage / "snapshots" / commit if commit is not None else None
+    if snapshot is None or not snapshot.is_dir() or not (snapshot / "config.json").is_file():
+        return gap(lambda: describe_cache_gap(repo_id, revision) or f"{repo_id} is not in the HF cache")
+    from ckptinspect.sources.local import list_directory, read_checkpoint, read_metadata, shard_names
+
+    listing = list_directory(snapshot)
+    if not any(name.endswith(".safetensors") for name in listing.files) and not required:
+        return None  # nothing to read headers from: no need to parse a 41 MB index to learn it
+    if not (INDEX_FILE in listing.sizes or SINGLE_FILE in listing.sizes):
+        return gap(lambda: f"{repo_id}@{commit[:12]} in the HF cache lacks {INDEX_FILE} (or {SINGLE_FILE})")
+    metadata = read_metadata(snapshot, listing)
+    missing = [s for s in shard_names(listing, metadata) if s not in listing.files]
+    if missing:
+        head = ", ".join(sorted(missing)[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        return gap(lambda: f"{repo_id}@{commit[:12]} in the HF cache lacks {head}")
+    ref = repo_id if revision is None else f"{repo_id}@{revision}"
+    return read_checkpoint(snapshot, listing, metadata, ref=ref, kind="hf-cache", revision=commit)
+
+
+def cached_repo_files(repo_id: str) -> list[str]:
+    """Sorted names of the files any cached revision of ``repo_id`` holds, through huggingface_hub's own
+    cache scan (``scan_cache_dir``: it reads the layout and skips what it finds corrupted); [] without a
+    cache or without the repo. For error messages that say what the cache does hold."""
+    from huggingface_hub import CacheNotFound, scan_cache_dir
+
+    try:
+        info = scan_cache_dir(hub_cache_dir())
+    except (CacheNotFound, OSError, ValueError):
+        return []
+    names: set[str] = set()
+    for repo in info.repos:
+        if repo.repo_type == "model" and repo.repo_id == repo_id:
+            for rev in repo.revisions:
+                names.update(f.file_name for f in rev.files)
+    return sorted(names)

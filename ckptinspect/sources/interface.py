@@ -1,24 +1,27 @@
-"""What every checkpoint source provides, and the small helpers they share."""
+"""What every checkpoint source provides (the ``Source`` protocol), and the small helpers they share."""
 
 from __future__ import annotations
 
 import errno
-import gc
-import os
-from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
+from ckptinspect.gc_pause import gc_paused
+from ckptinspect.header.index import INDEX, check_relative_name, shard_names_from_index
 from ckptinspect.json_text import decode_json
 from ckptinspect.errors import ConfigError, HeaderError, NotFoundError, SourceError
 from ckptinspect.guarded_file import NotRegularFile, open_regular_file
 from ckptinspect.header.parser import PREFIX_BYTES, read_length_prefix
+from ckptinspect.records import RawCheckpoint
+
+if TYPE_CHECKING:
+    from ckptinspect.sources.gguf_files import RawGguf
+
+__all__ = ["Source", "INDEX", "check_relative_name", "shard_names_from_index", "gc_paused"]
 
 CONFIG = "config.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"
 GENERATION_CONFIG = "generation_config.json"
-INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 JSON_FILES = (CONFIG, HF_QUANT_CONFIG, GENERATION_CONFIG, INDEX)
 
@@ -38,50 +41,10 @@ def json_file_cap(name: str) -> int:
     return MAX_INDEX_FILE_BYTES if name.endswith(".index.json") else MAX_JSON_FILE_BYTES
 
 
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while building large acyclic JSON trees.
-
-    json.loads of a 41 MB index allocates ~1M containers, which triggers many full collections that
-    find nothing (measured: ~2x slower header parsing with the collector on).
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def parse_json_bytes(data: bytes, *, source: str) -> Any:
     """Decode a JSON metadata file (config.json decoding: json_text.py), one-line ConfigError on failure."""
     with gc_paused():
         return decode_json(data, source=source)
-
-
-def shard_names_from_index(index: Any, *, source: str = INDEX) -> tuple[str, ...]:
-    """The unique shard files named by an index's weight_map, in first-seen order, validated."""
-    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
-        raise ConfigError("has no 'weight_map' object", path=source)
-    try:
-        shards = dict.fromkeys(index["weight_map"].values())
-    except TypeError:  # an unhashable (list / object) value
-        raise ConfigError("weight_map values must be file names", path=source) from None
-    for shard in shards:
-        check_relative_name(shard, source=source)
-    return tuple(shards)
-
-
-def check_relative_name(name: Any, *, source: str) -> None:
-    """Reject index entries that are not plain relative paths inside the checkpoint."""
-    if not isinstance(name, str) or not name or "\0" in name:
-        raise ConfigError(f"weight_map names a shard {name!r} that is not a file name", path=source)
-    if name.endswith(("/", os.sep)):  # normpath would drop it: "shard.safetensors/" names a directory
-        raise ConfigError(f"weight_map entry '{name}' ends with a slash: a directory, not a shard file", path=source)
-    norm = os.path.normpath(name)
-    if os.path.isabs(name) or norm == ".." or norm.startswith(".." + os.sep) or "\\" in name:
-        raise ConfigError(f"weight_map entry '{name}' points outside the checkpoint directory", path=source)
 
 
 def open_regular(path: Path, *, source: str, what: str = "file") -> tuple[int, int]:
@@ -144,89 +107,22 @@ def read_file_bytes(path: Path, *, limit: int | None = None) -> bytes:
     return data
 
 
-class LazyJson(Mapping[str, Any]):
-    """name -> parsed JSON, where some files are parsed only when first asked for: a local checkpoint's
-    (header scans start before the index parse) and the Hub index read by a child process (the report
-    needs only its summary; a snapshot or a mismatch explanation needs all of it)."""
+@runtime_checkable
+class Source(Protocol):
+    """One kind of checkpoint reference: what ``open_source`` asks, in the registry's order
+    (sources/registry.py).
 
-    def __init__(self, parsed: Mapping[str, Any], loaders: Mapping[str, Callable[[], bytes]], *, prefix: str) -> None:
-        self._parsed = dict(parsed)
-        self._loaders = dict(loaders)
-        self._prefix = prefix
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self._parsed:
-            loader = self._loaders[name]  # KeyError for unknown names, as a dict
-            self._parsed[name] = parse_json_bytes(loader(), source=f"{self._prefix}/{name}")
-        return self._parsed[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._parsed or name in self._loaders  # without parsing
-
-    def __iter__(self) -> Iterator[str]:
-        return iter({**dict.fromkeys(self._parsed), **dict.fromkeys(self._loaders)})
-
-    def __len__(self) -> int:
-        return len(set(self._parsed) | set(self._loaders))
-
-
-def lazy_json_files(directory: Path, names: tuple[str, ...]) -> LazyJson:
-    """The JSON files ``names`` of a local directory, each read and parsed on first access."""
-    return LazyJson({}, {name: partial(read_file_bytes, directory / name) for name in names}, prefix=str(directory))
-
-
-class LocalHeaders(Mapping[str, bytes]):
-    """shard -> header bytes of a local checkpoint, read from disk on access.
-
-    ``candidates`` are the safetensors files present (scanning can start on them at once);
-    the real shard list comes from ``resolve`` (the index, parsed lazily).
+    ``claims(ref, path)`` is cheap (a suffix, ``is_dir``, a repo-id pattern, a ref file in the HF cache)
+    and says whether ``ref`` is this kind's; ``open(ref, path, revision=, token=, progress=)`` does the
+    I/O and returns a complete, eager record: every map a plain dict already read, the index parsed
+    and summarized once (``index_summary``), so no consumer needs to know which kind it came from.
+    ``open`` returns None only when a claim turns out not to hold once read (the HF cache lacks a
+    shard): ``open_source`` then asks the next kind.
     """
 
-    def __init__(self, directory: Path, candidates: Mapping[str, int], resolve: Callable[[], tuple[str, ...]]) -> None:
-        self.directory = directory
-        self.candidates = dict(candidates)  # name -> file size
-        self._resolve = resolve
-        self._shards: tuple[str, ...] | None = None
+    name: str
 
-    @property
-    def shards(self) -> tuple[str, ...]:
-        if self._shards is None:
-            self._shards = self._resolve()
-        return self._shards
+    def claims(self, ref: str, path: Path) -> bool: ...
 
-    def __getitem__(self, shard: str) -> bytes:
-        return read_header_file(self.directory / shard, source=shard)[0]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.shards)
-
-    def __len__(self) -> int:
-        return len(self.shards)
-
-
-class LocalSizes(Mapping[str, "int | None"]):
-    """shard -> file size for a LocalHeaders (stat on demand for shards that were not candidates)."""
-
-    def __init__(self, headers: LocalHeaders) -> None:
-        self.headers = headers
-
-    def __getitem__(self, shard: str) -> int:
-        size = self.headers.candidates.get(shard)
-        if size is not None:
-            return size
-        path = self.headers.directory / shard
-        try:
-            return path.stat().st_size
-        except FileNotFoundError:
-            raise NotFoundError(f"shard '{shard}' named by the index is missing",
-                                path=str(self.headers.directory)) from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise SourceError("is a symlink loop", path=str(path)) from None
-            raise SourceError(f"cannot stat ({exc.strerror or exc})", path=str(path)) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.headers)
-
-    def __len__(self) -> int:
-        return len(self.headers)
+    def open(self, ref: str, path: Path, *, revision: str | None, token: str | None,
+             progress: bool) -> "Union[RawCheckpoint, RawGguf, None]": ...

@@ -2,63 +2,96 @@
 
 Only config / quantization / index JSON files and each shard's header bytes are read; tensor data,
 and anything that deserializes through pickle, is never opened. Nothing is written.
+
+The record is eager: every JSON file is parsed, the index summarized (header/index.py) and every shard's
+header read before ``open_local`` returns, so the report's later stages never touch the disk and read a
+local checkpoint exactly as they read one from the Hub or a snapshot.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from dataclasses import dataclass
 from pathlib import Path
-
-from functools import partial
+from typing import Any
 
 from ckptinspect.errors import NotFoundError, SourceError
-from ckptinspect.records import RawCheckpoint, ScanPlan
-from ckptinspect.sources.index_summary import summarize_index_file
+from ckptinspect.header.index import summarize_index
+from ckptinspect.records import IndexSummary, RawCheckpoint
 from ckptinspect.sources.interface import (
-    INDEX, JSON_FILES, SINGLE_FILE, LocalHeaders, LocalSizes, lazy_json_files, shard_names_from_index,
+    INDEX, JSON_FILES, SINGLE_FILE, parse_json_bytes, read_file_bytes, read_header_file,
 )
 
-# MoE shards of a few GB carry 50-700 kB of header each (0.02-0.03% of the data), so file size is a
-# usable proxy for header volume before anything is read.
-HEADER_TO_DATA_RATIO = 1 / 4000
+
+@dataclass(frozen=True)
+class Listing:
+    """What a directory holds: relative names (one level of sub-folders), and the size of each top-level
+    regular file (symlinks followed, as the HF cache's snapshot links to its blobs)."""
+
+    files: frozenset[str]
+    sizes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """A directory's JSON files, parsed, and what its index says (None without an index)."""
+
+    json_files: dict[str, Any]
+    summary: IndexSummary | None
 
 
 def open_local(directory: Path, *, ref: str | None = None, kind: str = "local",
                revision: str | None = None) -> RawCheckpoint:
-    """Read a checkpoint directory's metadata (JSON parsed lazily, headers read on demand).
+    """Read a checkpoint directory's metadata, all of it, now.
 
     Raises:
         NotFoundError: the directory, or a shard named by the index, is missing.
         SourceError: unreadable files or symlink loops.
-        ConfigError: malformed JSON metadata (when first read).
+        ConfigError: malformed JSON metadata.  HeaderError: a malformed shard header prefix.
     """
-    ref = ref or str(directory)
     if not directory.is_dir():
         raise NotFoundError("is not a directory", path=str(directory))
-    files, sizes = _list_files(directory)
-    json_files = lazy_json_files(directory, tuple(n for n in JSON_FILES if n in files))
-    candidates = {f: sizes[f] for f in files if f.endswith(".safetensors") and "/" not in f}
+    listing = list_directory(directory)
+    metadata = read_metadata(directory, listing)
+    return read_checkpoint(directory, listing, metadata, ref=ref or str(directory), kind=kind, revision=revision)
 
-    def resolve() -> tuple[str, ...]:
-        if INDEX in json_files:
-            return shard_names_from_index(json_files[INDEX], source=str(directory / INDEX))
-        if SINGLE_FILE in candidates:
-            return (SINGLE_FILE,)
-        # No index: every top-level safetensors file is a shard (some exports use another name).
-        return tuple(sorted(candidates))
 
-    headers = LocalHeaders(directory, candidates, resolve)
-    # Scanning starts on the files present while a worker parses the index for the real shard list.
-    plan = ScanPlan(early=candidates, header_bytes=int(sum(candidates.values()) * HEADER_TO_DATA_RATIO),
-                    index_summarizer=partial(summarize_index_file, directory / INDEX) if INDEX in files else None)
+def read_metadata(directory: Path, listing: Listing) -> Metadata:
+    """Parse the JSON files present; summarize the index (its one parse and one summary per report)."""
+    json_files = {name: parse_json_bytes(read_file_bytes(directory / name), source=str(directory / name))
+                  for name in JSON_FILES if name in listing.sizes}
+    summary = (summarize_index(json_files[INDEX], source=str(directory / INDEX)) if INDEX in json_files else None)
+    return Metadata(json_files, summary)
+
+
+def shard_names(listing: Listing, metadata: Metadata) -> tuple[str, ...]:
+    """The shards engines load: the index's, else ``model.safetensors``, else every top-level safetensors
+    file (some exports use another name)."""
+    if metadata.summary is not None:
+        return metadata.summary.shards
+    if SINGLE_FILE in listing.sizes:
+        return (SINGLE_FILE,)
+    return tuple(sorted(f for f in listing.sizes if f.endswith(".safetensors")))
+
+
+def read_checkpoint(directory: Path, listing: Listing, metadata: Metadata, *, ref: str, kind: str,
+                    revision: str | None) -> RawCheckpoint:
+    """Read every shard's header (the prefix and N bytes, nothing more) into the record."""
+    headers: dict[str, bytes] = {}
+    sizes: dict[str, int | None] = {}
+    for shard in shard_names(listing, metadata):
+        if shard not in listing.files and not os.path.lexists(directory / shard):
+            raise NotFoundError(f"shard '{shard}' named by the index is missing", path=str(directory))
+        headers[shard], sizes[shard] = read_header_file(directory / shard, source=shard)
     return RawCheckpoint(
-        ref=ref, kind=kind, location=str(directory), files=tuple(sorted(files)), json_files=json_files,
-        headers=headers, file_sizes=LocalSizes(headers), revision=revision, scan_plan=plan,
+        ref=ref, kind=kind, location=str(directory), files=tuple(sorted(listing.files)),
+        json_files=metadata.json_files, headers=headers, file_sizes=sizes, revision=revision,
+        index_summary=metadata.summary,
     )
 
 
-def _list_files(directory: Path) -> tuple[set[str], dict[str, int]]:
+def list_directory(directory: Path) -> Listing:
     """Relative names (and sizes) of the files in the directory and one level of sub-folders."""
     found: set[str] = set()
     sizes: dict[str, int] = {}
@@ -83,4 +116,4 @@ def _list_files(directory: Path) -> tuple[set[str], dict[str, int]]:
         if stat.st_mode & 0o170000 == 0o100000:
             found.add(entry.name)
             sizes[entry.name] = stat.st_size
-    return found, sizes
+    return Listing(frozenset(found), sizes)

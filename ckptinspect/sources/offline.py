@@ -1,17 +1,16 @@
-"""Whether the Hugging Face Hub may be contacted: the one place the offline variables are read.
+"""Whether the Hugging Face Hub may be contacted: huggingface_hub's own answer.
 
-huggingface_hub reads the same variables the same way (``HF_HUB_OFFLINE``, else the older
-``TRANSFORMERS_OFFLINE``; 1 / ON / YES / TRUE, any case: huggingface_hub/constants.py ``_is_true``),
-read at call time here so a test or a caller can change them between reads.
+``huggingface_hub.constants.is_offline_mode()`` (HF_HUB_OFFLINE, else the older TRANSFORMERS_OFFLINE;
+1 / ON / YES / TRUE, any case), read where huggingface_hub reads it: when huggingface_hub is first
+imported. A program that sets the variable later changes neither huggingface_hub's downloads nor this
+tool's reads; one that must switch at run time sets ``huggingface_hub.constants.HF_HUB_OFFLINE``, and
+both follow.
 """
 
 from __future__ import annotations
 
-import os
-
-_TRUE = frozenset({"1", "ON", "YES", "TRUE"})
-
 
 def hub_offline() -> bool:
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
-    return value is not None and value.strip().upper() in _TRUE
+    from huggingface_hub import constants
+
+    return constants.is_offline_mode()

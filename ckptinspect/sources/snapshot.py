@@ -28,7 +28,9 @@ from typing import Any
 from ckptinspect.json_text import decode_json
 from ckptinspect.errors import ConfigError, NotFoundError, SourceError
 from ckptinspect.records import RawCheckpoint
-from ckptinspect.sources.interface import gc_paused, open_regular
+from ckptinspect.gc_pause import gc_paused
+from ckptinspect.header.index import INDEX, summarize_index
+from ckptinspect.sources.interface import open_regular
 
 FORMAT = "ckptinspect-snapshot"
 FORMAT_VERSION = 1
@@ -147,17 +149,21 @@ def read_snapshot(path: Path) -> RawCheckpoint:
         headers = {shard: loaded[shard] for shard in order}
         rank = {shard: i for i, shard in enumerate(order)}  # list.index per file was quadratic
         source = doc["source"]
+        json_files = doc["json_files"]
+        # The one parse of the index was the snapshot's; its one summary is made here, as every source does.
+        summary = summarize_index(json_files[INDEX], source=f"{path}/{INDEX}") if INDEX in json_files else None
         return RawCheckpoint(
             ref=str(path),
             kind="snapshot",
             location=str(path),
             files=tuple(doc["files"]),
-            json_files=doc["json_files"],
+            json_files=json_files,
             headers=headers,
             file_sizes={k: (int(v) if v is not None else None)
                         for k, v in sorted(doc["file_sizes"].items(), key=lambda kv: _position(rank, kv[0]))},
             revision=source.get("revision"),
             stats={"requests": 0, "bytes_fetched": 0, "snapshot_of": source, "snapshot_stats": doc.get("stats", {})},
+            index_summary=summary,
         )
     except (KeyError, AttributeError, TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"snapshot is missing or has a malformed field: {exc}", path=str(path)) from None
