@@ -30,7 +30,7 @@ from ckptinspect.sources.header_cache import HeaderCache, entry_key, store_all
 from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH, RangeSizer
 from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap
 from ckptinspect.sources.hub_client import FetchStats, HubClient, make_client
-from ckptinspect.sources.index_summary import summarize_index
+from ckptinspect.header.index import summarize_index
 from ckptinspect.sources.interface import JSON_FILES, json_file_cap, parse_json_bytes, read_file_bytes
 from ckptinspect.sources.net_limits import Budget, NetLimits
 from ckptinspect.sources.offline import hub_offline
@@ -160,7 +160,7 @@ class _HubRead:
         commit = meta["commit"]
         plan = None
         if scan is not None:
-            plan = ScanPlan(early={}, header_bytes=sum(len(h) for h in header_bytes.values()), scanned=scanned)
+            plan = ScanPlan(scanned=scanned)
         shown = redact_url(self.endpoint)
         return RawCheckpoint(
             ref=self.repo_id if self.revision is None else f"{self.repo_id}@{self.revision}",
