@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(checkout: Path, replica: Path) -> tuple[float, str]:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    env.pop("CKPTINSPECT_WORKERS", None)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "ckptinspect", "report", str(replica), "--format", "json",
                            "--quiet"], capture_output=True, text=True, env=env, cwd=str(checkout))

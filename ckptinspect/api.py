@@ -27,6 +27,9 @@ if TYPE_CHECKING:  # the return types, named without importing their stages at i
     from ckptinspect.plan import GpuSpec, Plan, PlanFailure
     from ckptinspect.readiness.model import FamilyRule
     from ckptinspect.readiness.validate import RuleFileCheck
+    from ckptinspect.audit import AuditRow, RepoRef
+    from ckptinspect.probe.result import ProbeResult
+    from ckptinspect.readiness.cost import MtpCost
     from ckptinspect.records import RawCheckpoint
 
 # `--fail-on LEVEL`: the verdict rank at and above which a gate trips.
@@ -88,13 +91,13 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
     return report
 
 
-def _mtp_cost(report: Any, tp: int, ep: int | None) -> Any:
+def _mtp_cost(report: "Report", tp: int, ep: int | None) -> "MtpCost":
     from ckptinspect.readiness.cost import mtp_cost
 
     return mtp_cost(report.checkpoint, report.mtp, tp, ep or tp)
 
 
-def _plan_section(report: Any, *, gpu: str, gpus: int, context: int | None, engine: str) -> Any:
+def _plan_section(report: "Report", *, gpu: str, gpus: int, context: int | None, engine: str) -> "Plan | PlanFailure":
     # Exactly one planner call: a plan that cannot be made is a report section saying why (the
     # planner owns that text); the report's exit code does not change.
     from ckptinspect.plan import plan_or_failure
@@ -177,7 +180,7 @@ def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str 
     return raw
 
 
-def probe(ref: str, **options: Any) -> Any:
+def probe(ref: str, **options: Any) -> "ProbeResult":
     """Measure MTP draft acceptance (``probe.runner.run_probe``); imports torch, needs the 'probe' extra."""
     from ckptinspect.errors import ProbeError
 
@@ -203,7 +206,7 @@ def probe(ref: str, **options: Any) -> Any:
     return run_probe(check_ref(ref), **options)
 
 
-def gate(report: Any, fail_on: str, engine: str = "both") -> list[str]:
+def gate(report: "Report", fail_on: str, engine: str = "both") -> list[str]:
     """What trips ``--fail-on`` (empty: the gate passes): ``engine=verdict`` for each engine whose MTP
     verdict is ``fail_on`` or worse, or for ``fail_on="error"`` the code of each error finding."""
     if fail_on == "error":
@@ -221,7 +224,7 @@ def gate(report: Any, fail_on: str, engine: str = "both") -> list[str]:
             if e in report.mtp.verdicts and VERDICT_RANK[report.mtp.verdicts[e].verdict] >= FAIL_ON[fail_on]]
 
 
-def diff_gate(result: Any, fail_on: str) -> list[str]:
+def diff_gate(result: "CheckpointDiff", fail_on: str) -> list[str]:
     """``code (severity)`` for each diff finding at or above ``fail_on`` ("warning" or "error")."""
     levels = {"error": ("error",), "warning": ("error", "warning")}[fail_on]
     return [f"{f.code} ({f.severity})" for f in result.findings if f.severity in levels]
@@ -319,18 +322,16 @@ def hub_endpoint() -> str:
 def cached_files(ref: str) -> tuple[str, Path, list[str]]:
     """(repo id, HF cache directory, sorted file names the cache's snapshots hold for ``ref``'s repo)."""
     from ckptinspect.sources import split_repo_ref
-    from ckptinspect.sources.hf_cache import hub_cache_dir, repo_storage
+    from ckptinspect.sources.hf_cache import cached_repo_files, hub_cache_dir
 
     repo_id, _ = split_repo_ref(ref)
-    snapshots = repo_storage(repo_id) / "snapshots"
-    files = sorted({p.name for p in snapshots.glob("*/*")}) if snapshots.is_dir() else []
-    return repo_id, hub_cache_dir(), files
+    return repo_id, hub_cache_dir(), cached_repo_files(repo_id)  # huggingface_hub's scan_cache_dir
 
 
 # -- audit: many repos at once (ckptinspect/audit) ---------------------------------------------------
 def audit_select(*, ids: Sequence[str] = (), ids_file: Path | None = None, quantized_from: str | None = None,
                  author: str | None = None, search: str | None = None, limit: int | None = None,
-                 token: str | None = None) -> list[Any]:
+                 token: str | None = None) -> "list[RepoRef]":
     """The repos an audit reads (``audit.RepoRef``): ``ids``, the ids in ``ids_file``, and one Hub listing
     (``HfApi.list_models``) narrowed by ``quantized_from`` (the ``base_model:quantized:`` relation),
     ``author`` and ``search`` together."""
@@ -340,9 +341,9 @@ def audit_select(*, ids: Sequence[str] = (), ids_file: Path | None = None, quant
                                   search=search, limit=limit), token=token, endpoint=hub_endpoint())
 
 
-def audit(refs: Sequence[Any], *, gpu: str | None = None, gpus: int | None = None, context: int | None = None,
+def audit(refs: "Sequence[str | RepoRef]", *, gpu: str | None = None, gpus: int | None = None, context: int | None = None,
           engine: str = "both", rules_dirs: Sequence[Path] = (), token: str | None = None, jobs: int = 8,
-          max_requests: int = 64, deadline_s: float | None = None, cache: bool = True) -> Any:
+          max_requests: int = 64, deadline_s: float | None = None, cache: bool = True) -> "Iterator[AuditRow]":
     """An iterator of ``audit.AuditRow``, one per repo of ``refs`` (repo ids or ``audit.RepoRef``), in the
     order they finish; each row's report is what ``inspect(repo, gpu=..., gpus=...)`` gives, or the
     error that stopped it. ``audit.sort_rows`` orders them for people."""
@@ -370,14 +371,14 @@ def _audit_report(repo_id: str, options: dict) -> str:
     return render_report(report, "json")
 
 
-def audit_sort(rows: Sequence[Any], engine: str = "both") -> list[Any]:
+def audit_sort(rows: "Sequence[AuditRow]", engine: str = "both") -> "list[AuditRow]":
     """``rows`` with the usable, fitting repos first (``audit.sort_key``)."""
     from ckptinspect.audit import sort_rows
 
     return sort_rows(list(rows), engine)
 
 
-def audit_gate(row: Any, fail_on: str, engine: str = "both") -> list[str]:
+def audit_gate(row: "AuditRow", fail_on: str, engine: str = "both") -> list[str]:
     """What trips ``--fail-on`` for one audit row (empty: it passes); an unreadable repo always does."""
     from ckptinspect.audit import gate as row_gate
 

@@ -43,15 +43,8 @@ def test_json_file_fuzz_is_accepted_or_one_line(rng: random.Random):
 
 
 @pytest.fixture(scope="module")
-def fuzzer(tmp_path_factory, monkeypatch_module) -> ReportFuzzer:
+def fuzzer(tmp_path_factory) -> ReportFuzzer:
     return ReportFuzzer(tmp_path_factory.mktemp("fuzz"), CORPUS)
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CKPTINSPECT_WORKERS", "1")  # in process, no pool: the per-case alarm sees all work
-        yield mp
 
 
 @settings(FAST, max_examples=200)
@@ -61,9 +54,8 @@ def test_report_fuzz_exit_0_or_2_and_model_dir_unchanged(fuzzer: ReportFuzzer, r
     assert outcome.ok, f"{outcome.target} {outcome.status}: {outcome.detail}"
 
 
-def test_mutations_reach_both_answers(tmp_path, monkeypatch):
+def test_mutations_reach_both_answers(tmp_path):
     """The mutations are neither all fatal nor all harmless, for every kind of case (fixed seeds)."""
-    monkeypatch.setenv("CKPTINSPECT_WORKERS", "1")
     fuzzer = ReportFuzzer(tmp_path, CORPUS)
     kinds = {"header": lambda r: header_case(CORPUS, r), "json": lambda r: json_case(CORPUS, r), "report": fuzzer.case}
     for kind, run in kinds.items():

@@ -177,6 +177,37 @@ def test_api_return_types_name_the_records_callers_get():
     assert isinstance(report, Report)
 
 
+def test_no_public_api_function_returns_or_takes_any_where_a_record_exists():
+    """Every public function of ckptinspect.api: its return annotation resolves to real classes and is
+    never ``Any`` (``probe``'s free-form options are the one ``Any``, an argument)."""
+    import inspect as pyinspect
+    import typing
+
+    import ckptinspect.api as api
+    from ckptinspect.audit import AuditRow, RepoRef
+    from ckptinspect.diff import CheckpointDiff
+    from ckptinspect.pipeline import Report
+    from ckptinspect.plan import GpuSpec, Plan, PlanFailure
+    from ckptinspect.probe.result import ProbeResult
+    from ckptinspect.readiness.cost import MtpCost
+    from ckptinspect.readiness.model import FamilyRule
+    from ckptinspect.readiness.validate import RuleFileCheck
+    from ckptinspect.records import RawCheckpoint
+
+    names = {**vars(api), **{c.__name__: c for c in (AuditRow, RepoRef, CheckpointDiff, Report, GpuSpec, Plan,
+                                                      PlanFailure, ProbeResult, MtpCost, FamilyRule, RuleFileCheck,
+                                                      RawCheckpoint)}}
+    public = [f for n, f in vars(api).items() if pyinspect.isfunction(f) and f.__module__ == api.__name__]
+    assert len(public) > 20
+    for fn in public:
+        hints = typing.get_type_hints(fn, globalns=names)
+        assert "return" in hints, fn.__name__
+        assert "Any" not in repr(hints["return"]), (fn.__name__, hints["return"])
+        assert all("Any" not in repr(h) for k, h in hints.items() if k != "options"), (fn.__name__, hints)
+    probe_hints = typing.get_type_hints(api.probe, globalns=names)
+    assert probe_hints["return"] is ProbeResult and probe_hints["options"] is typing.Any
+
+
 def test_a_registered_source_kind_is_asked_before_the_built_in_ones(tmp_path, monkeypatch):
     """sources.register_source: a new reference kind (a file format) slots in without editing
     open_source; references it does not claim still reach the built-in sources."""

@@ -133,3 +133,22 @@ def test_the_index_is_parsed_and_summarized_once_per_report(repo, tmp_path, monk
 def test_the_registry_order_is_data():
     names = [kind.name for kind in source_kinds()]
     assert names[-6:] == ["gguf-local", "local", "snapshot", "gguf-hub", "hf-cache", "hub"]
+
+
+def test_cached_repo_files_is_huggingface_hubs_view_of_the_cache(repo):
+    """After a Hub read the cache holds the JSON files (no shard): cached_repo_files lists them through
+    scan_cache_dir, the same names huggingface_hub's own scan reports; a missing blob is its 'corrupted'."""
+    from huggingface_hub import scan_cache_dir
+
+    from ckptinspect.sources.hf_cache import cached_repo_files
+
+    assert cached_repo_files(REPO) == []  # no cache directory yet
+    ckptinspect.api.inspect(REPO)
+    names = cached_repo_files(REPO)
+    assert names == ["config.json", "generation_config.json", INDEX]
+    (repo_info,) = [r for r in scan_cache_dir(hub_cache_dir()).repos if r.repo_id == REPO]
+    assert sorted(f.file_name for rev in repo_info.revisions for f in rev.files) == names
+    assert ckptinspect.api.cached_files(REPO)[2] == names
+    for blob in (hub_cache_dir() / "models--org--eager" / "blobs").iterdir():
+        blob.unlink()
+    assert cached_repo_files(REPO) == []

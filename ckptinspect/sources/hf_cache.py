@@ -231,7 +231,8 @@ def open_hf_cache(repo_id: str, *, revision: str | None = None, required: bool |
 def cached_repo_files(repo_id: str) -> list[str]:
     """Sorted names of the files any cached revision of ``repo_id`` holds, through huggingface_hub's own
     cache scan (``scan_cache_dir``: it reads the layout and skips what it finds corrupted); [] without a
-    cache or without the repo. For error messages that say what the cache does hold."""
+    cache, without the repo, or when huggingface_hub finds the repo corrupted (a blob missing behind a
+    link). For error messages that say what the cache does hold."""
     from huggingface_hub import CacheNotFound, scan_cache_dir
 
     try:
@@ -242,5 +243,5 @@ def cached_repo_files(repo_id: str) -> list[str]:
     for repo in info.repos:
         if repo.repo_type == "model" and repo.repo_id == repo_id:
             for rev in repo.revisions:
-                names.update(f.file_name for f in rev.files)
+                names.update(f.file_path.relative_to(rev.snapshot_path).as_posix() for f in rev.files)
     return sorted(names)
