@@ -11,7 +11,7 @@ import pytest
 from ckptinspect.sources import net_limits
 from ckptinspect.sources.hub import DEFAULT_MAX_WORKERS
 from ckptinspect.sources.hub_client import DEFAULT_ATTEMPTS, ERROR_BODY_LIMIT
-from ckptinspect.sources.interface import MAX_INDEX_FILE_BYTES, MAX_JSON_FILE_BYTES
+from ckptinspect.sources.interface import MAX_INDEX_FILE_BYTES, MAX_JSON_FILE_BYTES, MAX_TOTAL_HEADER_BYTES
 from ckptinspect.safe_regex import MAX_PATTERN_CHARS
 from ckptinspect.safe_yaml import MAX_DEPTH, MAX_RULE_FILE_BYTES
 
@@ -45,6 +45,7 @@ def test_every_environment_variable_the_code_reads_is_documented():
     ("CKPTINSPECT_MAX_WORKERS", f"| {DEFAULT_MAX_WORKERS} |"),
     ("MAX_JSON_FILE_BYTES", _size(MAX_JSON_FILE_BYTES)),
     ("MAX_INDEX_FILE_BYTES", _size(MAX_INDEX_FILE_BYTES)),
+    ("MAX_TOTAL_HEADER_BYTES", _size(MAX_TOTAL_HEADER_BYTES)),
     ("MAX_RULE_FILE_BYTES", _size(MAX_RULE_FILE_BYTES)),
     ("`MAX_DEPTH`", f"{MAX_DEPTH} levels"),
 ])

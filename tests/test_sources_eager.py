@@ -152,3 +152,20 @@ def test_cached_repo_files_is_huggingface_hubs_view_of_the_cache(repo):
     for blob in (hub_cache_dir() / "models--org--eager" / "blobs").iterdir():
         blob.unlink()
     assert cached_repo_files(REPO) == []
+
+
+def test_an_eager_local_read_is_bounded_as_a_whole(repo, monkeypatch):
+    """Every header is read before the scan, so the headers together have a cap: the shard that would pass
+    it is refused (one line naming it) before its header is read."""
+    from ckptinspect.errors import HeaderError
+    from ckptinspect.sources import interface
+
+    root, _ = repo
+    headers = open_source(str(root), progress=False).headers
+    first, second, third = headers
+    monkeypatch.setattr(interface, "MAX_TOTAL_HEADER_BYTES", len(headers[first]) + len(headers[second]) + 1)
+    with pytest.raises(HeaderError) as err:
+        open_source(str(root), progress=False)
+    assert str(err.value).startswith(f"{third}: the shard headers add up to over the ") and "\n" not in str(err.value)
+    monkeypatch.setattr(interface, "MAX_TOTAL_HEADER_BYTES", sum(map(len, headers.values())))
+    assert open_source(str(root), progress=False).headers == headers  # exactly at the cap: read

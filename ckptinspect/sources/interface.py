@@ -34,6 +34,10 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # 512 MiB leaves room for ~4.5M tensors while bounding the parse (~10x the file in memory).
 MAX_JSON_FILE_BYTES = 16 * 1024 ** 2
 MAX_INDEX_FILE_BYTES = 256 * 1024 ** 2  # the 371k-tensor Qwen3.5-397B index is 39 MiB
+# Header bytes a local read holds at once, all shards together: a record is eager (every header read
+# before the scan), so sparse files with long headers could otherwise fill memory before the first is
+# parsed. The 94-shard Qwen3.5-397B NVFP4 holds 50 MB of headers: 1 GiB is ~20x it.
+MAX_TOTAL_HEADER_BYTES = 1024 ** 3
 
 
 def json_file_cap(name: str) -> int:
@@ -72,13 +76,19 @@ def _os_error(exc: OSError, source: str) -> SourceError:
     return SourceError(f"cannot read ({exc.strerror or exc})", path=source)
 
 
-def read_header_file(path: Path, *, source: str) -> tuple[bytes, int]:
-    """Read just the header bytes of a local safetensors file; returns (header bytes, file size)."""
+def read_header_file(path: Path, *, source: str, left: int | None = None) -> tuple[bytes, int]:
+    """Read just the header bytes of a local safetensors file; returns (header bytes, file size).
+
+    ``left``: header bytes the caller may still hold (an eager read of every shard is bounded as a whole,
+    ``MAX_TOTAL_HEADER_BYTES``); a longer header is refused before it is read."""
     try:
         fd, size = open_regular(path, source=source, what="shard file")
         with open(fd, "rb", closefd=True) as handle:
             prefix = handle.read(PREFIX_BYTES)
             length = read_length_prefix(prefix, source=source, file_size=size)
+            if left is not None and length > left:
+                raise HeaderError(f"the shard headers add up to over the {MAX_TOTAL_HEADER_BYTES:,}-byte cap for "
+                                  f"all headers of a checkpoint (this one: {length:,} bytes)", path=source)
             data = handle.read(length)
     except (HeaderError, SourceError):
         raise

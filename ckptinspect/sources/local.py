@@ -19,6 +19,7 @@ from typing import Any
 from ckptinspect.errors import NotFoundError, SourceError
 from ckptinspect.header.index import summarize_index
 from ckptinspect.records import IndexSummary, RawCheckpoint
+from ckptinspect.sources import interface
 from ckptinspect.sources.interface import (
     INDEX, JSON_FILES, SINGLE_FILE, parse_json_bytes, read_file_bytes, read_header_file,
 )
@@ -80,10 +81,12 @@ def read_checkpoint(directory: Path, listing: Listing, metadata: Metadata, *, re
     """Read every shard's header (the prefix and N bytes, nothing more) into the record."""
     headers: dict[str, bytes] = {}
     sizes: dict[str, int | None] = {}
+    left = interface.MAX_TOTAL_HEADER_BYTES
     for shard in shard_names(listing, metadata):
         if shard not in listing.files and not os.path.lexists(directory / shard):
             raise NotFoundError(f"shard '{shard}' named by the index is missing", path=str(directory))
-        headers[shard], sizes[shard] = read_header_file(directory / shard, source=shard)
+        headers[shard], sizes[shard] = read_header_file(directory / shard, source=shard, left=left)
+        left -= len(headers[shard])
     return RawCheckpoint(
         ref=ref, kind=kind, location=str(directory), files=tuple(sorted(listing.files)),
         json_files=metadata.json_files, headers=headers, file_sizes=sizes, revision=revision,
