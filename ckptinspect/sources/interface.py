@@ -120,7 +120,7 @@ def read_file_bytes(path: Path, *, limit: int | None = None) -> bytes:
 @runtime_checkable
 class Source(Protocol):
     """One kind of checkpoint reference: what ``open_source`` asks, in the registry's order
-    (sources/registry.py).
+    (sources/__init__.py).
 
     ``claims(ref, path)`` is cheap (a suffix, ``is_dir``, a repo-id pattern, a ref file in the HF cache)
     and says whether ``ref`` is this kind's; ``open(ref, path, revision=, token=, progress=)`` does the
