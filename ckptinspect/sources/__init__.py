@@ -20,11 +20,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable
 
 from ckptinspect.errors import NotFoundError
 from ckptinspect.records import RawCheckpoint
 from ckptinspect.sources.interface import Source
+
+if TYPE_CHECKING:
+    from ckptinspect.sources.gguf_files import RawGguf
 
 # Hub repo ids: "name" or "org/name", letters, digits, "-", "_", "."; optional "@revision".
 _REPO_ID = re.compile(r"^(?:[\w.\-]+/)?[\w.\-]+(?:@[\w.\-/]+)?$")
@@ -60,7 +63,7 @@ def register_source(kind: Source) -> None:
 
 
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
-                progress: bool = True) -> "Union[RawCheckpoint, Any]":
+                progress: bool = True) -> "RawCheckpoint | RawGguf":
     """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``).
 
     Raises:
@@ -84,7 +87,7 @@ def source_kinds() -> tuple[Source, ...]:
 
 
 # -- the built-in kinds --------------------------------------------------------------------------------
-def _open_gguf(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> Any:
+def _open_gguf(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> "RawGguf | None":
     from ckptinspect.sources.gguf_local import open_gguf_if_gguf
 
     return open_gguf_if_gguf(ref, revision=revision, token=token)
