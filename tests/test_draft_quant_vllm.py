@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
+from pathlib import Path
 
 import pytest
 
@@ -106,7 +106,9 @@ def _ckptinspect_answers(case, version=ORACLE_VERSION):
 
 
 @pytest.fixture(scope="module")
-def vllm_answers():
+def oracle(report, make_fixture):
+    """vLLM's answers for the generated cases and the fixtures' modules, from one subprocess:
+    (generated answers, [(fixture, {module: (kind, ckptinspect's answer)})], fixture answers)."""
     from tests.vllm_quant_oracle import ask_vllm
 
     requests = []
@@ -114,7 +116,14 @@ def vllm_answers():
         method, _ = _ckptinspect_answers(case)
         requests.append({"method": VLLM_NAME.get(method, method), "config": case["sglang"], "modules": MODULES,
                          "packed": PACKED})
-    return ask_vllm(requests)
+    fixture_requests, expected = _fixture_requests(report, make_fixture)
+    answers = ask_vllm(requests + fixture_requests)
+    return answers[:len(requests)], expected, answers[len(requests):]
+
+
+@pytest.fixture(scope="module")
+def vllm_answers(oracle):
+    return oracle[0]
 
 
 def test_every_method_rule_is_exercised():
@@ -181,12 +190,26 @@ def test_known_vllm_sglang_differences():
     assert answers["mtp.layers.0.mlp.experts"].built == QUANTIZED
 
 
-def test_fixture_checkpoints_agree_with_vllm(report, make_fixture):
-    """The same question on the generated real-layout checkpoints (their declared x stored combinations):
-    for every MTP module whose vLLM answer came from rules/quant/vllm.yaml, the report's answer is what
-    vLLM's class decides for the fixture's own quantization config."""
+def test_rules_validate_accepts_the_quant_rule_files(tmp_path):
+    """`ckptinspect rules validate` checks rules/quant/*.yaml against module_quant.schema.json: the shipped
+    files pass, a procedure the schema does not know is refused with its path."""
+    from ckptinspect.api import validate_rules
+    from ckptinspect.rules.documents import rules_root
+
+    checks = validate_rules([rules_root() / "quant"])
+    assert sorted(Path(c.path).name for c in checks) == ["sglang.yaml", "vllm.yaml"]
+    assert all(c.error is None for c in checks), checks
+    bad = tmp_path / "vllm.yaml"
+    bad.write_text((rules_root() / "quant" / "vllm.yaml").read_text().replace(
+        "procedure: vllm_fp8_skip_exact", "procedure: fp8_everything"))
+    [check] = validate_rules([bad])
+    assert check.error is not None and "$.methods[0].procedure" in check.error
+
+
+def _fixture_requests(report, make_fixture):
+    """For every fixture whose vLLM answers come from rules/quant/vllm.yaml: one oracle request with the
+    fixture's own quantization config and its MTP modules as vLLM asks them, and the report's answers."""
     from fixtures.generate import FIXTURES
-    from tests.vllm_quant_oracle import ask_vllm, built
 
     section = module_quant_rules("vllm")
     requests, expected = [], []
@@ -197,13 +220,13 @@ def test_fixture_checkpoints_agree_with_vllm(report, make_fixture):
         if r.mtp is None or r.checkpoint.declared.label is None:
             continue
         method = engine_method(r.checkpoint.declared)
-        if rule_at(section, method, "0.33.0") is None or "vllm" not in (r.mtp.modules[0].reasons if r.mtp.modules else {}):
+        if rule_at(section, method, "0.33.0") is None:
             continue
         rows = {}
         for m in r.mtp.modules:
-            if m.reasons["vllm"] in ("quantized", "excluded", "load_error") and m.causes["vllm"]:
+            if m.reasons.get("vllm") in ("quantized", "excluded", "load_error") and m.causes["vllm"]:
                 kind = "moe" if m.component == "routed_expert" else "linear"
-                module = re.sub(r"\{\}", "0", m.module)
+                module = m.module.replace("{}", "0")
                 rows.setdefault(engine_module(_Group(m.component), module, section["packed"])[0],
                                 (kind, "unquantized" if m.built["vllm"] == "unquantized" else
                                  "error" if m.built["vllm"] == "load error" else "quantized"))
@@ -217,8 +240,17 @@ def test_fixture_checkpoints_agree_with_vllm(report, make_fixture):
         requests.append({"method": VLLM_NAME.get(method, method), "config": config, "packed": section["packed"],
                          "modules": [[p, k] for p, (k, _) in rows.items()]})
         expected.append((name, rows))
-    assert len(requests) >= 3, [n for n, _ in expected]
-    answers = ask_vllm(requests)
+    return requests, expected
+
+
+def test_fixture_checkpoints_agree_with_vllm(oracle):
+    """The same question on the generated real-layout checkpoints (their declared x stored combinations):
+    for every MTP module whose vLLM answer came from rules/quant/vllm.yaml, the report's answer is what
+    vLLM's class decides for the fixture's own quantization config."""
+    from tests.vllm_quant_oracle import built
+
+    _, expected, answers = oracle
+    assert len(expected) >= 3, [n for n, _ in expected]
     assert not [a for a in answers if "error" in a], [(n, a) for (n, _), a in zip(expected, answers) if "error" in a]
     mismatches = [f"{name}: {p}: ckptinspect {ours}, vLLM {theirs[p]}"
                   for (name, rows), theirs in zip(expected, answers) for p, (_, ours) in rows.items()
