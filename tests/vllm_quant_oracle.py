@@ -54,11 +54,14 @@ for name in ["fp8", "modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-te
 # The configs import most method / scheme modules lazily, inside get_quant_method: import them all
 # first so that their classes are patched below.
 import importlib, pkgutil
-for info in pkgutil.walk_packages(q.__path__, q.__name__ + "."):
-    try:
-        importlib.import_module(info.name)
-    except Exception:
-        pass  # a kernel package this build lacks: its classes cannot be chosen on CPU either
+for sub in ("compressed_tensors", "quark", "inc"):
+    package = importlib.import_module(f"{q.__name__}.{sub}")
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        try:
+            importlib.import_module(info.name)
+        except Exception:
+            pass  # a kernel package this build lacks: its classes cannot be chosen on CPU either
+importlib.import_module(f"{q.__name__}.modelopt_block_quant")
 
 def _noop(self, *a, **k):
     # keep the MoE config where FusedMoEMethodBase.__init__ puts it (read after construction)
@@ -132,8 +135,6 @@ for case in json.load(sys.stdin):
             answers[prefix] = type(qm).__name__ if qm is not None else None
         except Exception as exc:
             answers[prefix] = f"!{type(exc).__name__}: {exc}"
-            if "DEBUG_ORACLE" in __import__("os").environ:
-                __import__("traceback").print_exc()
     out.append(answers)
 print(json.dumps(out))
 """
