@@ -78,12 +78,17 @@ def _modelopt_vllm_cases():
 
 
 def _extra_ct_cases():
-    """Targets naming single shards (a fused module matches only when every shard does)."""
+    """Targets naming single shards (a fused module matches only when every shard does), and targets matched
+    against the layer's class name (a regex, or a case-folded part of it: `Experts` keys the routed experts)."""
     weights = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False}
     for targets in [["re:.*q_proj", "re:.*k_proj"], ["re:.*[qkv]_proj", "re:.*shared_expert.*"],
-                    ["re:.*experts.0.gate_proj", "re:.*experts.0.up_proj"]]:
+                    ["re:.*experts.0.gate_proj", "re:.*experts.0.up_proj"], ["re:.*Linear", "re:.*experts.*"],
+                    ["Experts"], ["linear", "re:mtp.*"]]:
+        # W8A8: vLLM's fused MoE has no weight-only FP8 scheme (a scheme-support error, not modelled here)
+        acts = {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True, "dynamic": True}
         qc = {"quant_method": "compressed-tensors", "format": "float-quantized",
-              "config_groups": {"group_0": {"targets": targets, "weights": weights}}, "ignore": []}
+              "config_groups": {"group_0": {"targets": targets, "weights": weights, "input_activations": acts}},
+              "ignore": []}
         yield {"config.json": {"quantization_config": qc}, "sglang": qc}
 
 

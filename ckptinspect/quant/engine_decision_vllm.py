@@ -275,14 +275,31 @@ def _ct_group(name: str, kind: str, groups: list[tuple[str, list[str]]], packed:
         shard_hits = [_equal_or_regex(name.replace(fused, s), names) for s in packed[fused]]
         if all(shard_hits):
             return next(g for g, t in targets if t == shard_hits[0]), shard_hits[0]
+    # A "Linear" target also keys the routed experts, as "RoutedExperts" after every other target
+    # (CompressedTensorsConfig._add_fused_moe_to_target_scheme_map).
+    classes, order = (_LINEAR_CLASSES, names)
     if kind == "moe":
-        hit = next((t for t in names if t.lower() in "routedexperts" and not t.startswith("re:")), None)
-        hit = hit or ("Linear" if "Linear" in names else None)
-    else:
-        hit = next((t for t in names if not t.startswith("re:") and t.lower() in "linear"), None)
-        if hit is None and any(not t.startswith("re:") and "." not in t and "linear" in t.lower() for t in names):
-            raise safe_regex.UnsupportedPattern("a Linear subclass target: the answer depends on the layer's class")
-    return (next(g for g, t in targets if t == hit), hit) if hit is not None else (None, "")
+        extra = "Linear" in names and "RoutedExperts" not in names
+        classes, order = ("RoutedExperts",), names + (["RoutedExperts"] if extra else [])
+        targets = targets + ([(next(g for g, t in targets if t == "Linear"), "RoutedExperts")] if extra else [])
+    for target in order:
+        hits = sum(_class_match(c, target) for c in classes)
+        if hits == len(classes):
+            return next(g for g, t in targets if t == target), target
+        if hits:
+            raise safe_regex.UnsupportedPattern(f"target {target!r} matches some Linear classes only: the answer "
+                                                "depends on the layer's class")
+    return None, ""
+
+
+# The Linear classes vLLM's models build MTP projections with (VL:../linear.py).
+_LINEAR_CLASSES = ("QKVParallelLinear", "MergedColumnParallelLinear", "RowParallelLinear", "ColumnParallelLinear",
+                   "ReplicatedLinear")
+
+
+def _class_match(cls: str, target: str) -> bool:
+    """is_equal_or_regex_match(cls, target, check_contains=True): ``re:`` re.match, else case-folded containment."""
+    return safe_regex.match(target[3:], cls) if target.startswith("re:") else target.lower() in cls.lower()
 
 
 def vllm_ct_targets_ignore(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN201
