@@ -15,9 +15,14 @@ What is not vLLM's own code here, and why (the stubs):
   allocates weights); ``get_quant_method`` tests their class with ``isinstance`` (compressed-tensors
   also matches the class *name*, so the real classes are used, not subclasses) and reads
   ``moe_config`` and the ``ckpt_*_proj_name`` attributes, which are set to what a model sets;
-- the constructors of every quantized method and scheme class (subclasses of ``QuantizeMethodBase``,
-  ``CompressedTensorsScheme``, ``QuarkScheme``; not the ``Unquantized*`` ones) are replaced in place
-  by a no-op: several select GPU kernels or probe the device after the decision has been taken;
+  ``moe_config`` is a stand-in (``_MoEConfig``) with the sizes, every other attribute falsy
+  (``_Unset``): only the kernel selection after the decision reads those;
+- the constructors of every method and scheme class (subclasses of ``QuantizeMethodBase``,
+  ``CompressedTensorsScheme``, ``QuarkScheme``, the ``Unquantized*`` ones included) are replaced in
+  place by a no-op that keeps the MoE config: several select GPU kernels, need a current vLLM config
+  or probe the device after the decision has been taken; the answer is the returned class's name.
+  The method modules the configs import lazily (compressed_tensors, quark, inc, modelopt_block_quant)
+  are imported first so that their classes are patched too;
 - ``current_platform.get_device_capability`` answers SM100 (compressed-tensors' scheme check asks it
   after the decision; on a CPU it answers None);
 - the fused-MoE Marlin support check (``check_moe_marlin_supports_layer``) answers True: GPTQ / AWQ
