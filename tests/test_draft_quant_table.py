@@ -68,5 +68,7 @@ def test_rendered_in_text_markdown_and_json(report):
     validate_report_json(doc)
     row = next(m for m in doc["mtp"]["modules"] if m["module"] == "mtp.layers.0.mlp.experts.{}.gate_proj")
     assert row["declared"] == "excluded" and row["stored"] == "nvfp4"
-    assert row["engines"]["vllm"] == {"built": "unquantized", "reason": "excluded", "cause": "",
-                                      "matches_stored": False}
+    # vLLM's answer comes from rules/quant/vllm.yaml: the cause names the entry responsible
+    assert row["engines"]["vllm"] == {"built": "unquantized", "reason": "excluded",
+                                      "cause": "hf_quant_config.json:quantization.exclude_modules entry 'mtp*' "
+                                               "(full name, substring or fnmatch)", "matches_stored": False}

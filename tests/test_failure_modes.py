@@ -101,11 +101,17 @@ def test_c_glm_fp8_shared_head_scales_by_vllm_version(report):
 
 def test_d_mixed_precision_mtp_experts_in_another_algorithm(report, make_fixture, tmp_path):
     """(d) MIXED_PRECISION quantized_layers: trunk experts NVFP4, MTP experts FP8_BLOCK_SCALES, for which
-    vLLM's mixed config has no routed-expert method (vllm-project/vllm#55496)."""
-    mtp = report("qwen3_5_moe_mixed_mtp_experts_fp8_block").mtp
-    assert verdicts(mtp) == ("unusable", "unusable")
-    assert reasons(mtp, "vllm") == {"mtp-mixed-precision-moe-algo-unsupported"}
-    assert "FP8_BLOCK_SCALES" in finding(mtp, "mtp-mixed-precision-moe-algo-unsupported", "vllm").message
+    vLLM's mixed config had no routed-expert method (vllm-project/vllm#55496); 0.32 / 0.33 build them with
+    Fp8MoEMethod (rules/quant/vllm.yaml, checked against vLLM's own class by tests/test_draft_quant_vllm.py)."""
+    r = report("qwen3_5_moe_mixed_mtp_experts_fp8_block")
+    mtp = r.mtp
+    assert verdicts(mtp) == ("unusable", "ready") and not reasons(mtp, "vllm")
+    experts = next(m for m in mtp.modules if m.module == "mtp.layers.0.mlp.experts.{}.gate_proj")
+    assert experts.built["vllm"] != "unquantized" and "FP8_BLOCK_SCALES" in experts.causes["vllm"]
+    old = at_version(r, "vllm", "0.31.0")
+    assert old.verdicts["vllm"].verdict == "unusable"
+    assert reasons(old, "vllm") == {"mtp-mixed-precision-moe-algo-unsupported"}
+    assert "FP8_BLOCK_SCALES" in finding(old, "mtp-mixed-precision-moe-algo-unsupported", "vllm").message
     check = finding(mtp, "mtp-layer-algo-differs", None)
     assert check.severity == "warning" and "trunk NVFP4" in check.message
     assert "mtp-partial-quant" in reasons(mtp, "sglang")  # D17: one scheme for the whole Qwen3.5 draft
@@ -123,8 +129,9 @@ def test_d_mixed_precision_mtp_experts_in_another_algorithm(report, make_fixture
     hq["quantization"]["quantized_layers"] = json.loads((dst / "config.json").read_text())[
         "quantization_config"]["quantized_layers"]
     (dst / "hf_quant_config.json").write_text(json.dumps(hq))
-    fixed = build_report(str(dst), progress=False).mtp
-    assert "mtp-mixed-precision-moe-algo-unsupported" not in reasons(fixed, "vllm")
+    fixed_report = build_report(str(dst), progress=False)
+    fixed = fixed_report.mtp
+    assert "mtp-mixed-precision-moe-algo-unsupported" not in reasons(at_version(fixed_report, "vllm", "0.31.0"), "vllm")
     assert "FP8 (trunk NVFP4)" in finding(fixed, "mtp-layer-algo-differs", None).message
 
 

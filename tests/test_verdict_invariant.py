@@ -136,7 +136,11 @@ def reference(layout: str, report: Report) -> dict[str, tuple[str, bool]]:
             continue
         for name in g.names():
             module = name.rsplit(".", 1)[0]
-            quantized_build = module not in PLAIN[layout]["vllm"] and not _excluded(module, entries)
+            # vLLM asks the routed experts once as their fused MoE (``...mlp.experts``), which an entry
+            # naming one expert excludes whole (VL:utils/quant_utils.py is_layer_skipped, experts branch)
+            moe = re.sub(r"(\.experts)\.\d+\..*$", r"\1", module)
+            whole_moe = moe != module and any("experts" in e and moe in e for e in entries)
+            quantized_build = module not in PLAIN[layout]["vllm"] and not _excluded(module, entries) and not whole_moe
             out[module] = (g.scheme, quantized_build)
     return out
 
@@ -273,8 +277,11 @@ def test_member_shortcut_is_exact_on_generated_lists(ids, lists):
 
 def test_an_entry_naming_one_expert_is_seen_by_the_cross_check_and_the_engines(tmp_path):
     """`mtp.layers.0.mlp.experts.1*` excludes expert 1 only; the experts ship NVFP4. The cross-check reports
-    exactly that module per projection (it used to ask the first expert only) and vLLM, which builds
-    expert 1 BF16, is unusable for its own per-module reason."""
+    exactly that module per projection (it used to ask the first expert only). vLLM asks its fused MoE once,
+    as ``mtp.layers.0.mlp.experts``, and is_layer_skipped's experts branch excludes it when an entry
+    contains that name (rules/quant/vllm.yaml, checked against vLLM's own class by
+    tests/test_draft_quant_vllm.py): all four experts are built BF16, unusable for its own per-module
+    reason."""
     report = _report("qwen", ((QWEN_MODULES["experts"], "nvfp4"),), ("mtp.fc", "mtp.layers.0.self_attn*",
                                                                      "mtp.layers.0.mlp.shared_expert*",
                                                                      "mtp.layers.0.mlp.experts.1*"), tmp_path)
@@ -284,5 +291,7 @@ def test_an_entry_naming_one_expert_is_seen_by_the_cross_check_and_the_engines(t
     assert all(": 1 module(s)" in f.message for f in errors)
     vl = report.mtp.verdicts["vllm"]
     assert vl.verdict == "unusable" and "mtp-quantized-but-excluded" in vl.reasons
-    assert vl.draft_quantization == "modelopt:NVFP4"  # experts 0, 2, 3 are still built NVFP4
+    assert vl.draft_quantization is None  # experts 0, 2, 3 are excluded with expert 1
+    experts = next(m for m in report.mtp.modules if m.module == "mtp.layers.0.mlp.experts.{}.gate_proj")
+    assert experts.built["vllm"] == "unquantized" and "mtp.layers.0.mlp.experts.1*" in experts.causes["vllm"]
     assert violations(report) == []

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
 
+from ckptinspect.quant.engine_decision_vllm import VLLM_PROCEDURES
+from ckptinspect.quant.engine_decision_vllm_ct import VLLM_CT_PROCEDURES
 from ckptinspect.records import DeclaredQuant
 from ckptinspect import safe_regex
 from ckptinspect.safe_regex import UnsupportedPattern, compile_re2, translate
@@ -329,4 +331,7 @@ _PROCEDURES = {
     "quark_exclude": _quark_exclude,
     "auto_round_blocks": _auto_round_blocks,
 }
+# vLLM's own procedures where it decides differently (rules/quant/vllm.yaml).
+_PROCEDURES.update(VLLM_PROCEDURES)
+_PROCEDURES.update(VLLM_CT_PROCEDURES)
 PROCEDURES = frozenset(_PROCEDURES)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
 from ckptinspect.quant.crosscheck import NOT_LINEAR as CROSSCHECK_NOT_LINEAR
 from ckptinspect.quant.detect import UNQUANTIZED
-from ckptinspect.quant.engine_decision import ERROR, QUANTIZED, UNKNOWN, decide, method_rule
+from ckptinspect.quant.engine_decision import ERROR, QUANTIZED, UNKNOWN, decide
 from ckptinspect.quant.members import members_to_ask, module_names
 from ckptinspect.readiness.context import holds
 from ckptinspect.readiness.versions import in_range
@@ -206,8 +206,8 @@ def _engine_answer(ctx: "EngineContext", g: TensorGroup, name: str, k: int,
     (rules/quant/<engine>.yaml); None when the rule file does not model the method at
     this version or cannot evaluate an entry (the generic exclude reading answers then)."""
     section = module_quant_rules(ctx.engine.engine)
-    rule = method_rule(section, ctx.facts.engine_method)
-    if rule is None or (rule.get("versions") and not in_range(ctx.version, rule["versions"])):
+    rule = rule_at(section, ctx.facts.engine_method, ctx.version)
+    if rule is None:
         return None
     packed = section.get("packed", {})
     spellings = [name] if names == "checkpoint" else \
@@ -226,6 +226,15 @@ def _engine_answer(ctx: "EngineContext", g: TensorGroup, name: str, k: int,
     # Engine versions differ in which spelling they match (sgl-project/sglang PR #34906): an answer that
     # leaves the module unquantized under either spelling wins, as in excluded().
     return next((a for a in answers if a[0] not in (QUANTIZED, ERROR)), answers[0])
+
+
+def rule_at(section: Mapping[str, Any] | None, method: str | None, version: str) -> Mapping[str, Any] | None:
+    """The rules/quant entry for ``method`` whose version range holds ``version`` (a method may have one
+    entry per range where the engine changed its reading, e.g. vLLM's ModelOpt keys in 0.33)."""
+    if not section or method is None:
+        return None
+    return next((m for m in section.get("methods", ()) if method in m["methods"]
+                 and (not m.get("versions") or in_range(version, m["versions"]))), None)
 
 
 def _is_forced(rel: str, forced: list[str]) -> bool:

@@ -70,12 +70,15 @@ def load_validated(path: Path, schema: str) -> Any:
 
 def plan_rule_schema(path: Path) -> str | None:
     """The schema of a plan rule file (``kind: engine`` / ``kind: common`` -> engine.schema.json, the GPU
-    catalog -> gpus.schema.json), or None for a family rule file (validated by the family loader)."""
+    catalog -> gpus.schema.json, an engine's quantization decisions -> module_quant.schema.json), or None
+    for a family rule file (validated by the family loader)."""
     doc = load_rule_yaml(read_rule_bytes(path), path)
     if isinstance(doc, dict) and doc.get("kind") in ("engine", "common"):
         return "engine.schema.json"
     if isinstance(doc, dict) and doc.get("kind") == "gguf_engine":
         return "gguf_engine.schema.json"
+    if isinstance(doc, dict) and doc.get("kind") == "module_quant":  # rules/quant/<engine>.yaml
+        return "module_quant.schema.json"
     if isinstance(doc, dict) and "gpus" in doc and "id" not in doc:
         return "gpus.schema.json"
     return None
