@@ -79,7 +79,8 @@ from sglang.srt.layers.quantization.base_config import QuantizeMethodBase
 from sglang.srt.layers.quantization.base_scheme import BaseLinearScheme, BaseMoEScheme
 
 def stand_in(cls):
-    return type(cls.__name__, (cls,), {"__init__": lambda self, *a, **k: None})
+    # ModelSlim's MoE path reads each scheme's `kernel` right after choosing it
+    return type(cls.__name__, (cls,), {"__init__": lambda self, *a, **k: None, "kernel": None})
 
 # Every quantized method class the config modules can return, replaced where the configs look it up.
 for mod in list(sys.modules.values()):
@@ -146,9 +147,14 @@ def ensure_quant_deps() -> Path:
     return target
 
 
-def built(answer: str | None) -> str:
-    """``quantized`` / ``unquantized`` / ``error`` from one oracle answer."""
+def built(answer: str | None, kind: str = "linear") -> str:
+    """``quantized`` / ``unquantized`` / ``error`` from one oracle answer. A fused MoE handed a Linear's
+    ``UnquantizedLinearMethod`` (W8A8Int8Config does that for an ignored MoE) fails at startup: FusedMoE
+    calls its ``create_weights`` with MoE keywords (SG:layers/moe/fused_moe_triton/layer.py
+    FusedMoE.__init__), which that signature lacks."""
     if answer is not None and answer.startswith("!"):
+        return "error"
+    if kind == "moe" and answer == "UnquantizedLinearMethod":
         return "error"
     return "unquantized" if answer is None or answer.startswith("Unquantized") else "quantized"
 
