@@ -37,6 +37,8 @@ MTP_RE = {
     "nemotron_h_omni": r"^language_model\.mtp\.",
     # issue 20 §5 (fixtures/families_2026_c.py): IQuest Q1's separate draft checkpoint
     "iquest_q1_mtp": r"^mtp\.",
+    # DSpark stages (SG:models/deepseek_v4_dspark.py _remap_dspark_weight_name reads mtp.{stage}.*)
+    "deepseek_v4_dspark": r"^mtp\.", "deepseek_v41_dspark": r"^mtp\.",
 }
 # DeepSeek-style families whose MTP layer may also (or instead) live under a second prefix: HY V4
 # releases name it model.mtp_layers.0 (SG:models/hunyuan_v4_nextn.py), dots3 ships a draft embedding
