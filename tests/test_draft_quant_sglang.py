@@ -347,11 +347,15 @@ def test_fixture_checkpoints_agree_with_sglang(report, make_fixture):
         hq = d / "hf_quant_config.json"
         cfg = json.loads((d / "config.json").read_text())
         qc = cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config")
-        config = qc if qc is not None else json.loads(hq.read_text())
+        config = qc if qc is not None else json.loads(hq.read_text()) if hq.exists() else None
+        packed = section["packed"]
+        if method == "modelslim":  # the type map as SG:configs/model_config.py _find_quant_modelslim_config hands it on
+            config = {**json.loads((d / "quant_model_description.json").read_text()), "quant_method": "modelslim"}
+            packed = {**packed, "model": packed}  # SG:model_loader/loader.py on an NPU: fused names under "model"
         # A GPU runs a Marlin-compatible GPTQ export as gptq_marlin (SGLang has no plain "gptq" class
         # registered in 0.5.23; SG:configs/model_config.py override_quantization_method).
         requests.append({"method": {"gptq": "gptq_marlin"}.get(method, method), "config": config,
-                         "packed": section["packed"],
+                         "packed": packed,
                          "modules": [[p, k] for p, (k, _) in rows.items()]})
         expected.append((name, rows))
     assert len(requests) >= 3, [n for n, _ in expected]

@@ -132,7 +132,9 @@ def logical_params(tensors: dict) -> int:
     total = 0
     for k, (_, e) in tensors.items():
         numel = math.prod(e["shape"])
-        if re.search(r"(weight_scale(_inv|_2)?|input_scale|global_scale|[kv]_scale|qzeros|scales|g_idx|weight_shape|_scales|\.scale)$", k):
+        # ModelSlim W8A8 companions: weight_offset (zero point), input_offset, deq_scale, quant_bias
+        if re.search(r"(weight_scale(_inv|_2)?|input_scale|global_scale|[kv]_scale|qzeros|scales|g_idx|weight_shape|_scales|\.scale"
+                     r"|weight_offset|input_offset|deq_scale|quant_bias)$", k):
             continue
         # DeepSeek-V4 FP4 experts: I8 nibble pairs next to an E8M0 ".scale"
         bare_scale = tensors.get(k[: -len(".weight")] + ".scale") if k.endswith(".weight") else None
