@@ -22,7 +22,7 @@ from ckptinspect.quant.declared import matcher_for, read_declared
 from ckptinspect.records import (Checkpoint, Finding, IndexSummary, Inventory, ModelConfig, MtpAssessment,
                                  RawCheckpoint)
 from ckptinspect.sources import open_source
-from ckptinspect.sources.interface import CONFIG, HF_QUANT_CONFIG, INDEX, PICKLE_SUFFIXES
+from ckptinspect.sources.interface import CONFIG, HF_QUANT_CONFIG, INDEX, PICKLE_SUFFIXES, QUANT_MODEL_DESCRIPTION
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,8 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) 
         hf_quant = raw.json_files.get(HF_QUANT_CONFIG)
         check_quant_fields(config.raw, hf_quant, config_source=f"{raw.location}/{CONFIG}",
                            quant_source=f"{raw.location}/{HF_QUANT_CONFIG}")
-        declared, decl_findings = read_declared(config.raw, hf_quant)
+        declared, decl_findings = read_declared(config.raw, hf_quant,
+                                                raw.json_files.get(QUANT_MODEL_DESCRIPTION))
         matcher = matcher_for(declared)
         scans, index_summary = scan.finish()
     findings: list[Finding] = []

@@ -16,6 +16,9 @@ What is not SGLang's own code here, and why:
 - ``torch.cuda.get_device_capability`` and SGLang's ``get_device_capability`` answer SM100 (scheme
   checks ask them after the decision);
 - ``packed_modules_mapping`` is set as the model loader sets it (the case's ``packed``, the model class's);
+- for a hybrid FP8 + NVFP4 case (``hybrid_nvfp4``) the wrapping the model loader does
+  (SG:model_loader/loader.py _get_quantization_config: HybridFp8NvFp4Config around the Fp8Config, its NVFP4
+  exclude list extended by model.decoder.* and stages.*) is restated, since the loader needs a ModelConfig;
 - modules that only GPU kernels or other serving parts import are stubbed (``STUBBED``), and
   transformers is imported first so that it keeps seeing torchvision as absent.
 
@@ -73,13 +76,17 @@ sys.meta_path.insert(0, _Stubs())
 import torch
 torch.cuda.get_device_capability = lambda *a, **k: (10, 0)  # scheme checks ask it; no decision does
 import sglang.srt.layers.quantization as q
+# imported inside HybridFp8NvFp4Config.get_quant_method: loaded now so that its method gets a stand-in too
+import sglang.srt.layers.quantization.mxfp4_flashinfer_trtllm_moe  # noqa: F401
+from sglang.srt.layers.quantization.modelopt_quant import HybridFp8NvFp4Config, ModelOptFp4Config
 from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 from sglang.srt.layers.quantization.base_config import QuantizeMethodBase
 from sglang.srt.layers.quantization.base_scheme import BaseLinearScheme, BaseMoEScheme
 
 def stand_in(cls):
-    return type(cls.__name__, (cls,), {"__init__": lambda self, *a, **k: None})
+    # ModelSlim's MoE path reads each scheme's `kernel` right after choosing it
+    return type(cls.__name__, (cls,), {"__init__": lambda self, *a, **k: None, "kernel": None})
 
 # Every quantized method class the config modules can return, replaced where the configs look it up.
 for mod in list(sys.modules.values()):
@@ -89,6 +96,10 @@ for mod in list(sys.modules.values()):
                     and value not in (QuantizeMethodBase, BaseLinearScheme, BaseMoEScheme) \
                     and not name.startswith("Unquantized"):
                 setattr(mod, name, stand_in(value))
+
+# The hybrid path's MXFP4 MoE method is no QuantizeMethodBase (its constructor reads the runtime config).
+_mxfp4 = sys.modules["sglang.srt.layers.quantization.mxfp4_flashinfer_trtllm_moe"]
+_mxfp4.Mxfp4FlashinferTrtllmMoEMethod = stand_in(_mxfp4.Mxfp4FlashinferTrtllmMoEMethod)
 
 # Scheme checks ask the device capability after the decision (None on a CPU): answer SM100 there too.
 for mod in list(sys.modules.values()):
@@ -117,6 +128,15 @@ for case in json.load(sys.stdin):
     # The model loader hands the model class's packed_modules_mapping to the config
     # (SG:model_loader/loader.py _get_quantization_config).
     cfg.packed_modules_mapping = case.get("packed", {})
+    hybrid = case.get("hybrid_nvfp4")
+    if hybrid is not None:
+        # SG:model_loader/loader.py _get_quantization_config, restated: with nvfp4_moe_meta set the Fp8Config
+        # is wrapped, its NVFP4 exclude list being the checkpoint's ignore plus the MTP's runtime names.
+        cfg.is_fp4_experts = hybrid["is_fp4_experts"]
+        cfg = HybridFp8NvFp4Config(fp8_config=cfg, nvfp4_config=ModelOptFp4Config(
+            is_checkpoint_nvfp4_serialized=True, group_size=hybrid["group_size"],
+            exclude_modules=list(hybrid["exclude_modules"]) + ["model.decoder.*", "stages.*"],
+            packed_modules_mapping=cfg.packed_modules_mapping))
     answers = {}
     for prefix, kind in case["modules"]:
         try:
@@ -146,9 +166,14 @@ def ensure_quant_deps() -> Path:
     return target
 
 
-def built(answer: str | None) -> str:
-    """``quantized`` / ``unquantized`` / ``error`` from one oracle answer."""
+def built(answer: str | None, kind: str = "linear") -> str:
+    """``quantized`` / ``unquantized`` / ``error`` from one oracle answer. A fused MoE handed a Linear's
+    ``UnquantizedLinearMethod`` (W8A8Int8Config does that for an ignored MoE) fails at startup: FusedMoE
+    calls its ``create_weights`` with MoE keywords (SG:layers/moe/fused_moe_triton/layer.py
+    FusedMoE.__init__), which that signature lacks."""
     if answer is not None and answer.startswith("!"):
+        return "error"
+    if kind == "moe" and answer == "UnquantizedLinearMethod":
         return "error"
     return "unquantized" if answer is None or answer.startswith("Unquantized") else "quantized"
 

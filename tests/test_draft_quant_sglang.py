@@ -21,6 +21,7 @@ from ckptinspect.readiness.module_quant import module_quant_rules
 from ckptinspect.quant.declared import read_declared
 from ckptinspect.quant.engine_decision import ERROR, QUANTIZED, UNKNOWN, UNQUANTIZED, decide, method_rule
 from ckptinspect.readiness.quant_method import engine_method
+from ckptinspect.records import DeclaredQuant
 
 # Modules as SGLang asks about them: Qwen3.5-style `mtp.*` (SG:models/qwen3_5_mtp.py, prefix "mtp")
 # and DeepSeek-style `model.layers.61.*` (hf name; SG:models/deepseek_nextn.py), fused where the models fuse.
@@ -167,18 +168,93 @@ def _auto_round_cases():
         yield {"config.json": {"quantization_config": qc}, "sglang": qc, "linear_only": True}
 
 
+EXTRA_CONFIGS = [
+    {"mtp.fc": {"bits": 16}},
+    {"mtp.fc": {"bits": 8}, "mtp.layers.0.self_attn.q_proj": {"bits": 16}},
+    {r"mtp\..*": {"bits": 16}},
+    {r"mtp\.layers\.0\.self_attn\.[qkv]_proj": {"bits": 16}, r".*\.fc": {"bits": 8, "group_size": 32}},
+    {"mtp.layers.0.self_attn.q_proj": {"bits": 16}, "mtp.layers.0.self_attn.k_proj": {"bits": 16},
+     "mtp.layers.0.self_attn.v_proj": {"bits": 16}, "model.layers.61.eh_proj": {"bits": 16}},
+    {r"model\.layers\.(61|3)\..*": {"bits": 8}, "mtp.layers.0.mlp.shared_expert.gate_proj": {"bits": 4}},
+    {"[unclosed": {"bits": 16}, "mtp.layers.0.mlp.gate": {"sym": False}},
+]
+
+
+def _auto_round_extra_cases():
+    for blocks, extra in itertools.product([None, "model.layers", ["model.layers", "mtp.layers"]], EXTRA_CONFIGS):
+        qc = {"quant_method": "auto-round", "bits": 4, "group_size": 128, "sym": True,
+              "packing_format": "auto_round:auto_gptq", "extra_config": extra}
+        if blocks is not None:
+            qc["block_name_to_quantize"] = blocks
+        yield {"config.json": {"quantization_config": qc}, "sglang": qc, "linear_only": True}
+
+
+def _w8a8_int8_cases():
+    for entries in LIST_VARIANTS:
+        if any("*" in e and not e.startswith("re:") for e in entries):
+            continue  # read as names (compressed-tensors' check_equal_or_regex_match)
+        qc = {"quant_method": "w8a8_int8", "ignore": entries}
+        yield {"config.json": {"quantization_config": qc}, "sglang": qc}
+
+
+# ModelSlim's type map covers every weight; modules as above plus a DSpark stage (runtime `stages.0.*`,
+# stored `mtp.0.attn.*` / `mtp.0.ffn.experts.0.w1`; SG:models/deepseek_v4_dspark.py).
+MODELSLIM_MODULES = MODULES + [("stages.0.self_attn.o_proj", "linear"), ("stages.0.mlp.experts", "moe")]
+
+
+def _modelslim_weights(prefix, kind):
+    if kind == "moe":
+        return [f"{prefix}.{e}.{p}.weight" for e in (0, 1) for p in ("gate_proj", "up_proj", "down_proj")]
+    proj = prefix.rsplit(".", 1)[-1]
+    return [f"{prefix.replace(proj, s)}.weight" for s in PACKED.get(proj, [proj])]
+
+
+def _modelslim_cases():
+    tensors = {w: kind for prefix, kind in MODULES for w in _modelslim_weights(prefix, kind)}
+    def described(pick):
+        return {w: pick(w, kind) for w, kind in tensors.items()}
+    variants = [described(lambda w, k, t=t: t) for t in ("W8A8_DYNAMIC", "W8A8", "FLOAT", "W4A8_DYNAMIC", "W8A8_MXFP8")]
+    # the sgl-project/sglang#37736 layout: MTP projections W8A8_DYNAMIC, fc and norms FLOAT
+    variants.append(described(lambda w, k: "FLOAT" if ".fc." in w or ".gate." in w else "W8A8_DYNAMIC"))
+    variants.append(described(lambda w, k: "FLOAT" if w.startswith("mtp.") else "W8A8_DYNAMIC"))  # #34353
+    variants.append(described(lambda w, k: "FLOAT" if ".q_proj." in w or ".up_proj." in w else "W8A8_DYNAMIC"))
+    variants.append(described(lambda w, k: "W4A8_DYNAMIC" if ".down_proj." in w else "W8A8_DYNAMIC"))
+    variants.append(described(lambda w, k: "W16A16" if w.startswith("mtp.") else "W8A8"))
+    variants.append({("language_model." + w if w.startswith("model.") else w): "W8A8_DYNAMIC" for w in tensors})
+    variants.append({w.replace(".mlp.experts.", ".block_sparse_moe.experts.").replace(".gate_proj.", ".w1.")
+                     .replace(".up_proj.", ".w3.").replace(".down_proj.", ".w2."): "W8A8_DYNAMIC" for w in tensors})
+    variants.append({"mtp.0.attn.o_proj.weight": "W8A8_DYNAMIC", "mtp.0.ffn.experts.0.w1.weight": "W8A8_DYNAMIC",
+                     "mtp.0.ffn.experts.0.w3.weight": "W8A8_DYNAMIC", "mtp.0.ffn.experts.0.w2.weight": "W8A8_DYNAMIC"})
+    variants.append({**variants[-1], "stages.0.self_attn.o_proj.weight": "FLOAT"})
+    for desc in variants:
+        # SG:configs/model_config.py _find_quant_modelslim_config adds quant_method to the file's map
+        yield {"modelslim": desc, "sglang": {**desc, "quant_method": "modelslim"}, "modules": MODELSLIM_MODULES,
+               # SG:model_loader/loader.py _get_quantization_config on an NPU: the fused names under "model"
+               "packed": {**PACKED, "model": PACKED}}
+
+
 CASES = [*_fp8_cases(), *_modelopt_cases(), *_mixed_cases(), *_ct_cases(), *_gptq_cases(), *_awq_cases(),
-         *_quark_cases(), *_auto_round_cases()]
+         *_quark_cases(), *_auto_round_cases(), *_auto_round_extra_cases(), *_w8a8_int8_cases(),
+         *_modelslim_cases()]
+
+
+def _declared(case):
+    """ckptinspect's declaration of a case. ModelSlim's type map is a file of its own that the pipeline
+    does not read yet (BENCHMARKS.md sglq20): the record is built as read_declared would build it."""
+    if "modelslim" in case:
+        return DeclaredQuant("modelslim", "modelslim", None, None, None, None, None,
+                             ("quant_model_description.json",), (), raw=case["modelslim"])
+    return read_declared(case.get("config.json", {}), case.get("hf_quant_config.json"))[0]
 
 
 def _ckptinspect_answers(case):
-    declared, _ = read_declared(case.get("config.json", {}), case.get("hf_quant_config.json"))
+    declared = _declared(case)
     method = engine_method(declared)
     section = module_quant_rules("sglang")
     section = {**section, "packed": PACKED}
     rule = method_rule(section, method)
     assert rule is not None, f"no module_quant rule for {method}"
-    return method, {prefix: decide(section, rule, declared, prefix, kind) for prefix, kind in MODULES}
+    return method, {prefix: decide(section, rule, declared, prefix, kind) for prefix, kind in case.get("modules", MODULES)}
 
 
 @pytest.fixture(scope="module")
@@ -188,8 +264,8 @@ def sglang_answers():
     requests = []
     for case in CASES:
         method, _ = _ckptinspect_answers(case)
-        requests.append({"method": case.get("as", method), "config": case["sglang"], "modules": MODULES,
-                         "packed": PACKED})
+        requests.append({"method": case.get("as", method), "config": case["sglang"],
+                         "modules": case.get("modules", MODULES), "packed": case.get("packed", PACKED)})
     return ask_sglang(requests)
 
 
@@ -198,7 +274,7 @@ def test_every_method_rule_is_exercised():
     ruled = {m for entry in module_quant_rules("sglang")["methods"] for m in entry["methods"]}
     assert methods >= ruled - {"modelopt", "gptq_marlin", "awq_marlin", "auto_round", "intel/auto-round"}, \
         ruled - methods
-    assert len(CASES) > 150
+    assert len(CASES) > 240
 
 
 def test_engine_builds_equals_sglang_own_decision(sglang_answers):
@@ -209,10 +285,10 @@ def test_engine_builds_equals_sglang_own_decision(sglang_answers):
         assert "error" not in theirs, theirs
         method, ours = _ckptinspect_answers(case)
         method = case.get("as", method)
-        for prefix, kind in MODULES:
+        for prefix, kind in case.get("modules", MODULES):
             if case.get("linear_only") and kind != "linear":
                 continue
-            answer = built(theirs[prefix])
+            answer = built(theirs[prefix], kind)
             errors += answer == ERROR
             mine = ours[prefix].built
             if mine != answer:
@@ -271,19 +347,23 @@ def test_fixture_checkpoints_agree_with_sglang(report, make_fixture):
         hq = d / "hf_quant_config.json"
         cfg = json.loads((d / "config.json").read_text())
         qc = cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config")
-        config = qc if qc is not None else json.loads(hq.read_text())
+        config = qc if qc is not None else json.loads(hq.read_text()) if hq.exists() else None
+        packed = section["packed"]
+        if method == "modelslim":  # the type map as SG:configs/model_config.py _find_quant_modelslim_config hands it on
+            config = {**json.loads((d / "quant_model_description.json").read_text()), "quant_method": "modelslim"}
+            packed = {**packed, "model": packed}  # SG:model_loader/loader.py on an NPU: fused names under "model"
         # A GPU runs a Marlin-compatible GPTQ export as gptq_marlin (SGLang has no plain "gptq" class
         # registered in 0.5.23; SG:configs/model_config.py override_quantization_method).
         requests.append({"method": {"gptq": "gptq_marlin"}.get(method, method), "config": config,
-                         "packed": section["packed"],
+                         "packed": packed,
                          "modules": [[p, k] for p, (k, _) in rows.items()]})
         expected.append((name, rows))
     assert len(requests) >= 3, [n for n, _ in expected]
     answers = ask_sglang(requests)
     assert not [a for a in answers if "error" in a], [(n, a) for (n, _), a in zip(expected, answers) if "error" in a]
     mismatches = [f"{name}: {p}: ckptinspect {ours}, SGLang {theirs[p]}"
-                  for (name, rows), theirs in zip(expected, answers) for p, (_, ours) in rows.items()
-                  if built(theirs.get(p)) != ours]
+                  for (name, rows), theirs in zip(expected, answers) for p, (kind, ours) in rows.items()
+                  if built(theirs.get(p), kind) != ours]
     assert not mismatches, "\n".join(mismatches)
 
 

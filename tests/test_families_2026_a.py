@@ -27,8 +27,9 @@ EXPECTED = {
     "deepseek_v4_flash_base": ("ready", "ready"),
     "deepseek_v4_flash_nomtp": ("unusable", "unusable"),
     "deepseek_v4_flash_mtp_incomplete": ("unusable", "unusable"),
-    "deepseek_v4_flash_dspark": ("unusable", "unusable"),
-    "deepseek_v41": ("unusable", "unusable"),
+    "deepseek_v4_flash_dspark": ("ready", "ready"),  # SGLang DSPARK / vLLM dspark
+    "deepseek_v41_dspark": ("ready", "ready"),
+    "deepseek_v41": ("unusable", "unusable"),  # no dspark_* keys: neither engine's DSpark draft can be built
     "deepseek_v4_flash_nvfp4": ("degraded", "degraded"),
     "glm5_flash": ("ready", "ready"),
     "glm5_flash_nvfp4_mtp_fp4": ("unusable", "degraded"),
@@ -137,22 +138,75 @@ def test_declared_v4_mtp_dropped_by_export(report):
     assert "ValueError" in msg
 
 
-@pytest.mark.parametrize("name", ["deepseek_v41", "deepseek_v4_flash_dspark"])
-def test_dspark_stages_are_never_a_ready_mtp_draft(report, name):
-    mtp = report(name).mtp
+def test_v41_stages_without_dspark_keys_are_no_ready_draft(report):
+    mtp = report("deepseek_v41").mtp
     assert mtp.present_layers == 3
+    assert "engine-has-no-draft-model" in reasons(mtp, "vllm")
+    assert mtp.verdicts["vllm"].draft_architecture is None
+    # the stages hold dspark_n_routed_experts experts, not the trunk's n_routed_experts
+    assert [(x.experts_present, x.experts_expected) for x in mtp.layers] == [(2, 2)] * 3
+    # no draft is built: nothing is said about how one would be quantized or which layers it reuses
+    for engine in ("sglang", "vllm"):
+        assert mtp.verdicts[engine].verdict == "unusable"
+        assert reasons(mtp, engine) == {"mtp-missing-tensors", "engine-has-no-draft-model"}
+
+
+@pytest.mark.parametrize("name, family, vllm_arch", [
+    ("deepseek_v4_flash_dspark", "deepseek_v4_dspark", "DSparkDraftModel"),
+    ("deepseek_v41_dspark", "deepseek_v41_dspark", "DSparkV41DraftModel")])
+def test_dspark_release_is_a_ready_dspark_draft(report, name, family, vllm_arch):
+    """SG:configs/model_config.py _config_draft_model loads DeepseekV4ForCausalLMDSpark when
+    checkpoint_bundles_dspark_draft (any dspark_* key) holds; vLLM's method dspark reads the same stages."""
+    r = report(name)
+    mtp = r.mtp
+    assert r.checkpoint.family == family and mtp.present_layers == 3
+    sg, vl = mtp.verdicts["sglang"], mtp.verdicts["vllm"]
+    assert (sg.method, sg.draft_architecture) == ("DSPARK", "DeepseekV4ForCausalLMDSpark")
+    assert (vl.method, vl.draft_architecture) == ("dspark", vllm_arch)
+    assert not [f for f in mtp.findings if f.severity == "error"]
+
+
+def test_dspark_match_needs_a_dspark_key(report, make_fixture, tmp_path):
+    """The same checkpoint without its dspark_* keys is read as a V4 NextN release and fails there, as SGLang's
+    NextN loader would (checkpoint_bundles_dspark_draft false -> DeepseekV4ForCausalLMNextN)."""
+    def drop(cfg):
+        for key in [k for k in cfg if k.startswith("dspark_")]:
+            del cfg[key]
+
+    mtp_dir = copy_with_config(make_fixture("deepseek_v4_flash_dspark"), tmp_path / "d", drop)
+    r = build_report(str(mtp_dir), progress=False)
+    assert r.checkpoint.family == "deepseek_v4"
+    for engine in ("sglang", "vllm"):
+        assert r.mtp.verdicts[engine].verdict == "unusable"
+        assert "mtp-missing-tensors" in reasons(r.mtp, engine)
+
+    def only_noise(cfg):  # one key is enough (SG: any of the four)
+        drop(cfg)
+        cfg["dspark_noise_token_id"] = 127
+
+    r = build_report(str(copy_with_config(make_fixture("deepseek_v4_flash_dspark"), tmp_path / "n", only_noise)),
+                     progress=False)
+    assert r.checkpoint.family == "deepseek_v4_dspark"
+
+    def null_keys(cfg):  # SG checks "is not None": null keys do not count
+        for key in [k for k in cfg if k.startswith("dspark_")]:
+            cfg[key] = None
+
+    r = build_report(str(copy_with_config(make_fixture("deepseek_v4_flash_dspark"), tmp_path / "z", null_keys)),
+                     progress=False)
+    assert r.checkpoint.family == "deepseek_v4"
+
+
+def test_dspark_stage_missing_a_layer_tensor_is_an_error(make_fixture, tmp_path):
+    src = make_fixture("deepseek_v4_flash_dspark")
+    dst = tmp_path / "x"
+    shutil.copytree(src, dst)
+    _drop_tensor(dst, "mtp.1.attn.wkv.weight")
+    _drop_tensor(dst, "mtp.1.attn.wkv.scale")
+    mtp = build_report(str(dst), progress=False).mtp
     for engine in ("sglang", "vllm"):
         assert mtp.verdicts[engine].verdict == "unusable"
         assert "mtp-missing-tensors" in reasons(mtp, engine)
-    if name == "deepseek_v41":
-        assert "engine-has-no-draft-model" in reasons(mtp, "vllm")
-        assert mtp.verdicts["vllm"].draft_architecture is None
-        # the stages hold dspark_n_routed_experts experts, not the trunk's n_routed_experts
-        assert [(x.experts_present, x.experts_expected) for x in mtp.layers] == [(2, 2)] * 3
-        assert "mtp-missing-experts" not in reasons(mtp, "vllm")
-        # no draft is built: nothing is said about how one would be quantized or which layers it reuses
-        for engine in ("sglang", "vllm"):
-            assert reasons(mtp, engine) == {"mtp-missing-tensors", "engine-has-no-draft-model"}
 
 
 def test_requantized_v4_mtp_is_degraded_but_native_mxfp4_is_not(report):

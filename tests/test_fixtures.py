@@ -37,6 +37,8 @@ MTP_RE = {
     "nemotron_h_omni": r"^language_model\.mtp\.",
     # issue 20 §5 (fixtures/families_2026_c.py): IQuest Q1's separate draft checkpoint
     "iquest_q1_mtp": r"^mtp\.",
+    # DSpark stages (SG:models/deepseek_v4_dspark.py _remap_dspark_weight_name reads mtp.{stage}.*)
+    "deepseek_v4_dspark": r"^mtp\.", "deepseek_v41_dspark": r"^mtp\.",
 }
 # DeepSeek-style families whose MTP layer may also (or instead) live under a second prefix: HY V4
 # releases name it model.mtp_layers.0 (SG:models/hunyuan_v4_nextn.py), dots3 ships a draft embedding
@@ -130,7 +132,9 @@ def logical_params(tensors: dict) -> int:
     total = 0
     for k, (_, e) in tensors.items():
         numel = math.prod(e["shape"])
-        if re.search(r"(weight_scale(_inv|_2)?|input_scale|global_scale|[kv]_scale|qzeros|scales|g_idx|weight_shape|_scales|\.scale)$", k):
+        # ModelSlim W8A8 companions: weight_offset (zero point), input_offset, deq_scale, quant_bias
+        if re.search(r"(weight_scale(_inv|_2)?|input_scale|global_scale|[kv]_scale|qzeros|scales|g_idx|weight_shape|_scales|\.scale"
+                     r"|weight_offset|input_offset|deq_scale|quant_bias)$", k):
             continue
         # DeepSeek-V4 FP4 experts: I8 nibble pairs next to an E8M0 ".scale"
         bare_scale = tensors.get(k[: -len(".weight")] + ".scale") if k.endswith(".weight") else None

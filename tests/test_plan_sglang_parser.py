@@ -25,7 +25,7 @@ def qwen35(qwen35_report):
 
 
 @pytest.fixture(scope="session")
-def plans(qwen35) -> list:
+def plans(qwen35, report) -> list:
     out = []
     cases = [(qwen35[0], qwen35[1]), (deepseek_v3_fp8(), mtp_ready()), (glm_4_5_fp8(), mtp_ready("NEXTN")),
              (glm_5_fp8(), mtp_ready("NEXTN")), (qwen3_next_80b(), mtp_ready("NEXTN"))]
@@ -45,6 +45,10 @@ def plans(qwen35) -> list:
     out.append(make_plan(qwen35[0], qwen35[1], gpu="h200", gpus=3))
     out.append(make_plan(qwen35[0], qwen35[1], gpu="rtx-pro-6000", gpus=8, max_context=True, concurrency=16))
     out.append(make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="rtx-pro-6000", gpus=8, goal="throughput"))
+    # A DeepSeek-V4 release bundling a DSpark draft (dspark_* keys, stages under mtp.*): SGLang's DSPARK and
+    # vLLM's dspark method, each with only what the engine does not resolve itself.
+    dspark = report("deepseek_v4_flash_dspark")
+    out.append(make_plan(dspark.checkpoint, dspark.mtp, gpu="h200", gpus=8))
     assert len(out) >= 30
     return out
 
@@ -67,6 +71,19 @@ def test_sglang_parser_accepts_every_generated_command(plans, sglang_parsed) -> 
         if "--chunked-prefill-size" in flags:
             assert values["chunked_prefill_size"] == int(flags["--chunked-prefill-size"])
         assert values["context_length"] == plan.context
+
+
+def test_dspark_release_gets_the_dspark_algorithm_alone(plans, sglang_parsed) -> None:
+    """SG:arg_groups/speculative_hook.py _handle_dspark resolves steps / topk / draft tokens from the checkpoint
+    (a draft-token count other than block size + 1 is a ValueError there), so the plan names only DSPARK."""
+    found = [(p, r) for p, r in zip(plans, sglang_parsed["results"]) if (p.speculative.get("sglang") or {}).get("algorithm") == "DSPARK"]
+    assert len(found) == 1
+    plan, result = found[0]
+    flags = {f.flag: f.value for f in plan.commands["sglang"].flags}
+    assert result["ok"], result.get("error")
+    assert result["values"]["speculative_algorithm"] == "DSPARK"
+    assert result["values"]["speculative_num_draft_tokens"] is None
+    assert "--speculative-num-steps" not in flags and "--speculative-num-draft-tokens" not in flags
 
 
 def test_sglang_parser_rejects_what_it_does_not_know(sglang_parsed) -> None:

@@ -61,7 +61,10 @@ def test_vllm_parser_accepts_every_generated_command(plans, vllm_parsed) -> None
             spec = values["engine_args.speculative_config"]
             assert spec == json.loads(flags["--speculative-config"])
             assert spec["method"] in registries["speculative_method"]
-            assert isinstance(spec["num_speculative_tokens"], int) and spec["num_speculative_tokens"] >= 1
+            if spec["method"] == "dspark":  # VL:config/speculative.py: the count defaults to dspark_block_size
+                assert "num_speculative_tokens" not in spec
+            else:
+                assert isinstance(spec["num_speculative_tokens"], int) and spec["num_speculative_tokens"] >= 1
         for flag in ("--quantization", "--attention-backend", "--reasoning-parser", "--tool-call-parser"):
             if flags.get(flag) is not None:
                 known = set(registries[flag]) | set(since.get("values", {}).get(flag, []))
@@ -95,6 +98,8 @@ def test_rule_values_are_vllm_values(vllm_parsed) -> None:
             if entry.get(key):
                 assert entry[key] in known[flag], f"{flag} {entry[key]}"
     assert rules["speculative"]["method"] in known["speculative_method"]
+    for method in rules["speculative"].get("other_methods", {}):
+        assert method in known["speculative_method"], method
 
 
 def test_since_033_lists_only_what_032_refuses(vllm_parsed) -> None:

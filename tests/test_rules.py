@@ -35,7 +35,7 @@ FAMILIES = {
 FAMILIES |= {"hy_v3", "hy_v4", "minimax_m3", "exaone_moe", "exaone4_5", "pangu_ultra_moe", "dots3_note", "inkling",
              "gemma4", "gemma4_assistant", "mimo_v2_omni", "nemotron_h_omni", "bailing_moe_v3", "longcat_flash_ngram"}
 # issue 20 §5 (tests/test_families_2026_c.py)
-FAMILIES |= {"gigachat35", "iquest_q1", "iquest_q1_mtp"}
+FAMILIES |= {"gigachat35", "iquest_q1", "iquest_q1_mtp", "deepseek_v4_dspark", "deepseek_v41_dspark"}
 MINIMAL = TOY_FAMILY_RULE
 
 
@@ -189,6 +189,22 @@ def test_semantic_errors_are_raised_not_dropped(tmp_path):
     write_rule(tmp_path / "b", {**MINIMAL, "id": "toy2"})
     with pytest.raises(RuleError, match="architecture 'ToyForCausalLM' is also claimed by family 'toy'"):
         load_rules([tmp_path / "b"])
+    # match.config_keys_any: alone it would claim any config that sets the key, next to an architecture it
+    # tells two rules of one architecture apart (DeepSeek-V4 and V4 with a bundled DSpark draft)
+    write_rule(tmp_path / "k", {**MINIMAL, "id": "toy3", "match": {"config_keys_any": ["toy_draft"]}})
+    with pytest.raises(RuleError, match=r"\$\.match\.config_keys_any: needs architectures or model_types"):
+        load_rules([tmp_path / "k"])
+    write_rule(tmp_path / "m", MINIMAL)
+    write_rule(tmp_path / "m", {**MINIMAL, "id": "toy_keyed", "match": {**MINIMAL["match"], "config_keys_any": ["toy_draft"]}})
+    rules = load_rules([tmp_path / "m"])
+    from ckptinspect.config.normalize import normalize_config  # the pipeline's own config reader
+
+    base = {"architectures": ["ToyForCausalLM"], "model_type": "toy", "num_hidden_layers": 2, "hidden_size": 64,
+            "vocab_size": 128, "num_attention_heads": 2}
+    plain, keyed, nulled = (normalize_config({**base, **extra}) for extra in ({}, {"toy_draft": 1}, {"toy_draft": None}))
+    nested = normalize_config({"architectures": ["ToyForCausalLM"], "model_type": "toy_vl",
+                               "text_config": {**base, "toy_draft": 2}})
+    assert [rules.match(c).id for c in (plain, keyed, nulled, nested)] == ["toy", "toy_keyed", "toy", "toy_keyed"]
     no_engine = {k: v for k, v in MINIMAL.items() if k not in ("engines", "extends")}  # nothing to inherit
     no_engine["engines"] = {"sglang": MINIMAL["engines"]["sglang"]}
     write_rule(tmp_path / "c", no_engine)

@@ -19,6 +19,12 @@ _ROLE_SUFFIXES: tuple[tuple[str, str], ...] = (
     (".weight_global_scale", "global_scale"),
     (".input_global_scale", "input_scale"),
     (".weight_zero_point", "zero_point"),
+    # ModelSlim (Ascend) W8A8: weight_offset is the int8 zero point, deq_scale / quant_bias / input_offset
+    # the static-activation companions (SG:layers/quantization/modelslim/schemes, sgl-project/sglang#37736)
+    (".weight_offset", "zero_point"),
+    (".input_offset", "input_scale"),
+    (".deq_scale", "scale"),
+    (".quant_bias", "other_companion"),
     (".weight_g_idx", "g_idx"),
     (".weight_packed", "weight"),
     (".weight_shape", "other_companion"),

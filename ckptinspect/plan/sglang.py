@@ -37,13 +37,15 @@ def sglang_command(inp: LaunchInputs) -> Command:
     if inp.spec_enabled:
         spec = rules["speculative"]
         src = inp.spec.get("source", spec["source"])
-        flags.append(FlagLine("--speculative-algorithm", inp.spec["algorithm"], inp.spec_reason, spec["source"]))
-        flags.append(FlagLine("--speculative-num-steps", str(inp.spec["num_steps"]),
-                              "draft steps per verify (one MTP layer re-run each step)", src))
-        flags.append(FlagLine("--speculative-eagle-topk", str(inp.spec["eagle_topk"]),
-                              "one branch per step: chain drafting, works with every attention backend", src))
-        flags.append(FlagLine("--speculative-num-draft-tokens", str(inp.spec["num_draft_tokens"]),
-                              "tokens verified per step (steps + 1 for topk 1)", src))
+        algo_src = spec["source"] if "num_steps" in inp.spec else src  # DSPARK: the hook that resolves it
+        flags.append(FlagLine("--speculative-algorithm", inp.spec["algorithm"], inp.spec_reason, algo_src))
+        if "num_steps" in inp.spec:  # absent for algorithms SGLang resolves itself (DSPARK)
+            flags.append(FlagLine("--speculative-num-steps", str(inp.spec["num_steps"]),
+                                  "draft steps per verify (one MTP layer re-run each step)", src))
+            flags.append(FlagLine("--speculative-eagle-topk", str(inp.spec["eagle_topk"]),
+                                  "one branch per step: chain drafting, works with every attention backend", src))
+            flags.append(FlagLine("--speculative-num-draft-tokens", str(inp.spec["num_draft_tokens"]),
+                                  "tokens verified per step (steps + 1 for topk 1)", src))
         flags.extend(inp.draft_flags)
         if inp.goal == "throughput":
             caveats.append(f"{spec['throughput_caveat']} ({spec['caveat_source']})")

@@ -76,6 +76,10 @@ def spec_values(engine: str, mtp: MtpAssessment, goal: str, probe: dict | None) 
         algo = (verdict.method or rules["default_algorithm"]).upper()
         if algo not in rules["algorithms"]:
             algo = rules["default_algorithm"]
+        resolving = (rules.get("self_resolving") or {}).get(algo)
+        if resolving is not None:
+            return {"algorithm": algo, "from": "engine defaults", "source": resolving["source"]}, \
+                f"{why}; {resolving['reason']}"
         d = rules["defaults"]
         values = {"algorithm": algo,
                   "num_steps": int(rec.get("num_steps", d["num_steps"])),
@@ -83,6 +87,12 @@ def spec_values(engine: str, mtp: MtpAssessment, goal: str, probe: dict | None) 
                   "num_draft_tokens": int(rec.get("num_draft_tokens", d["num_draft_tokens"])),
                   "from": origin, "source": "probe --report" if rec else rules["source"]}
         return values, f"{why} (NEXTN = EAGLE in SGLang)"
+    other = (rules.get("other_methods") or {}).get(verdict.method or "")
+    if other is not None:
+        values = {"method": verdict.method, "from": "engine defaults", "source": other["source"]}
+        if other.get("num_speculative_tokens") is not None:
+            values["num_speculative_tokens"] = int(other["num_speculative_tokens"])
+        return values, why
     k = int(rec.get("num_speculative_tokens", rules["num_speculative_tokens"][goal]))
     values = {"method": rules["method"], "num_speculative_tokens": k, "from": origin,
               "source": "probe --report" if rec else rules["source"]}

@@ -37,7 +37,7 @@ def vllm_command(inp: LaunchInputs, facts: PlanFacts) -> Command:
     caveats: list[str] = list(inp.caveats)
     if inp.spec_enabled:
         spec = rules["speculative"]
-        config = {"method": inp.spec["method"], "num_speculative_tokens": inp.spec["num_speculative_tokens"]}
+        config = {k: inp.spec[k] for k in ("method", "num_speculative_tokens") if k in inp.spec}
         flags.append(FlagLine("--speculative-config", json.dumps(config, separators=(",", ":")), inp.spec_reason,
                               inp.spec.get("source", spec["source"])))
         if inp.goal == "throughput":

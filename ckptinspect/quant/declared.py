@@ -26,8 +26,17 @@ from ckptinspect.records import DeclaredQuant, ExcludeList, Finding
 from ckptinspect.safe_regex import UnsupportedPattern, compile_re2, translate, translate_glob
 
 
-def read_declared(config: Mapping[str, Any], hf_quant: Any) -> tuple[DeclaredQuant, list[Finding]]:
-    """Parse the declared quantization from config.json and hf_quant_config.json."""
+def read_declared(config: Mapping[str, Any], hf_quant: Any,
+                  modelslim: Any = None) -> tuple[DeclaredQuant, list[Finding]]:
+    """Parse the declared quantization from config.json and hf_quant_config.json, or from ModelSlim's
+    quant_model_description.json when the checkpoint has one: SGLang then reads that file instead of
+    config.json's quantization_config (SG:configs/model_config.py _find_quant_modelslim_config,
+    ``modelslim_config or hf_config``) and the per-module decision is its type map's."""
+    if modelslim is not None:
+        if not isinstance(modelslim, dict):
+            raise ConfigError("is not a JSON object", path="quant_model_description.json")
+        return DeclaredQuant("modelslim", "modelslim", None, None, None, None, None,
+                             ("quant_model_description.json",), (), raw=modelslim), []
     findings: list[Finding] = []
     qc, qc_source = None, None
     for path in ("quantization_config", "text_config.quantization_config", "compression_config"):

@@ -22,8 +22,8 @@ from ckptinspect.quant.engine_decision_vllm_ct import VLLM_CT_PROCEDURES
 from ckptinspect.records import DeclaredQuant
 from ckptinspect import safe_regex
 from ckptinspect.safe_regex import UnsupportedPattern, compile_re2, translate
-
-QUANTIZED, UNQUANTIZED, ERROR, UNKNOWN = "quantized", "unquantized", "error", "unknown"
+from ckptinspect.quant.built_as import ERROR, QUANTIZED, UNKNOWN, UNQUANTIZED
+from ckptinspect.quant.engine_decision_sglang import SGLANG_PROCEDURES
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,28 @@ def _ct_linear(prefix: str, ignore: list[str], targets: list[str], packed: Mappi
     return QUANTIZED, f"config_groups target {hit!r}"
 
 
-# --- GPTQ dynamic, AWQ modules_to_not_convert, Quark exclude, AutoRound block_name_to_quantize -------
+def _ct_ignore_only(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN202
+    """SGLang's W8A8Int8Config: compressed-tensors' ``should_ignore_layer`` on its ``ignore`` list (a
+    fused Linear's shards must agree), every other Linear and fused MoE quantized. An ignored fused MoE
+    is handed ``UnquantizedLinearMethod``, whose ``create_weights`` FusedMoE calls with MoE keywords
+    (SG:layers/moe/fused_moe_triton/layer.py FusedMoE.__init__): the load fails with a TypeError."""
+    raw = declared.raw if isinstance(declared.raw, Mapping) else {}
+    ignore = [str(x) for x in raw.get("ignore") or ()]
+    proj = prefix.rsplit(".", 1)[-1]
+    names = [prefix.replace(proj, s) for s in packed[proj]] if proj in packed and prefix not in ignore else [prefix]
+    hits = [_ct_match(n, ignore) for n in names]
+    if len({h is not None for h in hits}) > 1:
+        return ERROR, (f"ignore lists some shards of {prefix} only; SGLang raises "
+                       "'Found different quantization schemes ... requires all to use the same scheme'")
+    if hits[0] is None:
+        return QUANTIZED, "not in ignore"
+    if kind == "moe":
+        return ERROR, (f"ignore entry {hits[0]!r} gives the fused MoE {prefix} a Linear's unquantized method; "
+                       "SGLang fails at startup (TypeError in create_weights)")
+    return UNQUANTIZED, f"ignore entry {hits[0]!r}"
+
+
+# --- GPTQ dynamic, AWQ modules_to_not_convert, Quark exclude (AutoRound, ModelSlim: engine_decision_sglang.py)
 
 def _dynamic_first_match(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN202
     """GPTQ(-Marlin) ``dynamic``: the first key whose regex re.matches the module decides (``-:`` leaves
@@ -305,22 +326,6 @@ def _quark_exclude(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN20
     return (UNQUANTIZED, f"{source} entry {hit!r}") if hit is not None else (QUANTIZED, f"not in {source}")
 
 
-def _auto_round_blocks(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN202
-    """AutoRound / INC: without ``extra_config``, a module is quantized when its name starts with one
-    of ``block_name_to_quantize`` (or ``to_quant_block_names``; all modules when neither is set)
-    (SG:layers/quantization/auto_round.py AutoRoundConfig.get_layer_config)."""
-    raw = declared.raw if isinstance(declared.raw, Mapping) else {}
-    if raw.get("extra_config"):
-        raise UnsupportedPattern("extra_config per-layer overrides are not modelled")
-    blocks = raw.get("block_name_to_quantize") or raw.get("to_quant_block_names")
-    if not blocks:
-        return QUANTIZED, "no block_name_to_quantize: every block"
-    names = blocks.split(",") if isinstance(blocks, str) else [str(b) for b in blocks]
-    hit = next((b for b in names if prefix.startswith(b)), None)
-    return (QUANTIZED, f"block_name_to_quantize entry {hit!r}") if hit is not None else \
-        (UNQUANTIZED, f"under no block_name_to_quantize entry ({', '.join(names)[:120]})")
-
-
 _PROCEDURES = {
     "skip_list": _skip_list,
     "modelopt_exclude": _modelopt_exclude,
@@ -329,7 +334,8 @@ _PROCEDURES = {
     "dynamic_first_match": _dynamic_first_match,
     "substring_list": _substring_list,
     "quark_exclude": _quark_exclude,
-    "auto_round_blocks": _auto_round_blocks,
+    "ct_ignore_only": _ct_ignore_only,
+    **SGLANG_PROCEDURES,
 }
 # vLLM's own procedures where it decides differently (rules/quant/vllm.yaml).
 _PROCEDURES.update(VLLM_PROCEDURES)

@@ -173,8 +173,16 @@ def _build(fid: str, doc: Mapping[str, Any], path: str, origin: int) -> FamilyRu
         references=tuple(doc.get("references", ())),
         architectures=tuple(match.get("architectures", ())), model_types=tuple(match.get("model_types", ())),
         abstract=abstract, extends=doc.get("extends"), mtp=layout, checks=checks, engines=engines,
-        source=path, origin=origin, document=doc,
+        source=path, origin=origin, document=doc, config_keys=_config_keys(match, path),
     )
+
+
+def _config_keys(match: Mapping[str, Any], path: str) -> tuple[str, ...]:
+    keys = tuple(match.get("config_keys_any", ()))
+    if keys and not (match.get("architectures") or match.get("model_types")):
+        # keys alone would claim every config that happens to set them, whatever the model
+        raise RuleError("$.match.config_keys_any: needs architectures or model_types next to it", path=path)
+    return keys
 
 
 def _requirement(raw: Any) -> Requirement:
@@ -214,11 +222,11 @@ def _engine(name: str, raw: Mapping[str, Any]) -> EngineRule:
 
 def _check_claims(families: tuple[FamilyRule, ...]) -> None:
     """Two families of one directory must not claim the same architecture or model_type."""
-    claims: dict[tuple[int, str, str], FamilyRule] = {}
+    claims: dict[tuple[int, str, str, tuple[str, ...]], FamilyRule] = {}
     for fam in families:
         for kind, values in (("architecture", fam.architectures), ("model_type", fam.model_types)):
             for value in values:
-                key = (fam.origin, kind, value)
+                key = (fam.origin, kind, value, fam.config_keys)
                 other = claims.get(key)
                 if other is not None:
                     raise RuleError(f"$.match: {kind} {value!r} is also claimed by family {other.id!r} "

@@ -133,6 +133,10 @@ class FamilyRule:
     source: str  # the file the rule came from (the child file when it extends another)
     origin: int  # 0 = built-in, 1.. = position of the --rules-dir that supplied it
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)  # merged YAML
+    # match.config_keys_any: the family matches only a config.json (or its text_config) that sets one
+    # of these keys to a non-null value, and then outranks a family of the same architecture without
+    # them (a DeepSeek-V4 release bundling a DSpark draft is told apart by its dspark_* keys alone).
+    config_keys: tuple[str, ...] = ()
 
     @property
     def mtp_prefixes(self) -> tuple[str, ...]:
@@ -140,18 +144,32 @@ class FamilyRule:
         return self.mtp.prefixes if self.mtp.supported else ()
 
     def match_score(self, config: ModelConfig) -> int:
-        """3 = architecture, 2 = model_type, 1 = text_config.model_type, 0 = no match."""
+        """6 = architecture, 4 = model_type, 2 = text_config.model_type, 0 = no match; +1 when the
+        family's config_keys_any matched (a family with config keys never matches without one)."""
         if self.abstract:
             return 0
+        bonus = 0
+        if self.config_keys:
+            if not declares_any_key(config, self.config_keys):
+                return 0
+            bonus = 1
         archs = config.raw.get("architectures") if isinstance(config.raw, Mapping) else None
         names = {config.architecture, *(a for a in (archs or ()) if isinstance(a, str))}
         if names & set(self.architectures):
-            return 3
+            return 6 + bonus
         if config.model_type in self.model_types:
-            return 2
+            return 4 + bonus
         if config.text_model_type and config.text_model_type in self.model_types:
-            return 1
+            return 2 + bonus
         return 0
+
+
+def declares_any_key(config: ModelConfig, keys: tuple[str, ...]) -> bool:
+    """True when config.json or its text_config sets one of ``keys`` to a non-null value."""
+    raw = config.raw if isinstance(config.raw, Mapping) else {}
+    text = raw.get("text_config")
+    scopes = (raw, text) if isinstance(text, Mapping) else (raw,)
+    return any(scope.get(key) is not None for scope in scopes for key in keys)
 
 
 @dataclass(frozen=True)

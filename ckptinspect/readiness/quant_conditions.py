@@ -172,7 +172,22 @@ def _engine_load_error(ctx: "EngineContext", arg: Any) -> bool:
     return bool(hits) if arg is not False else not hits
 
 
+def _declared_keys(ctx: "EngineContext", arg: Any) -> bool:
+    """The declared quantization dict sets every listed key: ``true`` = to anything non-null, a list = to
+    one of those strings (case-insensitive, as SGLang upper-cases quant_algo / moe_quant_algo). SGLang's
+    hybrid FP8 + NVFP4 detection is such a test (SG:configs/model_config.py nvfp4_moe_meta)."""
+    raw = ctx.facts.checkpoint.declared.raw if isinstance(ctx.facts.checkpoint.declared.raw, Mapping) else {}
+    for key, want in arg.items():
+        value = raw.get(key)
+        if value is None:
+            return False
+        if want is not True and str(value).upper() not in {str(w).upper() for w in want}:
+            return False
+    return True
+
+
 QUANT_CONDITIONS: dict[str, Callable[["EngineContext", Any], bool]] = {
+    "declared_keys": _declared_keys,
     "mtp_engine_load_error": _engine_load_error,
     "mtp_scheme_differs_from_trunk": _scheme_differs_from_trunk,
     "mtp_layer_algo_is": _layer_algo_is,

@@ -20,6 +20,7 @@ def family_row(fam: Any) -> dict[str, Any]:
     return {
         "id": fam.id, "name": fam.name, "abstract": fam.abstract,
         "architectures": list(fam.architectures), "model_types": list(fam.model_types),
+        "config_keys_any": list(fam.config_keys),
         "mtp": mtp.supported, "prefixes": list(fam.mtp_prefixes), "depth_keys": list(mtp.depth_keys),
         "sglang": fam.engines["sglang"].draft_architecture if "sglang" in fam.engines else None,
         "vllm": fam.engines["vllm"].draft_architecture if "vllm" in fam.engines else None,

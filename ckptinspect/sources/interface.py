@@ -23,7 +23,10 @@ CONFIG = "config.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"
 GENERATION_CONFIG = "generation_config.json"
 SINGLE_FILE = "model.safetensors"
-JSON_FILES = (CONFIG, HF_QUANT_CONFIG, GENERATION_CONFIG, INDEX)
+# ModelSlim's per-tensor type map: SGLang reads it whenever the checkpoint has it, ahead of config.json's
+# quantization_config (SG:configs/model_config.py _find_quant_modelslim_config); read only when listed.
+QUANT_MODEL_DESCRIPTION = "quant_model_description.json"
+JSON_FILES = (CONFIG, HF_QUANT_CONFIG, GENERATION_CONFIG, INDEX, QUANT_MODEL_DESCRIPTION)
 
 # Files that deserialize through pickle: never loaded, only reported.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -42,7 +45,9 @@ MAX_TOTAL_HEADER_BYTES = 1024 ** 3
 
 def json_file_cap(name: str) -> int:
     """The size cap of the JSON metadata file ``name``."""
-    return MAX_INDEX_FILE_BYTES if name.endswith(".index.json") else MAX_JSON_FILE_BYTES
+    # the type map has one entry per tensor, like the index
+    per_tensor = name.endswith(".index.json") or name == QUANT_MODEL_DESCRIPTION
+    return MAX_INDEX_FILE_BYTES if per_tensor else MAX_JSON_FILE_BYTES
 
 
 def parse_json_bytes(data: bytes, *, source: str) -> Any:
