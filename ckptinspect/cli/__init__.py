@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from ckptinspect.cli.options import DEADLINE_HELP, REQUEST_TIMEOUT_HELP
+
 # name -> (module:attribute, one-line help shown by `ckptinspect --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("ckptinspect.cli.report_cmd:report", "Inspect a checkpoint: tensors, quantization, MTP readiness."),
@@ -60,9 +62,9 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="ckptinspect")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors (also after the command).")
 @click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help="Deadline for all Hub requests of the command (default 300; env CKPTINSPECT_DEADLINE_S).")
+              help=DEADLINE_HELP)
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help="Deadline for one Hub request's whole answer (default 60; env CKPTINSPECT_REQUEST_TIMEOUT_S).")
+              help=REQUEST_TIMEOUT_HELP)
 @click.pass_context
 def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout: float | None) -> None:
     """ckptinspect: what is in an LLM checkpoint, is its MTP draft layer usable, how to launch it.
