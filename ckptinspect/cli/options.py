@@ -172,15 +172,30 @@ def gpu_catalog_help() -> str:
     return ", ".join(g.aliases[0] if g.aliases else g.name for g in gpus())
 
 
+class SuggestingChoice(click.Choice):
+    """A choice whose error names the closest valid value (click already does this for commands and
+    option names, not for values: `--format jsn`, `--engine sglng`)."""
+
+    def get_invalid_choice_message(self, value: Any, ctx: click.Context | None) -> str:
+        import difflib
+
+        message = super().get_invalid_choice_message(value, ctx)
+        close = difflib.get_close_matches(str(value).lower(), [str(c) for c in self.choices], n=1, cutoff=0.6)
+        return f"{message} Did you mean {close[0]!r}?" if close else message
+
+
 class Command(click.Command):
     """A click command whose help ends with real examples (and, lazily, any extra text such as the
-    GPU catalog, so that importing the command stays cheap)."""
+    GPU catalog, so that importing the command stays cheap); a mistyped choice value gets a suggestion."""
 
     def __init__(self, *args: Any, examples: tuple[str, ...] = (), more_help: Callable[[], tuple[str, str]] | None = None,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.examples = examples
         self.more_help = more_help
+        for param in self.params:
+            if type(param.type) is click.Choice:
+                param.type = SuggestingChoice(param.type.choices, case_sensitive=param.type.case_sensitive)
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         if self.examples:
