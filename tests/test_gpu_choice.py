@@ -163,6 +163,11 @@ def test_gpu_memory_changes_fit_kv_and_count():
     assert small.hint.startswith("smallest that works: 16x H200-SXM")  # more of the same card
     text = render_plan_text(shared)
     assert "120 GiB" in text and plan_json(shared)["gpu"]["memory_gib"] == 120
+    # vLLM's fraction is of the whole card: the shared-card value is scaled by 120 / 140.4
+    util = next(float(f.value) for f in shared.commands["vllm"].flags if f.flag == "--gpu-memory-utilization")
+    shared_note = next(n.message for n in shared.notes if "shared with other jobs" in n.message)
+    assert f"--gpu-memory-utilization {util * 120 / 140.4:.3f}" in shared_note
+    assert not any("shared with other jobs" in n.message for n in whole.notes)
 
 
 def test_gpu_memory_on_the_command_line(make_fixture):
@@ -183,8 +188,10 @@ def _other_cards(gpu_name: str) -> re.Pattern:
     own = next(g for g in load_gpus() if g.name == gpu_name)
     words -= {own.name, *own.aliases}
     words = {w for w in words if not w.isdigit()}  # "5090" alone is too short a word to search prose for
-    return re.compile(r"(?<![\w.-])(" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
-                      + r")(?![\w.-])", re.IGNORECASE)
+    # "RTX PRO 6000", "rtx-pro-6000" and "rtx_pro_6000" are one name
+    spelled = [r"[\s_-]?".join(re.escape(p) for p in re.split(r"[\s_-]+", w))
+               for w in sorted(words, key=len, reverse=True)]
+    return re.compile(r"(?<![\w.-])(" + "|".join(spelled) + r")(?![\w.-])", re.IGNORECASE)
 
 
 def _without_sources(doc):
@@ -214,3 +221,35 @@ def test_unknown_gpu_points_to_gpu_spec(make_fixture):
     assert "did you mean" not in res.stderr  # no catalog card is a 4090
     typo = run_cli("plan", str(make_fixture("qwen3_5_moe_nvfp4")), "--gpu", "NVIDIA H2000", "--gpus", "1")
     assert "did you mean h200?" in typo.stderr and "--gpu-spec" in typo.stderr
+
+
+def test_probe_command_of_a_user_card_carries_its_gpu_file(tmp_path):
+    import shlex
+
+    from ckptinspect.plan.payoff import probe_command
+    from plan_checkpoints import deepseek_v3_fp8 as ck
+
+    path = _gpu_file(tmp_path, [USER_CARD])
+    argv = shlex.split(probe_command(ck(), find_gpu("rtx-4090", spec_file=path)))
+    assert argv[argv.index("--gpu") + 1] == "rtx-4090" and argv[argv.index("--gpu-spec") + 1] == str(path)
+    assert "--gpu-spec" not in probe_command(ck(), find_gpu("h200"))
+
+
+def test_probe_cost_model_reads_the_user_card(tmp_path):
+    from ckptinspect.probe.cost import resolve_gpu
+
+    path = _gpu_file(tmp_path, [USER_CARD])
+    facts = resolve_gpu(find_gpu("NVIDIA GeForce RTX 4090", spec_file=path), "fp4")
+    assert (facts.name, facts.bandwidth_bytes_s, facts.precision, facts.source) == ("RTX-4090", 1.01e12, "fp8", str(path))
+
+
+def test_plan_notes_for_a_card_name_no_other_card():
+    """Every plan-level note of rules/engines/common.yaml, for every catalog card its `when` selects."""
+    from ckptinspect.plan.rules import engine_rules
+
+    for note in engine_rules("common")["notes"]:
+        arches = note["when"].get("arch")
+        for gpu in load_gpus():
+            if arches is None or gpu.arch in arches:
+                found = _other_cards(gpu.name).findall(note["message"])
+                assert not found, (gpu.name, note["message"], found)

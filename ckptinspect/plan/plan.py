@@ -176,6 +176,7 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
         running=chosen.kv.max_running_requests if not solution else running_target, running_reason=running_reason,
         solution=solution)
     notes.extend(more_notes)
+    notes.extend(_shared_card_note(spec_gpu, commands))
     if any(speculative.values()):
         mismatch = probe_gpu_mismatch(probe_report, spec_gpu) if probe_report else ""
         if mismatch:
@@ -204,6 +205,25 @@ def _failure_hint(min_gpus: int | None, by_count: dict[int, list[Option]], gpu: 
                 f"(or --max-context to solve for the longest that fits)")
     return (f"no count up to {most}x {gpu.name} holds the weights: a smaller quant of the model, or weight "
             f"offload to CPU memory (SGLang / vLLM --cpu-offload-gb; slower, not planned here)")
+
+
+def _shared_card_note(gpu: GpuSpec, commands: dict) -> list[Note]:
+    """--gpu-memory on a whole card shared with other jobs (not a MIG slice): vLLM takes
+    --gpu-memory-utilization of the card's total memory and refuses to start when less is free; SGLang
+    0.5.23 takes --mem-fraction-static of the memory free before the model loads, so its value stands."""
+    vllm = commands.get("vllm")
+    if gpu.catalog_memory_gib is None or vllm is None:
+        return []
+    util = next((float(f.value) for f in vllm.flags if f.flag == "--gpu-memory-utilization" and f.value), None)
+    if util is None:
+        return []
+    shared = util * gpu.memory_gib / gpu.catalog_memory_gib
+    return [Note("warning", f"vllm: if the {gpu.memory_gib:g} GiB are the free part of a whole "
+                 f"{gpu.catalog_memory_gib:g} GiB card shared with other jobs (not a MIG slice), pass "
+                 f"--gpu-memory-utilization {shared:.3f} instead (a fraction of the whole card); SGLang's "
+                 f"--mem-fraction-static is a fraction of the memory free at start and stands",
+                 "VL:v1/worker/utils.py request_memory (total_memory x gpu_memory_utilization); "
+                 "SG:mem_cache/kv_cache_configurator.py _profile_available_bytes (pre_model_load_memory)")]
 
 
 def _no_weights(ck: Checkpoint) -> str:
