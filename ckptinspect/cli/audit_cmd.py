@@ -67,9 +67,10 @@ def audit(repos: tuple[str, ...], quantized_from: str | None, author: str | None
         raise click.UsageError("name repos, --repos-file, or a listing (--quantized-from, --author, --search)")
     if revision is not None:
         raise not_applicable("audit", "--revision", "it reads each repo's main branch (the Hub listing's)")
-    # audit rows are cached and run by name: a catalog card (nvidia-smi names and '8x NAME' too)
+    # audit rows are cached and run by name: a catalog card (nvidia-smi names and '8x NAME' too), named
+    # in the fit column as typed
     spec, gpus = resolve_gpu(gpu, gpus, None, None)
-    gpu = spec.name if spec is not None else None
+    gpu = api.split_gpu_count(gpu)[1] if spec is not None and gpu is not None else None
     if (gpu is None) != (gpus is None):
         raise click.UsageError("--gpu and --gpus go together (or --gpu '8x NAME')")
     started = time.perf_counter()
