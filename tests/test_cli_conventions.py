@@ -465,3 +465,16 @@ def test_probe_install_hint_names_pypi_and_a_checkout(tmp_path):
     assert "pip install 'ckptinspect[probe]'" in res.stderr  # from PyPI
     assert "pip install -e '.[probe]'" in res.stderr  # from a checkout
     assert "torch missing" in res.stderr
+
+
+@pytest.mark.parametrize("args", [("report", "org/x"), ("plan", "org/x", "--gpu", "h200", "--gpus", "8"),
+                                  ("diff", "org/x", "org/y"), ("snapshot", "org/x", "-o", "s.json.gz")])
+def test_deadline_after_the_subcommand_reaches_the_hub_reader(args, tmp_path):
+    with socket.socket() as s:  # a port nobody listens on: every attempt is refused, then retried
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("CKPTINSPECT_DEBUG", "CKPTINSPECT_DEADLINE_S")}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HUB_CACHE=str(tmp_path / "cache"))
+    res = subprocess.run([sys.executable, "-m", "ckptinspect", *args, "--deadline", "0.2"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=120)
+    assert res.returncode == 2 and "within its 0.2 s deadline" in res.stderr, res.stderr

@@ -253,3 +253,13 @@ def test_plan_notes_for_a_card_name_no_other_card():
             if arches is None or gpu.arch in arches:
                 found = _other_cards(gpu.name).findall(note["message"])
                 assert not found, (gpu.name, note["message"], found)
+
+
+def test_rules_validate_checks_a_user_gpu_file(tmp_path):
+    good = _gpu_file(tmp_path, [USER_CARD])
+    res = run_cli("rules", "validate", str(good))
+    assert res.returncode == 0, res.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"schema_version": 1, "gpus": [{**USER_CARD, "arch": "sm77"}]}))
+    res = run_cli("rules", "validate", str(bad))
+    assert res.returncode == 2 and str(bad) in res.stderr and "sm77" in res.stderr

@@ -88,31 +88,14 @@ def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout
 _NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
-# The group's network options, accepted after the subcommand too (`report X --deadline 30`).
-_GROUP_VALUE_OPTIONS = ("--deadline", "--request-timeout")
-
-
 def hoist_debug(args: list[str]) -> tuple[list[str], bool]:
-    """``--debug`` and the network options anywhere before a ``--`` separator (also after the
-    subcommand) -> the group's options."""
+    """``--debug`` anywhere before a ``--`` separator (also after the subcommand) -> the group's option.
+    The network options need no hoisting: every command that reads a checkpoint has them
+    (cli/options.py ``network_options``)."""
     cut = args.index("--") if "--" in args else len(args)
-    head: list[str] = []
-    hoisted: list[str] = []
-    debug = False
-    i = 0
-    while i < cut:
-        arg = args[i]
-        if arg == "--debug":
-            debug = True
-        elif arg in _GROUP_VALUE_OPTIONS and i + 1 < cut:
-            hoisted += [arg, args[i + 1]]
-            i += 1
-        elif arg.split("=", 1)[0] in _GROUP_VALUE_OPTIONS and "=" in arg:
-            hoisted.append(arg)
-        else:
-            head.append(arg)
-        i += 1
-    return (["--debug"] if debug else []) + hoisted + head + args[cut:], debug
+    head = [arg for arg in args[:cut] if arg != "--debug"]
+    debug = len(head) < cut
+    return (["--debug"] if debug else []) + head + args[cut:], debug
 
 
 def _exit_cleanly_on_sigterm() -> None:
