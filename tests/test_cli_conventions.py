@@ -400,6 +400,7 @@ def test_quiet_and_verbose_short_forms():
     (("probe", "A", "--format", "markdown"), "--format markdown does not apply to probe"),
     (("probe", "A", "--token", "hf_x"), "--token does not apply to probe"),
     (("probe", "org/a@v1", "--revision", "v2"), "names a revision and --revision says"),
+    (("probe", ".", "--revision", "v2"), "is a local directory, not a Hub repo id"),
 ])
 def test_options_a_command_cannot_honour_are_one_line_errors(args, says, tmp_path):
     res = subprocess.run([sys.executable, "-m", "ckptinspect", *args], capture_output=True, text=True, cwd=tmp_path,

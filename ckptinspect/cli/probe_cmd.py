@@ -143,6 +143,8 @@ def _with_revision(model: str, revision: str | None) -> str:
     """``--revision REV`` is ``MODEL@REV`` (the probe finds a Hub repo's weights in the HF cache)."""
     if revision is None:
         return model
+    if os.path.isdir(model):
+        raise not_applicable("probe", "--revision", f"{model!r} is a local directory, not a Hub repo id")
     if "@" in model:
         if model.rsplit("@", 1)[1] != revision:
             raise click.UsageError(f"{model!r} names a revision and --revision says {revision!r}")
