@@ -101,6 +101,8 @@ def test_user_gpu_file_overrides_a_catalog_card(tmp_path):
      "memory_gib: 8, bandwidth_tbps: 1, tflops: {bf16: 1, fp8: null, fp4: null}, interconnect: pcie, source: my box}\n",
      "sm77"),
     ("[1, 2]", "object"),
+    ("a: &x [1]\nb: *x\n", "anchors"),
+    ("[" * 200 + "]" * 200, "nested deeper"),
 ])
 def test_bad_gpu_file_is_one_line_naming_the_file(tmp_path, make_fixture, content, problem):
     path = tmp_path / "bad.yaml"

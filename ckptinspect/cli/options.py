@@ -60,7 +60,7 @@ def _isatty(stream: Any) -> bool:
 # tests/test_cli_conventions.py walks the commands) -------------------------------------------------
 QUIET_HELP = ("No progress bar or summary line (the bar is also off when stderr is not a terminal or "
               "HF_HUB_DISABLE_PROGRESS_BARS=1).")
-VERBOSE_HELP = "Print where each checkpoint was read from, requests, bytes fetched and wall time to stderr."
+VERBOSE_HELP = "Print requests, bytes fetched, retries and wall time to stderr (a line per checkpoint read)."
 REVISION_HELP = "Hub revision (branch, tag or 40-hex commit); the same as MODEL@REVISION."
 TOKEN_HELP = "Hugging Face access token for gated or private repos."
 FORMAT_HELP = "Output format."
@@ -212,5 +212,5 @@ class Command(click.Command):
 
 
 def gpu_list_help() -> tuple[str, str]:
-    return ("GPU names (rules/gpus.yaml; case, space and '_' insensitive; nvidia-smi's names and '8x NAME' too; "
-            "other cards: --gpu-spec FILE)", gpu_catalog_help())
+    return ("GPU names (rules/gpus.yaml)", gpu_catalog_help() + "; case, space and '_' insensitive; "
+            "nvidia-smi's names and '8x NAME' work too; other cards: --gpu-spec FILE")
