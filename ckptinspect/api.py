@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError
+from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError, probe_install_hint
 from ckptinspect.records import VERDICT_RANK
 from ckptinspect.refs import check_ref, looks_like_repo_id, normalize_ref
 
@@ -67,7 +67,7 @@ def example_ref() -> str:
 
 def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
             token: str | None = None, progress: bool = False, tp: int | None = None, ep: int | None = None,
-            gpu: str | None = None, gpus: int | None = None, context: int | None = None,
+            gpu: "str | GpuSpec | None" = None, gpus: int | None = None, context: int | None = None,
             engine: str = "both") -> "Report":
     """The `report` of ``ref`` (``None``: the bundled example) as a ``pipeline.Report``.
 
@@ -97,7 +97,8 @@ def _mtp_cost(report: "Report", tp: int, ep: int | None) -> "MtpCost":
     return mtp_cost(report.checkpoint, report.mtp, tp, ep or tp)
 
 
-def _plan_section(report: "Report", *, gpu: str, gpus: int, context: int | None, engine: str) -> "Plan | PlanFailure":
+def _plan_section(report: "Report", *, gpu: "str | GpuSpec", gpus: int, context: int | None,
+                  engine: str) -> "Plan | PlanFailure":
     # Exactly one planner call: a plan that cannot be made is a report section saying why (the
     # planner owns that text); the report's exit code does not change.
     from ckptinspect.plan import plan_or_failure
@@ -105,13 +106,14 @@ def _plan_section(report: "Report", *, gpu: str, gpus: int, context: int | None,
     return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, engine=engine)
 
 
-def plan(ref: str, *, gpu: str, gpus: int, context: int | None = None, goal: str = "latency",
+def plan(ref: str, *, gpu: "str | GpuSpec", gpus: int, context: int | None = None, goal: str = "latency",
          engine: str = "both", probe_report: dict | None = None, max_context: bool = False, concurrency: int = 1,
          rules_dirs: Sequence[Path] = (), revision: str | None = None, token: str | None = None,
-         progress: bool = False) -> "Plan | PlanFailure":
+         progress: bool = False, stats: dict | None = None) -> "Plan | PlanFailure":
     """Fit ``ref`` on ``gpus`` x ``gpu``: a ``plan.Plan`` (memory, KV capacity, launch commands) or, when
     nothing runs, a ``plan.PlanFailure`` saying why. ``max_context``: solve for the longest context
-    ``concurrency`` requests get."""
+    ``concurrency`` requests get. ``gpu``: a name or a ``GpuSpec`` (``find_gpu``); ``stats``: a dict to
+    fill with how the checkpoint was read."""
     from ckptinspect.pipeline import build_report
     from ckptinspect.plan import find_gpu, plan_or_failure
 
@@ -119,6 +121,8 @@ def plan(ref: str, *, gpu: str, gpus: int, context: int | None = None, goal: str
     ref, revision = normalize_ref(check_ref(ref), revision)
     with _not_found_context(ref):
         report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    if stats is not None:  # how the checkpoint was read (--verbose)
+        stats.update(report.checkpoint.stats)
     if report.checkpoint.format == "gguf":  # GGUF runs on llama.cpp (plan/llamacpp.py)
         if engine not in ("both", "llamacpp"):
             raise PlanError(f"{ref} is a GGUF checkpoint: plans are made for llama.cpp (--engine llamacpp), not {engine}")
@@ -132,17 +136,21 @@ def plan(ref: str, *, gpu: str, gpus: int, context: int | None = None, goal: str
                            concurrency=concurrency)
 
 
-def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: bool = False) -> "CheckpointDiff":
-    """``diff.CheckpointDiff`` of checkpoint A (reference, e.g. BF16) against B (e.g. its quant)."""
+def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: bool = False,
+         token: str | None = None, stats: dict | None = None) -> "CheckpointDiff":
+    """``diff.CheckpointDiff`` of checkpoint A (reference, e.g. BF16) against B (e.g. its quant); ``stats``:
+    a dict to fill with how each was read ({"A": ..., "B": ...})."""
     from ckptinspect.diff import diff_checkpoints
     from ckptinspect.pipeline import build_report
 
     ref_a, _ = normalize_ref(check_ref(ref_a))
     ref_b, _ = normalize_ref(check_ref(ref_b))
     with _not_found_context(ref_a):
-        ra = build_report(ref_a, rules_dirs=tuple(rules_dirs), progress=progress)
+        ra = build_report(ref_a, rules_dirs=tuple(rules_dirs), progress=progress, token=token)
     with _not_found_context(ref_b):
-        rb = build_report(ref_b, rules_dirs=tuple(rules_dirs), progress=progress)
+        rb = build_report(ref_b, rules_dirs=tuple(rules_dirs), progress=progress, token=token)
+    if stats is not None:
+        stats.update(A=dict(ra.checkpoint.stats), B=dict(rb.checkpoint.stats))
     a, b = ra.checkpoint, rb.checkpoint
     if a.format != b.format:  # safetensors vs GGUF: compare under the converter's Hugging Face names
         from dataclasses import replace
@@ -188,8 +196,7 @@ def probe(ref: str, **options: Any) -> "ProbeResult":
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        raise ProbeError(f"probe needs torch and transformers: pip install 'ckptinspect[probe]' "
-                         f"({exc.name} missing)") from exc
+        raise ProbeError(probe_install_hint(exc.name)) from exc
     engine = options.pop("engine", None)
     if engine:  # the engine at this URL measures; the checkpoint gives tokenizer, readiness and cost model
         if options.pop("main_url", None) or options.pop("mode", "greedy") != "greedy":
@@ -252,25 +259,27 @@ def read_probe_report(path: Path) -> dict:
 
 
 # -- GPU catalog and parallel splits (option checks before any checkpoint is read) -----------------
-def gpus() -> "tuple[GpuSpec, ...]":
-    """Every GPU of rules/gpus.yaml (``plan.GpuSpec``)."""
+def gpus(spec_file: str | Path | None = None) -> "tuple[GpuSpec, ...]":
+    """Every GPU of rules/gpus.yaml (``plan.GpuSpec``), after the entries of a user GPU file."""
     from ckptinspect.plan import load_gpus
 
-    return tuple(load_gpus())
+    return tuple(load_gpus(spec_file))
 
 
-def find_gpu(name: str) -> "GpuSpec":
-    """The catalog GPU named ``name`` (name or alias, case / space / '_' insensitive); PlanError if none."""
+def find_gpu(name: "str | GpuSpec", *, spec_file: str | Path | None = None,
+             memory_gib: float | None = None) -> "GpuSpec":
+    """The GPU named ``name`` (name, alias or nvidia-smi name; case / space / '_' insensitive) in the user
+    GPU file ``spec_file`` or the catalog, with ``memory_gib`` GiB usable if given; PlanError if none."""
     from ckptinspect.plan import find_gpu as find
 
-    return find(name)
+    return find(name, spec_file=spec_file, memory_gib=memory_gib)
 
 
-def gpu_name_keys(name: str) -> list[str]:
-    """The spellings ``find_gpu`` tries for ``name`` (as typed, without vendor, without packaging words)."""
-    from ckptinspect.plan.gpus import name_keys
+def split_gpu_count(text: str) -> tuple[int | None, str]:
+    """``"8x NVIDIA H200"`` -> ``(8, "NVIDIA H200")``; a name without a count -> ``(None, name)``."""
+    from ckptinspect.plan.gpus import split_count
 
-    return name_keys(name)
+    return split_count(text)
 
 
 def split_problem(tp: int, ep: int | None) -> str:

@@ -65,3 +65,9 @@ class PlanError(CkptInspectError):
 
 class ProbeError(CkptInspectError):
     pass
+
+
+def probe_install_hint(missing: str | None) -> str:
+    """What installs the probe's dependencies (pyproject.toml's 'probe' extra), from PyPI and from a checkout."""
+    return (f"probe needs torch and transformers ({missing} missing): pip install 'ckptinspect[probe]', or "
+            f"from a checkout of ckptinspect: pip install -e '.[probe]'")

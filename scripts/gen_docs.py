@@ -159,6 +159,20 @@ def plan_example(ctx: Context) -> str:
                                    f"--wide\n{text}"))
 
 
+def plan_gpu_memory(ctx: Context) -> str:
+    """The head of a plan with --gpu-memory (the lines that change with the memory), and its notes."""
+    from ckptinspect import api
+    from ckptinspect.render.plan_out import render_plan
+
+    replica = ctx.replica()
+    plan = api.plan(str(replica), gpu=api.find_gpu("NVIDIA H200", memory_gib=48), gpus=8, engine="both")
+    lines = render_plan(plan, "text").splitlines()
+    head = lines[2:lines.index("")]
+    notes = [line for line in lines if "(--gpu-memory)" in line or "shared with other jobs" in line]
+    return fence("text", ctx.clean(f'$ ckptinspect plan {replica} --gpu "NVIDIA H200" --gpus 8 --gpu-memory 48 '
+                                   f"--wide\n" + "\n".join(head) + "\n...\n" + "\n".join(notes) + "\n"))
+
+
 def offline_error(ctx: Context) -> str:
     cache = ctx.tmp / "hf-cache"
     commit = "0" * 40
@@ -305,6 +319,7 @@ BLOCKS: dict[str, Callable[[Context], str]] = {
     "fixture-verdicts": fixture_verdicts,
     "diff-example": diff_example,
     "plan-example": plan_example,
+    "plan-gpu-memory": plan_gpu_memory,
     "offline-error": offline_error,
     "network-error": network_error,
     "broken-fixture-errors": broken_fixture_errors,

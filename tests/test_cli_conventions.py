@@ -349,3 +349,133 @@ def test_rules_list_is_one_line_per_family_at_any_width():
     for columns in ("60", "200"):
         rows = run_cli("rules", "list", env={"COLUMNS": columns}).stdout.splitlines()[2:]
         assert [r.split()[0] for r in rows] == [f["id"] for f in families], columns  # greppable
+
+
+# -- the same options on every command that reads a checkpoint (issue 26 item 9) ----------------------
+READERS = ("report", "plan", "diff", "snapshot", "audit", "probe")
+SHARED = ("--format", "--revision", "--token", "--quiet", "--verbose", "--deadline", "--request-timeout")
+
+
+def _shared_params(name: str) -> dict:
+    cmd = _click_command((name,))
+    return {p.opts[0] if p.opts[0].startswith("--") else p.opts[-1]: p for p in cmd.params
+            if any(o in SHARED for o in p.opts)}
+
+
+def test_commands_that_read_a_checkpoint_share_the_same_options():
+    from ckptinspect.cli import COMMANDS
+
+    assert set(READERS) == set(COMMANDS) - {"rules"}  # a new reading command joins the list
+    reference = _shared_params("report")
+    assert set(reference) == set(SHARED)
+    for name in READERS:
+        params = _shared_params(name)
+        assert set(params) == set(SHARED), (name, set(SHARED) - set(params))
+        for opt, param in params.items():
+            ref = reference[opt]
+            assert (sorted(param.opts), param.help, param.is_flag if hasattr(param, "is_flag") else None,
+                    param.envvar) == (sorted(ref.opts), ref.help, getattr(ref, "is_flag", None), ref.envvar), (name, opt)
+            if opt == "--format":  # text, json and markdown everywhere (audit adds jsonl)
+                assert {"text", "json", "markdown"} <= set(param.type.choices), name
+                assert param.type.choices[:3] == ref.type.choices[:3]
+            else:
+                assert type(param.type) is type(ref.type), (name, opt)
+        # ... and shows them in its own --help
+        text = run_cli(name, "--help").stdout
+        for opt in SHARED:
+            assert opt in text, (name, opt)
+
+
+def test_quiet_and_verbose_short_forms():
+    for name in READERS:
+        opts = {o for p in _click_command((name,)).params for o in p.opts}
+        assert {"-q", "-v"} <= opts, name
+
+
+@pytest.mark.parametrize("args, says", [
+    (("diff", "A", "B", "--revision", "main"), "--revision does not apply to diff"),
+    (("diff", "A", "B", "--format", "markdown"), "--format markdown does not apply to diff"),
+    (("snapshot", "A", "-o", "x.json.gz", "--format", "json"), "--format json does not apply to snapshot"),
+    (("audit", "org/a", "--revision", "main"), "--revision does not apply to audit"),
+    (("probe", "A", "--format", "markdown"), "--format markdown does not apply to probe"),
+    (("probe", "A", "--token", "hf_x"), "--token does not apply to probe"),
+    (("probe", "org/a@v1", "--revision", "v2"), "names a revision and --revision says"),
+    (("probe", ".", "--revision", "v2"), "is a local directory, not a Hub repo id"),
+])
+def test_options_a_command_cannot_honour_are_one_line_errors(args, says, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "ckptinspect", *args], capture_output=True, text=True, cwd=tmp_path,
+                         env={k: v for k, v in os.environ.items() if k != "CKPTINSPECT_DEBUG"}, timeout=120)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert says in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "x.json.gz").exists()
+
+
+def test_shared_options_work_after_each_subcommand(make_fixture, tmp_path):
+    a = str(make_fixture("qwen3_5_moe_nvfp4"))
+    b = str(make_fixture("qwen3_5_moe_nvfp4_nomtp"))
+    runs = {
+        "report": ("report", a, "-q", "-v", "--format", "markdown", "--deadline", "30", "--request-timeout", "10"),
+        "plan": ("plan", a, "--gpu", "h200", "--gpus", "8", "-q", "-v", "--format", "markdown", "--deadline", "30"),
+        "diff": ("diff", a, b, "-q", "-v", "--token", "hf_unused", "--request-timeout=5", "--format", "json"),
+        "snapshot": ("snapshot", a, "-o", str(tmp_path / "s.json.gz"), "-v", "--deadline", "30"),
+    }
+    for name, args in runs.items():
+        res = run_cli(*args)
+        # the tiny fixtures pass no TP divisibility check: plan reads the checkpoint and says so
+        assert res.returncode == 0 or (name == "plan" and "does not run on 8x H200-SXM" in res.stderr), \
+            (name, res.stderr)
+        assert "stats" in res.stderr or "source:" in res.stderr, (name, res.stderr)  # --verbose said something
+    diff_stats = run_cli(*runs["diff"]).stderr
+    assert "stats A:" in diff_stats and "stats B:" in diff_stats
+    bad = run_cli("plan", a, "--gpu", "h200", "--gpus", "8", "--deadline", "0")
+    assert bad.returncode == 2 and "--deadline" in bad.stderr
+
+
+def test_mistyped_command_option_and_value_suggest_the_right_one():
+    cases = [(("reprot",), "did you mean 'report'"), (("report", "--fromat", "json"), "Did you mean '--format'"),
+             (("report", "--format", "jsn"), "Did you mean 'json'"), (("plan", "x", "--gpu", "h200", "--gpus", "1",
+              "--engine", "sglng"), "Did you mean 'sglang'"), (("rules", "lst"), "Did you mean 'list'")]
+    for args, says in cases:
+        res = run_cli(*args)
+        assert res.returncode == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, (args,
+                                                                                                         res.stderr)
+
+
+# -- the probe's install hint -----------------------------------------------------------------------
+BLOCK_TORCH = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'transformers'):
+            raise ImportError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Block())
+from ckptinspect.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_probe_install_hint_names_pypi_and_a_checkout(tmp_path):
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"torch", "transformers"} <= {re.split(r"[<>=\[ ]", d)[0] for d in extras["probe"]}
+    res = subprocess.run([sys.executable, "-c", BLOCK_TORCH, "probe", str(EXAMPLE)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120, env={k: v for k, v in os.environ.items() if k != "CKPTINSPECT_DEBUG"})
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "pip install 'ckptinspect[probe]'" in res.stderr  # from PyPI
+    assert "pip install -e '.[probe]'" in res.stderr  # from a checkout
+    assert "torch missing" in res.stderr
+
+
+@pytest.mark.parametrize("args", [("report", "org/x"), ("plan", "org/x", "--gpu", "h200", "--gpus", "8"),
+                                  ("diff", "org/x", "org/y"), ("snapshot", "org/x", "-o", "s.json.gz")])
+def test_deadline_after_the_subcommand_reaches_the_hub_reader(args, tmp_path):
+    with socket.socket() as s:  # a port nobody listens on: every attempt is refused, then retried
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("CKPTINSPECT_DEBUG", "CKPTINSPECT_DEADLINE_S")}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HUB_CACHE=str(tmp_path / "cache"))
+    res = subprocess.run([sys.executable, "-m", "ckptinspect", *args, "--deadline", "0.2"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=120)
+    assert res.returncode == 2 and "within its 0.2 s deadline" in res.stderr, res.stderr

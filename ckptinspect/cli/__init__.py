@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from ckptinspect.cli.options import DEADLINE_HELP, REQUEST_TIMEOUT_HELP
+
 # name -> (module:attribute, one-line help shown by `ckptinspect --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("ckptinspect.cli.report_cmd:report", "Inspect a checkpoint: tensors, quantization, MTP readiness."),
@@ -60,9 +62,9 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="ckptinspect")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors (also after the command).")
 @click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help="Deadline for all Hub requests of the command (default 300; env CKPTINSPECT_DEADLINE_S).")
+              help=DEADLINE_HELP)
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help="Deadline for one Hub request's whole answer (default 60; env CKPTINSPECT_REQUEST_TIMEOUT_S).")
+              help=REQUEST_TIMEOUT_HELP)
 @click.pass_context
 def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout: float | None) -> None:
     """ckptinspect: what is in an LLM checkpoint, is its MTP draft layer usable, how to launch it.
@@ -86,31 +88,14 @@ def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout
 _NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
-# The group's network options, accepted after the subcommand too (`report X --deadline 30`).
-_GROUP_VALUE_OPTIONS = ("--deadline", "--request-timeout")
-
-
 def hoist_debug(args: list[str]) -> tuple[list[str], bool]:
-    """``--debug`` and the network options anywhere before a ``--`` separator (also after the
-    subcommand) -> the group's options."""
+    """``--debug`` anywhere before a ``--`` separator (also after the subcommand) -> the group's option.
+    The network options need no hoisting: every command that reads a checkpoint has them
+    (cli/options.py ``network_options``)."""
     cut = args.index("--") if "--" in args else len(args)
-    head: list[str] = []
-    hoisted: list[str] = []
-    debug = False
-    i = 0
-    while i < cut:
-        arg = args[i]
-        if arg == "--debug":
-            debug = True
-        elif arg in _GROUP_VALUE_OPTIONS and i + 1 < cut:
-            hoisted += [arg, args[i + 1]]
-            i += 1
-        elif arg.split("=", 1)[0] in _GROUP_VALUE_OPTIONS and "=" in arg:
-            hoisted.append(arg)
-        else:
-            head.append(arg)
-        i += 1
-    return (["--debug"] if debug else []) + hoisted + head + args[cut:], debug
+    head = [arg for arg in args[:cut] if arg != "--debug"]
+    debug = len(head) < cut
+    return (["--debug"] if debug else []) + head + args[cut:], debug
 
 
 def _exit_cleanly_on_sigterm() -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import click
 
 from ckptinspect.api import FAIL_ON_CHOICES
-from ckptinspect.cli.options import Command, check_gpu, gpu_list_help, quiet_option, wide_option
+from ckptinspect.cli.options import Command, checkpoint_options, gpu_list_help, not_applicable, resolve_gpu, wide_option
 
 EXAMPLES = (
     "ckptinspect audit --quantized-from Qwen/Qwen3.5-397B-A17B --gpu h200 --gpus 8",
@@ -26,9 +27,8 @@ EXAMPLES = (
 @click.option("--repos-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A file of repo ids, one per line (# comments allowed).")
 @click.option("--limit", type=click.IntRange(1), default=None, help="At most this many repos from the listing.")
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json", "jsonl"]), default="text",
-              show_default=True, help="jsonl writes one line per repo as it finishes (unsorted).")
-@click.option("--gpu", default=None, callback=check_gpu, help="GPU name for the fit column (listed below).")
+@click.option("--gpu", default=None, help="GPU name, alias or nvidia-smi name for the fit column (listed below; "
+              "'8x NAME' sets --gpus).")
 @click.option("--gpus", type=click.IntRange(1, 1024), default=None, help="Number of GPUs for the fit column.")
 @click.option("--context", type=click.IntRange(1), default=None, help="Context length for the fit.")
 @click.option("--engine", type=click.Choice(["sglang", "vllm", "both"]), default="both", show_default=True,
@@ -44,19 +44,20 @@ EXAMPLES = (
 @click.option("--full", is_flag=True, help="json / jsonl: add each repo's whole report document.")
 @click.option("--rules-dir", "rules_dirs", multiple=True, type=click.Path(exists=True, file_okay=False,
               path_type=Path), help="Extra rule files (override built-in families by id). Repeatable.")
-@click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hub token.")
+@checkpoint_options("jsonl")
 @wide_option
-@quiet_option
 def audit(repos: tuple[str, ...], quantized_from: str | None, author: str | None, search: str | None,
-          repos_file: Path | None, limit: int | None, fmt: str, gpu: str | None, gpus: int | None,
+          repos_file: Path | None, limit: int | None, gpu: str | None, gpus: int | None,
           context: int | None, engine: str, fail_on: str | None, jobs: int, max_requests: int, no_cache: bool,
-          full: bool, rules_dirs: tuple[Path, ...], token: str | None, wide: bool, quiet: bool) -> None:
+          full: bool, rules_dirs: tuple[Path, ...], fmt: str, revision: str | None, token: str | None,
+          quiet: bool, verbose: bool, wide: bool) -> None:
     """Audit many repos at once: one row per repo, the usable and fitting ones first.
 
     REPOS are repo ids; --quantized-from, --author and --search list repos on the Hub (together they
     narrow one listing). Each row is what `ckptinspect report REPO` says; a repo that cannot be read
     (gated, missing, timed out, malformed) is a row with its error. Reports are cached by commit, so a
     re-run reads only the repos that changed. Progress (repos done / total) shows on a terminal.
+    --format jsonl writes one line per repo as it finishes (unsorted).
     """
     from ckptinspect import api
     from ckptinspect.cli.options import colour_enabled, output_width, progress_enabled
@@ -64,8 +65,15 @@ def audit(repos: tuple[str, ...], quantized_from: str | None, author: str | None
 
     if not (repos or repos_file or quantized_from or author or search):
         raise click.UsageError("name repos, --repos-file, or a listing (--quantized-from, --author, --search)")
+    if revision is not None:
+        raise not_applicable("audit", "--revision", "it reads each repo's main branch (the Hub listing's)")
+    # audit rows are cached and run by name: a catalog card (nvidia-smi names and '8x NAME' too), named
+    # in the fit column as typed
+    spec, gpus = resolve_gpu(gpu, gpus, None, None)
+    gpu = api.split_gpu_count(gpu)[1] if spec is not None and gpu is not None else None
     if (gpu is None) != (gpus is None):
-        raise click.UsageError("--gpu and --gpus go together")
+        raise click.UsageError("--gpu and --gpus go together (or --gpu '8x NAME')")
+    started = time.perf_counter()
     refs = api.audit_select(ids=repos, ids_file=repos_file, quantized_from=quantized_from, author=author,
                             search=search, limit=limit, token=token)
     if not refs:
@@ -92,6 +100,10 @@ def audit(repos: tuple[str, ...], quantized_from: str | None, author: str | None
     if show:
         click.echo("", err=True)
     rows = api.audit_sort(rows, engine)
+    if verbose:
+        from ckptinspect.render.stats_out import stats_line
+
+        click.echo(stats_line({"repos": len(rows)}, time.perf_counter() - started), err=True)
     if fmt != "jsonl":
         click.echo(render_audit(rows, fmt, width=output_width(fmt, wide), colour=colour_enabled(), full=full,
                                 gpu=gpu, gpus=gpus), nl=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ckptinspect.cli.options import Command, wide_option
+from ckptinspect.cli.options import Command, checkpoint_options, not_applicable, wide_option
 
 EXAMPLES = (
     "ckptinspect diff Qwen/Qwen3.5-397B-A17B nvidia/Qwen3.5-397B-A17B-NVFP4",
@@ -18,22 +18,35 @@ EXAMPLES = (
 @click.command("diff", cls=Command, examples=EXAMPLES)
 @click.argument("a")
 @click.argument("b")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--fail-on", type=click.Choice(["warning", "error"]), default=None,
               help="Exit 1 when a diff finding has this severity or worse (e.g. error: mtp-dropped).")
 @click.option("--rules-dir", "rules_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
               help="Extra MTP family rule directory (repeatable).")
 @click.option("--limit", type=int, default=20, show_default=True, help="Rows per text section.")
+@checkpoint_options()
 @wide_option
-def diff(a: str, b: str, fmt: str, fail_on: str | None, rules_dirs: tuple[Path, ...], limit: int,
-         wide: bool) -> None:
+def diff(a: str, b: str, fail_on: str | None, rules_dirs: tuple[Path, ...], limit: int, fmt: str,
+         revision: str | None, token: str | None, quiet: bool, verbose: bool, wide: bool) -> None:
     """Compare checkpoint A (reference) with B: scheme changes per module pattern, modules that
     disappeared (above all the MTP layer) or appeared, exclude-list differences, size change."""
+    import time
+
     from ckptinspect import api
-    from ckptinspect.cli.options import colour_enabled, output_width
+    from ckptinspect.cli.options import colour_enabled, output_width, progress_enabled
     from ckptinspect.render.diff_out import render_diff
 
-    result = api.diff(a, b, rules_dirs=rules_dirs)
+    if revision is not None:
+        raise not_applicable("diff", "--revision", "it reads two references; pin each as org/name@REV")
+    if fmt == "markdown":
+        raise not_applicable("diff", "--format markdown", "the diff is text or json")
+    started = time.perf_counter()
+    stats: dict = {}
+    result = api.diff(a, b, rules_dirs=rules_dirs, token=token, progress=progress_enabled(quiet), stats=stats)
+    if verbose:
+        from ckptinspect.render.stats_out import stats_line
+
+        for label in ("A", "B"):
+            click.echo(stats_line(stats[label], time.perf_counter() - started, label=label), err=True)
     click.echo(render_diff(result, fmt, limit=limit, width=output_width(fmt, wide), colour=colour_enabled()))
     if fail_on is not None:
         tripped = api.diff_gate(result, fail_on)

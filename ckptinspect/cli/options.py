@@ -10,17 +10,14 @@
 
 from __future__ import annotations
 
-import difflib
 import os
-import re
 import shutil
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any, Callable
 
 import click
-
-from ckptinspect.errors import PlanError
 
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants._is_true
 
@@ -59,10 +56,74 @@ def _isatty(stream: Any) -> bool:
     return bool(isatty and isatty())
 
 
+# -- options every command that reads a checkpoint shares (same names, types and help everywhere;
+# tests/test_cli_conventions.py walks the commands) -------------------------------------------------
+QUIET_HELP = ("No progress bar or summary line (the bar is also off when stderr is not a terminal or "
+              "HF_HUB_DISABLE_PROGRESS_BARS=1).")
+VERBOSE_HELP = "Print requests, bytes fetched, retries and wall time to stderr (a line per checkpoint read)."
+REVISION_HELP = "Hub revision (branch, tag or 40-hex commit); the same as MODEL@REVISION."
+TOKEN_HELP = "Hugging Face access token for gated or private repos."
+FORMAT_HELP = "Output format."
+DEADLINE_HELP = "Deadline for all Hub requests of the command (default 300; env CKPTINSPECT_DEADLINE_S)."
+REQUEST_TIMEOUT_HELP = "Deadline for one Hub request's whole answer (default 60; env CKPTINSPECT_REQUEST_TIMEOUT_S)."
+FORMATS = ("text", "json", "markdown")
+
+
 def quiet_option(f: Callable) -> Callable:
-    return click.option("--quiet", "-q", is_flag=True,
-                        help="No progress bar (also off when stderr is not a terminal or "
-                             "HF_HUB_DISABLE_PROGRESS_BARS=1).")(f)
+    return click.option("--quiet", "-q", is_flag=True, help=QUIET_HELP)(f)
+
+
+def verbose_option(f: Callable) -> Callable:
+    return click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)(f)
+
+
+def revision_option(f: Callable) -> Callable:
+    return click.option("--revision", default=None, metavar="REV", help=REVISION_HELP)(f)
+
+
+def token_option(f: Callable) -> Callable:
+    return click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, metavar="TOKEN",
+                        help=TOKEN_HELP)(f)
+
+
+def format_option(*extra: str) -> Callable[[Callable], Callable]:
+    """``--format`` with text, json and markdown (and a command's ``extra`` formats, e.g. jsonl)."""
+    return click.option("--format", "fmt", type=click.Choice([*FORMATS, *extra]), default="text",
+                        show_default=True, help=FORMAT_HELP)
+
+
+def _set_env(name: str) -> Callable[[click.Context, Any, float | None], float | None]:
+    def callback(ctx: click.Context, param: Any, value: float | None) -> float | None:
+        if value is not None:  # the Hub source reads its limits from the environment (sources/net_limits.py)
+            os.environ[name] = repr(value)
+        return value
+    return callback
+
+
+def network_options(f: Callable) -> Callable:
+    """``--deadline`` and ``--request-timeout``, after the subcommand as before it (the group has them too)."""
+    f = click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+                     metavar="SECONDS", expose_value=False, callback=_set_env("CKPTINSPECT_REQUEST_TIMEOUT_S"),
+                     help=REQUEST_TIMEOUT_HELP)(f)
+    return click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None,
+                        metavar="SECONDS", expose_value=False, callback=_set_env("CKPTINSPECT_DEADLINE_S"),
+                        help=DEADLINE_HELP)(f)
+
+
+def checkpoint_options(*formats: str) -> Callable[[Callable], Callable]:
+    """The shared set: --format (text, json, markdown + ``formats``), --revision, --token, --quiet,
+    --verbose, --deadline, --request-timeout."""
+    def decorate(f: Callable) -> Callable:
+        for option in (network_options, verbose_option, quiet_option, token_option, revision_option,
+                       format_option(*formats)):
+            f = option(f)
+        return f
+    return decorate
+
+
+def not_applicable(command: str, option: str, why: str) -> click.UsageError:
+    """The one-line error for a shared option a command cannot honour (docs/cli.md lists them)."""
+    return click.UsageError(f"{option} does not apply to {command}: {why}")
 
 
 def wide_option(f: Callable) -> Callable:
@@ -70,78 +131,71 @@ def wide_option(f: Callable) -> Callable:
                         help="Full-width text; by default text wraps to COLUMNS or the terminal width.")(f)
 
 
-# -- GPU names --------------------------------------------------------------------------------------
-def _key(text: str) -> str:  # the normalisation find_gpu (plan/gpus.py) applies
-    return re.sub(r"[\s_]+", "-", text.strip().lower())
+# -- GPU options ------------------------------------------------------------------------------------
+GPU_SPEC_HELP = ("A YAML / JSON file of GPU entries in rules/gpus.yaml's schema: adds cards, or replaces "
+                 "catalog cards of the same name (env CKPTINSPECT_GPU_SPEC).")
+GPU_MEMORY_HELP = ("Usable GiB per GPU instead of the card's (a MIG slice, a card shared with other jobs); "
+                   "fit, KV capacity and TP / EP all use it.")
 
 
-def gpu_names() -> list[tuple[str, tuple[str, ...]]]:
-    """(catalog name, aliases) for every GPU of rules/gpus.yaml."""
-    from ckptinspect.api import gpus
+def gpu_file_options(f: Callable) -> Callable:
+    f = click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
+                     help=GPU_MEMORY_HELP)(f)
+    return click.option("--gpu-spec", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        envvar="CKPTINSPECT_GPU_SPEC", show_envvar=True, metavar="FILE", help=GPU_SPEC_HELP)(f)
 
-    return [(g.name, g.aliases) for g in gpus()]
+
+def resolve_gpu(gpu: str | None, gpus: int | None, gpu_spec: Path | None,
+                gpu_memory: float | None) -> tuple[Any, int | None]:
+    """(GpuSpec or None, GPU count) from --gpu ("h200", "NVIDIA H200", "8x NVIDIA H200"), --gpus,
+    --gpu-spec and --gpu-memory; every problem is a one-line error (exit 2) before any checkpoint is read."""
+    from ckptinspect.api import find_gpu, split_gpu_count
+
+    if gpu is None:
+        if gpu_memory is not None:
+            raise click.UsageError("--gpu-memory needs --gpu (the card whose memory it replaces)")
+        return None, gpus
+    count, name = split_gpu_count(gpu)
+    if count is not None:
+        if count < 1:
+            raise click.UsageError(f"--gpu {gpu!r}: the GPU count must be at least 1")
+        if gpus is not None and gpus != count:
+            raise click.UsageError(f"--gpu {gpu!r} says {count} GPUs but --gpus says {gpus}")
+        gpus = count
+    return find_gpu(name, spec_file=gpu_spec, memory_gib=gpu_memory), gpus
 
 
 def gpu_catalog_help() -> str:
     """What people type for each GPU (its first alias, else its catalog name), comma-separated."""
-    return ", ".join(aliases[0] if aliases else name for name, aliases in gpu_names())
+    from ckptinspect.api import gpus
+
+    return ", ".join(g.aliases[0] if g.aliases else g.name for g in gpus())
 
 
-def _one_edit(a: str, b: str) -> bool:
-    """``a`` and ``b`` differ by at most one inserted, deleted or replaced character."""
-    if abs(len(a) - len(b)) > 1:
-        return False
-    i = 0
-    while i < min(len(a), len(b)) and a[i] == b[i]:
-        i += 1
-    return a[i + 1:] == b[i + 1:] or a[i:] == b[i + 1:] or a[i + 1:] == b[i:]
+class SuggestingChoice(click.Choice):
+    """A choice whose error names the closest valid value (click already does this for commands and
+    option names, not for values: `--format jsn`, `--engine sglng`)."""
 
+    def get_invalid_choice_message(self, value: Any, ctx: click.Context | None) -> str:
+        import difflib
 
-def check_gpu(ctx: click.Context | None, param: Any, value: str | None) -> str | None:
-    """click callback: an unknown GPU name is a one-line PlanError (exit 2) suggesting the closest names."""
-    if value is None:
-        return None
-    spellings: dict[str, str] = {}  # normalised spelling -> the name to suggest
-    for name, aliases in gpu_names():
-        for spelling in (name, *aliases):
-            spellings[_key(spelling)] = spelling
-    from ckptinspect.api import gpu_name_keys
-
-    keys = gpu_name_keys(value)
-    if any(k in spellings for k in keys):
-        return value
-    wanted = keys[-1]
-    # Compare with and without dashes, so "rtxpro6000" and "rtx-6000-pro" find "rtx-pro-6000"; but never
-    # suggest another card: a suggestion must carry every number the user typed ("h100-nvl" is not an
-    # H200, "a6000" not an RTX PRO 6000 unless it says so).
-    squashed = {k.replace("-", ""): k for k in spellings}
-    close = difflib.get_close_matches(wanted, list(spellings), n=3, cutoff=0.6)
-    close += [squashed[k] for k in difflib.get_close_matches(wanted.replace("-", ""), list(squashed), n=3,
-                                                             cutoff=0.6)]
-    flat = wanted.replace("-", "")
-
-    def same_card(key: str) -> bool:  # the same letters reordered, or one letter off with the same numbers
-        other = key.replace("-", "")
-        # reordered, or one character doubled or dropped ("h2000" -> h200, "h20o" -> h20); never a
-        # changed character ("h300" is neither an H200 nor a B300)
-        return sorted(other) == sorted(flat) or (abs(len(other) - len(flat)) == 1 and _one_edit(other, flat))
-
-    close = [k for k in close if same_card(k)]
-    suggestion = " or ".join(dict.fromkeys(spellings[k] for k in close[:3]))
-    hint = f"did you mean {suggestion}? " if suggestion else ""
-    raise PlanError(f"unknown GPU {value!r}; {hint}known GPUs: {gpu_catalog_help()}",
-                    hint="`ckptinspect plan --help` lists them")
+        message = super().get_invalid_choice_message(value, ctx)
+        close = difflib.get_close_matches(str(value).lower(), [str(c) for c in self.choices], n=1, cutoff=0.6)
+        return f"{message} Did you mean {close[0]!r}?" if close else message
 
 
 class Command(click.Command):
     """A click command whose help ends with real examples (and, lazily, any extra text such as the
-    GPU catalog, so that importing the command stays cheap)."""
+    GPU catalog, so that importing the command stays cheap); a mistyped choice value gets a suggestion."""
 
     def __init__(self, *args: Any, examples: tuple[str, ...] = (), more_help: Callable[[], tuple[str, str]] | None = None,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.examples = examples
         self.more_help = more_help
+        for param in self.params:
+            if type(param.type) is click.Choice:
+                param.type = SuggestingChoice(param.type.choices, case_sensitive=param.type.case_sensitive)
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         if self.examples:
@@ -158,4 +212,5 @@ class Command(click.Command):
 
 
 def gpu_list_help() -> tuple[str, str]:
-    return "GPU names (rules/gpus.yaml; case, space and '_' insensitive)", gpu_catalog_help()
+    return ("GPU names (rules/gpus.yaml)", gpu_catalog_help() + "; case, space and '_' insensitive; "
+            "nvidia-smi's names and '8x NAME' work too; other cards: --gpu-spec FILE")

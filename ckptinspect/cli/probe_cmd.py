@@ -10,7 +10,7 @@ import os
 
 import click
 
-from ckptinspect.cli.options import Command, wide_option
+from ckptinspect.cli.options import GPU_SPEC_HELP, Command, checkpoint_options, not_applicable, wide_option
 from ckptinspect.errors import ProbeError
 
 EXAMPLES = (
@@ -40,7 +40,9 @@ def _parse_devices(text: str | None) -> list[int] | None:
 @click.option("--mode", type=click.Choice(["greedy", "teacher"]), default="greedy", show_default=True)
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Temperature of the sampled-acceptance estimate sum(min(p, q)).")
-@click.option("--gpu", default="H200", show_default=True, help="GPU catalog name for the cost model.")
+@click.option("--gpu", default="H200", show_default=True, help="GPU name, alias or nvidia-smi name for the cost model.")
+@click.option("--gpu-spec", type=click.Path(dir_okay=False), default=None, envvar="CKPTINSPECT_GPU_SPEC",
+              show_envvar=True, metavar="FILE", help=GPU_SPEC_HELP)
 @click.option("--batch-size", default=None, type=click.IntRange(1, 4096),
               help="Sequences per batch (default: as many as the memory estimate fits in 90% of the free device "
               "memory; teacher mode sizes each batch of its length-sorted sequences that way).")
@@ -54,7 +56,6 @@ def _parse_devices(text: str | None) -> list[int] | None:
               help="transformers' MoE experts kernels; auto = its default (grouped_mm, batched_mm while decoding on GPU).")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
               help="Compute dtype (default bf16 on GPU, fp32 on CPU).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--output", "-o", default=None, type=click.Path(dir_okay=False), help="Write the result here.")
 @click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write a PNG of acceptance and speedup.")
 @click.option("--main-url", default=None, help="Use a running SGLang server (--enable-return-hidden-states) as main model.")
@@ -73,21 +74,33 @@ def _parse_devices(text: str | None) -> list[int] | None:
               help="GiB the main model may use on the device; a model over it is layer-streamed (teacher mode).")
 @click.option("--cost-calibration", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Cost-model efficiencies measured on the GPU (JSON written by benchmarks/probe_gpu.py).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bars (also off when stderr is not a terminal or "
-              "HF_HUB_DISABLE_PROGRESS_BARS=1).")
+@checkpoint_options()
 @wide_option
 def probe(model: str, device: str | None, devices: str | None, prompts_file: str | None, max_new_tokens: int,
-          steps: int, mode: str, temperature: float, gpu: str, batch_size: int | None, categories: str | None,
+          steps: int, mode: str, temperature: float, gpu: str, gpu_spec: str | None, batch_size: int | None,
+          categories: str | None,
           synthetic_len: int,
-          experts_implementation: str, dtype: str | None, fmt: str,
+          experts_implementation: str, dtype: str | None,
           output: str | None, plot: str | None, main_url: str | None, engine_url: str | None, trust_remote_code: bool,
           max_prompts: int | None, corpus: str | None, save_continuations: str | None, continuations: str | None,
-          max_gpu_memory: float | None, cost_calibration: str | None, quiet: bool, wide: bool) -> None:
+          max_gpu_memory: float | None, cost_calibration: str | None, fmt: str, revision: str | None,
+          token: str | None, quiet: bool, verbose: bool, wide: bool) -> None:
     """Measure how well MODEL's MTP head drafts for its own main model (acceptance per depth,
     accept length, projected speedup, recommended speculative settings)."""
+    import time
+
     from ckptinspect import api
     from ckptinspect.cli.options import progress_enabled
 
+    started = time.perf_counter()
+    model = _with_revision(model, revision)
+    if token is not None and click.get_current_context().get_parameter_source("token") == \
+            click.core.ParameterSource.COMMANDLINE:
+        raise not_applicable("probe", "--token", "it reads the weights from a local directory or the HF cache, "
+                                                 "never from the network (download them first)")
+    if fmt == "markdown":
+        raise not_applicable("probe", "--format markdown", "the probe writes text or json")
+    gpu = api.find_gpu(gpu, spec_file=gpu_spec)  # an unknown name fails here, before torch loads
     progress = progress_enabled(quiet)
     # The probe's batches vary in shape; without expandable segments the CUDA cache fragments (a
     # 26 GiB block failed with 44 GiB reserved but free, BENCHMARKS.md section 11). Read at torch's
@@ -97,7 +110,7 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
         import torch
         import transformers
     except ImportError as exc:
-        raise ProbeError(f"probe needs torch and transformers: pip install 'ckptinspect[probe]' ({exc.name} missing)") from exc
+        raise ProbeError(api.probe_install_hint(exc.name)) from exc
     transformers.logging.set_verbosity_error()
     if not progress:
         transformers.utils.logging.disable_progress_bar()
@@ -110,6 +123,7 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
                            cost_calibration=cost_calibration,
                            categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None)
         _emit(result, fmt, output, plot, wide)
+        _verbose(verbose, started)
         return
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
@@ -122,6 +136,29 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
                        categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
                        experts_implementation=experts_implementation, synthetic_len=synthetic_len)
     _emit(result, fmt, output, plot, wide)
+    _verbose(verbose, started)
+
+
+def _with_revision(model: str, revision: str | None) -> str:
+    """``--revision REV`` is ``MODEL@REV`` (the probe finds a Hub repo's weights in the HF cache)."""
+    if revision is None:
+        return model
+    if os.path.isdir(model):
+        raise not_applicable("probe", "--revision", f"{model!r} is a local directory, not a Hub repo id")
+    if "@" in model:
+        if model.rsplit("@", 1)[1] != revision:
+            raise click.UsageError(f"{model!r} names a revision and --revision says {revision!r}")
+        return model
+    return f"{model}@{revision}"
+
+
+def _verbose(verbose: bool, started: float) -> None:
+    if verbose:
+        import time
+
+        from ckptinspect.render.stats_out import stats_line
+
+        click.echo(stats_line({}, time.perf_counter() - started), err=True)
 
 
 def _emit(result, fmt: str, output: str | None, plot: str | None, wide: bool) -> None:

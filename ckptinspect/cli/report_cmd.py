@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ckptinspect.api import FAIL_ON, FAIL_ON_CHOICES
-from ckptinspect.cli.options import Command, check_gpu, gpu_list_help, quiet_option, wide_option
+from ckptinspect.cli.options import Command, checkpoint_options, gpu_file_options, gpu_list_help, resolve_gpu, wide_option
 
 EXAMPLES = (
     "ckptinspect report                                        # the bundled example",
@@ -20,7 +20,6 @@ EXAMPLES = (
 
 @click.command(cls=Command, examples=EXAMPLES, more_help=gpu_list_help)
 @click.argument("model", required=False)
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
 @click.option("--engine", type=click.Choice(["sglang", "vllm", "both"]), default="both", show_default=True,
               help="Engine(s) whose MTP verdict --fail-on checks.")
 @click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES), default=None,
@@ -28,20 +27,20 @@ EXAMPLES = (
                    "(CI gate for checkpoint uploads).")
 @click.option("--rules-dir", "rules_dirs", multiple=True, type=click.Path(exists=True, file_okay=False,
               path_type=Path), help="Extra rule files (override built-in families by id). Repeatable.")
-@click.option("--gpu", default=None, callback=check_gpu, help="GPU name for a deployment plan (listed below).")
+@click.option("--gpu", default=None, help="GPU name, alias or nvidia-smi name for a deployment plan (listed below; "
+              "'8x NAME' sets --gpus).")
 @click.option("--gpus", type=click.IntRange(1, 1024), default=None, help="Number of GPUs for the plan.")
+@gpu_file_options
 @click.option("--context", type=click.IntRange(1), default=None, help="Context length for the plan.")
 @click.option("--tp", type=click.IntRange(1, 1024), default=None, help="Show the MTP layer's memory per GPU at this TP.")
 @click.option("--ep", type=click.IntRange(1, 1024), default=None,
               help="Expert parallel size for --tp (default: TP); must divide --tp, as in SGLang.")
-@click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
-@click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hub token.")
+@checkpoint_options()
 @wide_option
-@quiet_option
-@click.option("--verbose", is_flag=True, help="Print request count, bytes fetched and timings to stderr.")
-def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_dirs: tuple[Path, ...],
-           gpu: str | None, gpus: int | None, context: int | None, tp: int | None, ep: int | None,
-           revision: str | None, token: str | None, wide: bool, quiet: bool, verbose: bool) -> None:
+def report(model: str | None, engine: str, fail_on: str | None, rules_dirs: tuple[Path, ...],
+           gpu: str | None, gpus: int | None, gpu_spec: Path | None, gpu_memory: float | None,
+           context: int | None, tp: int | None, ep: int | None, fmt: str, revision: str | None,
+           token: str | None, quiet: bool, verbose: bool, wide: bool) -> None:
     """Inspect MODEL (a directory, org/name[@revision], a .json.gz snapshot, or a GGUF model: a .gguf
     file, DIR:TAG, org/repo:TAG; see docs/gguf.md).
 
@@ -52,16 +51,17 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
     from ckptinspect.cli.options import colour_enabled, output_width, progress_enabled
     from ckptinspect.render.report import render_report
 
-    _check_parallel_options(tp, ep, gpu, gpus)
     started = time.perf_counter()
+    spec, gpus = resolve_gpu(gpu, gpus, gpu_spec, gpu_memory)
+    _check_parallel_options(tp, ep, spec, gpus)
     result = api.inspect(model, rules_dirs=rules_dirs, revision=revision, token=token,
-                         progress=progress_enabled(quiet), tp=tp, ep=ep, gpu=gpu, gpus=gpus, context=context,
+                         progress=progress_enabled(quiet), tp=tp, ep=ep, gpu=spec, gpus=gpus, context=context,
                          engine=engine)
     click.echo(render_report(result, fmt, width=output_width(fmt, wide), colour=colour_enabled()), nl=False)
     if verbose:
-        stats = dict(result.checkpoint.stats)
-        stats["wall_s"] = round(time.perf_counter() - started, 3)
-        click.echo("stats: " + ", ".join(f"{k}={v}" for k, v in stats.items()), err=True)
+        from ckptinspect.render.stats_out import stats_line
+
+        click.echo(stats_line(result.checkpoint.stats, time.perf_counter() - started), err=True)
     if fail_on is not None:
         tripped = api.gate(result, fail_on, engine)
         if tripped:
@@ -72,7 +72,7 @@ def report(model: str | None, fmt: str, engine: str, fail_on: str | None, rules_
             sys.exit(1)
 
 
-def _check_parallel_options(tp: int | None, ep: int | None, gpu: str | None, gpus: int | None) -> None:
+def _check_parallel_options(tp: int | None, ep: int | None, gpu: object, gpus: int | None) -> None:
     """Refuse what the engines refuse before reading the checkpoint (usage error, exit 2)."""
     if ep is not None and tp is None:
         raise click.UsageError("--ep needs --tp: the expert-parallel size splits the --tp ranks")
@@ -83,6 +83,4 @@ def _check_parallel_options(tp: int | None, ep: int | None, gpu: str | None, gpu
         if problem:
             raise click.UsageError(problem)
     if (gpu is None) != (gpus is None):
-        raise click.UsageError("--gpu and --gpus go together")
-    if gpu is not None:
-        api.find_gpu(gpu)  # a bad GPU name is an input error, not a failed plan
+        raise click.UsageError("--gpu and --gpus go together (or --gpu '8x NAME')")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ckptinspect.cli.options import Command
+from ckptinspect.cli.options import Command, checkpoint_options, not_applicable
 
 EXAMPLES = (
     "ckptinspect snapshot nvidia/Qwen3.5-397B-A17B-NVFP4 -o qwen35-nvfp4.json.gz   # online, headers only",
@@ -18,12 +18,8 @@ EXAMPLES = (
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Snapshot file to write (.json.gz).")
-@click.option("--revision", default=None, help="Branch, tag or commit of a Hub repo (or use org/name@rev).")
-@click.option("--token", default=None, envvar="HF_TOKEN", show_envvar=True, help="Hugging Face access token.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar, no summary line (the bar is also off when "
-              "stderr is not a terminal or HF_HUB_DISABLE_PROGRESS_BARS=1).")
-@click.option("--verbose", is_flag=True, help="Print requests and bytes fetched (stderr).")
-def snapshot(model: str, output: Path, revision: str | None, token: str | None, quiet: bool,
+@checkpoint_options()
+def snapshot(model: str, output: Path, fmt: str, revision: str | None, token: str | None, quiet: bool,
              verbose: bool) -> None:
     """Write MODEL's config files, index and every shard header into one gzip JSON file.
 
@@ -34,6 +30,8 @@ def snapshot(model: str, output: Path, revision: str | None, token: str | None, 
     from ckptinspect.cli.options import progress_enabled
     from ckptinspect.render.snapshot_out import snapshot_stats, snapshot_summary
 
+    if fmt != "text":
+        raise not_applicable("snapshot", f"--format {fmt}", "it writes a .json.gz file (its summary line is text)")
     if not str(output).endswith(".json.gz"):
         raise click.BadParameter("the snapshot file name must end with .json.gz", param_hint="--output")
     raw = api.snapshot(model, output, revision=revision, token=token, progress=progress_enabled(quiet))

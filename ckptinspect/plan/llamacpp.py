@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ckptinspect.errors import PlanError
 from ckptinspect.records import Checkpoint, MtpAssessment
+
+if TYPE_CHECKING:
+    from ckptinspect.plan.gpus import GpuSpec
 
 GIB = 1024 ** 3
 RESERVE_BYTES = int(1.5 * GIB)  # per GPU: CUDA context + compute buffers at the default -b / -ub
@@ -68,7 +72,7 @@ def _kv_per_token_layer(ck: Checkpoint) -> int:
     return kv_heads * (head_dim + v_dim) * KV_BYTES
 
 
-def plan_llamacpp(ck: Checkpoint, mtp: MtpAssessment, *, gpu: str, gpus: int, context: int | None = None) -> LlamaCppPlan:
+def plan_llamacpp(ck: Checkpoint, mtp: MtpAssessment, *, gpu: "str | GpuSpec", gpus: int, context: int | None = None) -> LlamaCppPlan:
     from ckptinspect.plan.gpus import find_gpu
     from ckptinspect.rules.gguf_engine import gguf_engine_rules
 
@@ -115,8 +119,9 @@ def plan_llamacpp(ck: Checkpoint, mtp: MtpAssessment, *, gpu: str, gpus: int, co
     flag_rows = _flags(ck, mtp, flags_rules, verdict.verdict, ctx, fitted, all_in, total_layers, companion)
     command = (rules["launcher"],) + tuple(x for f in flag_rows for x in ((f.flag,) if f.value is None else (f.flag, f.value)))
     if not all_in:
-        notes.append(f"{total_layers - fitted} of {total_layers} blocks stay in host memory (slower); more GPU "
-                     "memory or a smaller quant offloads them")
+        # what would put them on the GPUs, on the card the user has (never another card)
+        notes.append(f"{total_layers - fitted} of {total_layers} blocks stay in host memory (slower); more "
+                     f"{spec.name} GPUs or a smaller quant offloads them")
     if gpus > 1:
         notes.append(f"layers are split over the {gpus} GPUs by layer (llama-server's default --split-mode layer)")
     return LlamaCppPlan(ok=True, engine_version=verdict.engine_version, gpu=spec.name, gpus=gpus, context=ctx,

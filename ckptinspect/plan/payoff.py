@@ -32,6 +32,8 @@ def probe_command(ck: Checkpoint, gpu: GpuSpec) -> str:
     mode when the BF16 weights do not fit one such GPU."""
     model, _ = serve_target(ck)
     args = ["ckptinspect", "probe", model, "--gpu", gpu.aliases[0] if gpu.aliases else gpu.name]
+    if gpu.spec_file:  # a card of the user's GPU file: the probe's cost model reads the same file
+        args += ["--gpu-spec", gpu.spec_file]
     budget_gib = int(gpu.memory_gib * _DEVICE_SHARE)
     if ck.inventory.totals.params * _BF16_BYTES > budget_gib * 2**30:
         args += ["--mode", "teacher", "--max-gpu-memory", str(budget_gib)]

@@ -14,7 +14,7 @@ from typing import Any
 from ckptinspect.errors import PlanError
 from ckptinspect.plan.backends import choose
 from ckptinspect.plan.fit import component_quant
-from ckptinspect.plan.gpus import GpuSpec, find_gpu
+from ckptinspect.plan.gpus import GpuSpec, find_gpu, gpu_notes
 from ckptinspect.plan.kvcache import kv_capacity
 from ckptinspect.plan.launch import build_commands, probe_declines
 from ckptinspect.plan.memory import Split, mtp_dtypes
@@ -52,7 +52,7 @@ def _verdicts(mtp: MtpAssessment | None) -> dict[str, Any]:
                 "layers_used": v.layers_used} for e, v in mtp.verdicts.items()}
 
 
-def make_plan(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: str, gpus: int, context: int | None = None,
+def make_plan(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: str | GpuSpec, gpus: int, context: int | None = None,
               goal: str = "latency", engine: str = "both", probe_report: dict | None = None,
               max_context: bool = False, concurrency: int = 1) -> Plan:
     """The plan, or PlanError saying why nothing runs (with the numbers)."""
@@ -63,7 +63,7 @@ def make_plan(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: str, gp
     return result
 
 
-def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: str, gpus: int,
+def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: str | GpuSpec, gpus: int,
                     context: int | None = None, goal: str = "latency", engine: str = "both",
                     probe_report: dict | None = None, max_context: bool = False,
                     concurrency: int = 1) -> Plan | PlanFailure:
@@ -124,8 +124,7 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
     usable = [n for n in counts if n <= gpus and any(o.loads for o in by_count[n])]
     if not usable:
         best = max(by_count[gpus], key=closeness)
-        hint = (f"smallest that works: {min_gpus}x {spec_gpu.name}" if min_gpus
-                else f"no count up to {max(by_count)}x {spec_gpu.name} works")
+        hint = _failure_hint(min_gpus, by_count, spec_gpu, gib)
         return PlanFailure(ck.ref, spec_gpu, gpus, requested, f"at TP {gpus}: {best.why_not(gib)}", hint,
                            options, None, gib)
     used = usable[-1]
@@ -136,8 +135,7 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
         base = chosen or max(loading, key=closeness)
         solution = solve(base)
         if solution.chosen is None:
-            hint = (f"smallest that works: {min_gpus}x {spec_gpu.name}" if min_gpus
-                    else f"no count up to {max(by_count)}x {spec_gpu.name} works")
+            hint = _failure_hint(min_gpus, by_count, spec_gpu, gib)
             return PlanFailure(ck.ref, spec_gpu, gpus, requested, _nothing_fits(solution, base, gib), hint,
                                options, solution, gib)
         chosen = _solved_option(base, solution)
@@ -155,6 +153,7 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
                       + ("" if chosen.kv.max_running_requests == target else
                          f", lowered so the KV pool still holds one {context}-token request"))
     notes = [Note(n["severity"], n["message"], n["source"]) for n in common.get("notes", []) if holds(n["when"], facts, source=engine_rule_file("common"))]
+    notes += [Note("info", text, "ckptinspect plan: --gpu-memory / --gpu-spec") for text in gpu_notes(spec_gpu)]
     if idle_reason:
         notes.append(Note("warning", idle_reason, "ckptinspect plan: divisibility checks (rules/engines/common.yaml)"))
         replicas = next((n for n in counts if n < gpus and gpus % n == 0 and works(n)), None)
@@ -177,6 +176,7 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
         running=chosen.kv.max_running_requests if not solution else running_target, running_reason=running_reason,
         solution=solution)
     notes.extend(more_notes)
+    notes.extend(_shared_card_note(spec_gpu, commands))
     if any(speculative.values()):
         mismatch = probe_gpu_mismatch(probe_report, spec_gpu) if probe_report else ""
         if mismatch:
@@ -186,6 +186,44 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
     return Plan(ck.ref, spec_gpu, gpus, context, goal, engines, facts.quant, ck.declared.label, cfg.attention_kind,
                 moe, chosen, reason, options, min_gpus, min_reason, mtp_dtypes(ck), _verdicts(mtp),
                 speculative, commands, tuple(notes), gib, requested, used, idle_reason, solution)
+
+
+def _failure_hint(min_gpus: int | None, by_count: dict[int, list[Option]], gpu: GpuSpec, gib: int) -> str:
+    """What would run, on the card the user asked about: more of it, a shorter context, a smaller quant
+    or weight offload; never another card (issue 26 item 7)."""
+    if min_gpus:
+        return f"smallest that works: {min_gpus}x {gpu.name} (--gpus {min_gpus})"
+    most = max(by_count)
+    loads = [n for n in by_count if any(o.loads for o in by_count[n])]
+    if not loads:
+        return (f"no TP / EP size up to {most}x {gpu.name} passes the engines' divisibility checks for this "
+                f"model")
+    best = max((o for o in by_count[loads[-1]] if o.loads), key=closeness)
+    pool = gpu.memory_gib * gib * best.mem.value
+    if best.memory.total_bytes_per_rank < pool:  # the weights load: the KV cache of one request is what misses
+        return (f"no count up to {most}x {gpu.name} holds one request of this context: a shorter --context "
+                f"(or --max-context to solve for the longest that fits)")
+    return (f"no count up to {most}x {gpu.name} holds the weights: a smaller quant of the model, or weight "
+            f"offload to CPU memory (SGLang / vLLM --cpu-offload-gb; slower, not planned here)")
+
+
+def _shared_card_note(gpu: GpuSpec, commands: dict) -> list[Note]:
+    """--gpu-memory on a whole card shared with other jobs (not a MIG slice): vLLM takes
+    --gpu-memory-utilization of the card's total memory and refuses to start when less is free; SGLang
+    0.5.23 takes --mem-fraction-static of the memory free before the model loads, so its value stands."""
+    vllm = commands.get("vllm")
+    if gpu.catalog_memory_gib is None or vllm is None:
+        return []
+    util = next((float(f.value) for f in vllm.flags if f.flag == "--gpu-memory-utilization" and f.value), None)
+    if util is None:
+        return []
+    shared = util * gpu.memory_gib / gpu.catalog_memory_gib
+    return [Note("warning", f"vllm: if the {gpu.memory_gib:g} GiB are the free part of a whole "
+                 f"{gpu.catalog_memory_gib:g} GiB card shared with other jobs (not a MIG slice), pass "
+                 f"--gpu-memory-utilization {shared:.3f} instead (a fraction of the whole card); SGLang's "
+                 f"--mem-fraction-static is a fraction of the memory free at start and stands",
+                 "VL:v1/worker/utils.py request_memory (total_memory x gpu_memory_utilization); "
+                 "SG:mem_cache/kv_cache_configurator.py _profile_available_bytes (pre_model_load_memory)")]
 
 
 def _no_weights(ck: Checkpoint) -> str:

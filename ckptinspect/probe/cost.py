@@ -85,7 +85,7 @@ class ModelCost:
     mtp_expert_params: int
 
 
-def resolve_gpu(name: str, precision: str) -> GpuFacts:
+def resolve_gpu(name: Any, precision: str) -> GpuFacts:
     """GPU facts from the project catalog (rules/gpus.yaml, through ckptinspect.plan.gpus), the same
     entries `plan` uses. Precision falls back fp4 -> fp8 -> bf16 where the GPU lacks it."""
     from ckptinspect.errors import CkptInspectError, ProbeError
@@ -99,7 +99,8 @@ def resolve_gpu(name: str, precision: str) -> GpuFacts:
     prec = next((p for p in _fallbacks(precision) if tflops.get(p)), None)
     if prec is None:
         raise ProbeError(f"rules/gpus.yaml gives {spec.name} no TFLOPS for {precision} or any wider format")
-    return GpuFacts(spec.name, float(spec.bandwidth_tbps) * 1e12, float(tflops[prec]) * 1e12, prec, "rules/gpus.yaml")
+    return GpuFacts(spec.name, float(spec.bandwidth_tbps) * 1e12, float(tflops[prec]) * 1e12, prec,
+                    spec.spec_file or "rules/gpus.yaml")
 
 
 def _fallbacks(precision: str) -> tuple[str, ...]:
