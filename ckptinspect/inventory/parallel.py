@@ -18,34 +18,39 @@ from __future__ import annotations
 from typing import Mapping
 
 from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
+from ckptinspect.progress import SILENT, Progress
 from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
 from ckptinspect.sources.index_summary import summarize_index
 from ckptinspect.sources.interface import INDEX, gc_paused
 
 
-def scan_checkpoint(raw: RawCheckpoint) -> tuple[list[ShardScan], IndexSummary | None]:
+def scan_checkpoint(raw: RawCheckpoint, progress: Progress = SILENT) -> tuple[list[ShardScan], IndexSummary | None]:
     """(one ShardScan per shard in index order, the index summary when there is an index)."""
-    with start_scan(raw) as scan:
+    with start_scan(raw, progress) as scan:
         return scan.finish()
 
 
-def start_scan(raw: RawCheckpoint) -> "Scan":
+def start_scan(raw: RawCheckpoint, progress: Progress = SILENT) -> "Scan":
     """The scan of ``raw``, run by ``finish()`` (a context manager, so a future parallel scan that starts
-    work early can stop it when the caller fails first)."""
-    return Scan(raw)
+    work early can stop it when the caller fails first); ``progress`` hears "headers n/N" as it goes."""
+    return Scan(raw, progress)
 
 
 class Scan:
     """The scan of one checkpoint's headers."""
 
-    def __init__(self, raw: RawCheckpoint) -> None:
+    def __init__(self, raw: RawCheckpoint, progress: Progress = SILENT) -> None:
         self.raw = raw
+        self.progress = progress
 
     def finish(self) -> tuple[list[ShardScan], IndexSummary | None]:
         """(one ShardScan per shard in index order, the index summary when there is an index)."""
         with gc_paused():  # the scans are acyclic: collections during the loop would find nothing
             summary = _summary_in_process(self.raw)
-            return _assemble(self.raw, summary, dict(scan_plan(self.raw).scanned), {}), summary
+            try:
+                return _assemble(self.raw, summary, dict(scan_plan(self.raw).scanned), {}, self.progress), summary
+            finally:
+                self.progress.end()
 
     def close(self) -> None:
         """Release what the scan holds (nothing in-process)."""
@@ -64,15 +69,18 @@ def _summary_in_process(raw: RawCheckpoint) -> IndexSummary | None:
 
 
 def _assemble(raw: RawCheckpoint, summary: IndexSummary | None, scanned: dict[str, ShardScan],
-              errors: Mapping[str, BaseException]) -> list[ShardScan]:
+              errors: Mapping[str, BaseException], progress: Progress = SILENT) -> list[ShardScan]:
     """The scans in index order; a shard not scanned yet is scanned here, and the error raised is the
     first bad shard's in index order, whoever met it."""
     shards = list(summary.shards) if summary is not None else list(raw.headers)
+    total, done = sum(s not in scanned for s in shards), 0
     for shard in shards:
         if shard in errors:
             raise errors[shard]
         if shard not in scanned:  # indexed but absent raises here (the source's one-line error)
+            progress.phase("headers", done, total)
             scanned[shard] = scan_header_unpaused(shard, raw.headers[shard], raw.file_sizes.get(shard))
+            done += 1
     return [scanned[s] for s in shards]
 
 
