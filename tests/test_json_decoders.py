@@ -160,3 +160,24 @@ def test_value_cap_refuses_exactly_what_the_byte_count_bounds(text, cap):
     without = _reference_decode(data, max_items=cap)
     assert with_orjson[0] == without[0]
     assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=10))
+def test_header_names_of_arbitrary_bytes_parse_the_same(raw):
+    """The header's fast path checks the bytes without decoding them first: orjson must refuse exactly the
+    invalid UTF-8 Python's decoder refuses, and a backslash or ``-0`` in a name must reach the exact path."""
+    data = b'{"' + raw + b'":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b-0":{"dtype":"U8","shape":[1],' \
+        b'"data_offsets":[2,3]}}'
+    compiled = parser._loads
+    try:
+        with_orjson = _outcome(parser.parse_header, data, source="x.safetensors")
+        parser._loads = None
+        without = _outcome(parser.parse_header, data, source="x.safetensors")
+    finally:
+        parser._loads = compiled
+    assert with_orjson[0] == without[0]
+    if with_orjson[0] == "ok":
+        assert (with_orjson[1].names, with_orjson[1].sizes) == (without[1].names, without[1].sizes)
+    else:
+        assert with_orjson == without
