@@ -16,7 +16,7 @@ from ckptinspect.header.parser import parse_header
 from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
 from ckptinspect.inventory.parallel import start_scan
-from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
+from ckptinspect.inventory.scan import ShardScan
 from ckptinspect.progress import SILENT, Progress, as_progress
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
@@ -40,7 +40,7 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
                     token: str | None = None, progress: Progress | bool = True) -> Checkpoint:
     """Open ``ref`` (directory, snapshot, repo id) and build its Checkpoint (``progress``: ckptinspect/progress.py)."""
     progress = as_progress(progress, label=ref)
-    raw = open_source(ref, revision=revision, token=token, progress=progress, scan=_scan_arriving)
+    raw = open_source(ref, revision=revision, token=token, progress=progress)
     if getattr(raw, "format", None) == "gguf":
         from ckptinspect.pipeline_gguf import checkpoint_from_gguf
 
@@ -53,21 +53,13 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
                  token: str | None = None, progress: Progress | bool = True) -> Report:
     """Checkpoint plus its MTP assessment."""
     progress = as_progress(progress, label=ref)
-    raw = open_source(ref, revision=revision, token=token, progress=progress, scan=_scan_arriving)
+    raw = open_source(ref, revision=revision, token=token, progress=progress)
     if getattr(raw, "format", None) == "gguf":
         from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf
 
         checkpoint = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
         return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
     return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
-
-
-def _scan_arriving(shard: str, data: bytes, size: int | None) -> ShardScan:
-    """The Hub source's per-header scan, run on each header as it arrives (its trees are acyclic)."""
-    from ckptinspect.sources.interface import gc_paused
-
-    with gc_paused():
-        return scan_header_unpaused(shard, data, size)
 
 
 def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT) -> Report:
@@ -82,8 +74,9 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (),
     """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage."""
     if CONFIG not in raw.json_files:
         raise ConfigError("no config.json in the checkpoint", path=raw.location)
-    # One scan for every source (inventory/parallel.py); the Hub source has already scanned the headers
-    # as they arrived (_scan_arriving), while later ones were still on the wire (BENCHMARKS.md, "hub25").
+    # One scan for every source (inventory/parallel.py): the Hub source only fetches; scanning while
+    # its requests are in flight was measured slower again (more CPU, the two threads share one GIL;
+    # BENCHMARKS.md, "hub25").
     with start_scan(raw, progress) as scan:
         from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 

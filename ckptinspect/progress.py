@@ -1,5 +1,5 @@
 """Progress over the whole wait of a read: the phases of a Hub read (repo info, index, headers n/N) and the
-headers of a long local scan (n/N), on one self-overwriting line of stderr.
+scan of the headers (scanning headers n/N: a long local scan), on one self-overwriting line of stderr.
 
 The stages that wait report to a ``Progress`` (any object with ``phase`` and ``end``); the library's default
 is ``SILENT``. The CLI passes ``progress=True`` only when stderr is a terminal, ``--quiet`` is not given and

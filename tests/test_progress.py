@@ -1,6 +1,6 @@
 """Progress over the whole wait (issue 26 item 8; ckptinspect/progress.py): drawn on a terminal only (a
 pseudo-terminal here), never into a pipe, escaped, at most a few draws a second, ended on every path;
-the local scan reports headers n/N. The CLI's side (a real `report` on a pty, with --quiet, piped) is in
+the local scan reports scanning headers n/N. The CLI's side (a real `report` on a pty, with --quiet, piped) is in
 tests/test_cli_conventions.py."""
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def test_a_local_scan_reports_headers_n_of_n_and_ends(make_fixture):
     recorder = _Recorder()
     report = build_report(str(path), progress=recorder)
     assert len(report.checkpoint.inventory.shards) == len(shards)
-    assert recorder.heard == [("headers", n, len(shards)) for n in range(len(shards))]
+    assert recorder.heard == [("scanning headers", n, len(shards)) for n in range(len(shards))]
     assert recorder.ended == 1
 
 

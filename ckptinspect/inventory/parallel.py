@@ -78,7 +78,7 @@ def _assemble(raw: RawCheckpoint, summary: IndexSummary | None, scanned: dict[st
         if shard in errors:
             raise errors[shard]
         if shard not in scanned:  # indexed but absent raises here (the source's one-line error)
-            progress.phase("headers", done, total)
+            progress.phase("scanning headers", done, total)
             scanned[shard] = scan_header_unpaused(shard, raw.headers[shard], raw.file_sizes.get(shard))
             done += 1
     return [scanned[s] for s in shards]
