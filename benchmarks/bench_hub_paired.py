@@ -27,7 +27,8 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
 from bench_hub_servers import REPO, THEIRS, _Served  # noqa: E402
 
 
-def _run(args: list[str], root: Path, url: str) -> tuple[float, float]:
+def _run(args: list[str], root: Path, url: str, out: list[str] | None = None) -> tuple[float, float]:
+    """(wall, CPU) of one cold run; its stdout is appended to ``out`` when given."""
     home = tempfile.mkdtemp(prefix="bench_hf_")
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_HUB_OFFLINE")}
     # Cold for every tool: a fresh HF cache and a fresh header cache (sources/header_cache.py keys entries
@@ -41,6 +42,8 @@ def _run(args: list[str], root: Path, url: str) -> tuple[float, float]:
     shutil.rmtree(home, ignore_errors=True)
     if done.returncode not in (0, 1):
         raise SystemExit(f"{args[:4]} failed: {done.stderr[-500:]}")
+    if out is not None:
+        out.append(done.stdout)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
