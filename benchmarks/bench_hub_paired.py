@@ -1,6 +1,7 @@
 """Remote report through both test Hub servers, paired and alternating, wall and CPU: this checkout's
 ``ckptinspect report``, another checkout's (``--base``, e.g. the previous main) and huggingface_hub's
-``get_safetensors_metadata``, each a subprocess with a cold HF cache, the load average printed per round.
+``get_safetensors_metadata``, each a subprocess with a cold HF cache and a cold header cache, the load
+average printed per round.
 CPU is the subprocess's user + system time, children included, so it stays comparable when the
 machine is busy (wall time then mostly measures the wait for a core).
 
@@ -26,10 +27,13 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
 from bench_hub_servers import REPO, THEIRS, _Served  # noqa: E402
 
 
-def _run(args: list[str], root: Path, url: str) -> tuple[float, float]:
+def _run(args: list[str], root: Path, url: str, out: list[str] | None = None) -> tuple[float, float]:
+    """(wall, CPU) of one cold run; its stdout is appended to ``out`` when given."""
     home = tempfile.mkdtemp(prefix="bench_hf_")
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_HUB_OFFLINE")}
-    env.update(HF_ENDPOINT=url, HF_HOME=home, PYTHONPATH=str(root))
+    # Cold for every tool: a fresh HF cache and a fresh header cache (sources/header_cache.py keys entries
+    # by endpoint and commit, so a shared one would answer every round after the first from disk).
+    env.update(HF_ENDPOINT=url, HF_HOME=home, PYTHONPATH=str(root), CKPTINSPECT_CACHE_DIR=str(Path(home) / "ckptinspect"))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=str(root))
@@ -38,6 +42,8 @@ def _run(args: list[str], root: Path, url: str) -> tuple[float, float]:
     shutil.rmtree(home, ignore_errors=True)
     if done.returncode not in (0, 1):
         raise SystemExit(f"{args[:4]} failed: {done.stderr[-500:]}")
+    if out is not None:
+        out.append(done.stdout)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 

@@ -55,7 +55,8 @@ class _Served:
 
 def _env(url: str, home: str, workers: int | None, root: Path = ROOT) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_HUB_OFFLINE")}
-    env.update(HF_ENDPOINT=url, HF_HOME=home, PYTHONPATH=str(root))
+    # A cold header cache too (sources/header_cache.py): a shared one answers every round after the first.
+    env.update(HF_ENDPOINT=url, HF_HOME=home, PYTHONPATH=str(root), CKPTINSPECT_CACHE_DIR=str(Path(home) / "ckptinspect"))
     if workers:
         env["CKPTINSPECT_MAX_WORKERS"] = str(workers)
     return env

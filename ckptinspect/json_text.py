@@ -35,9 +35,12 @@ MAX_JSON_ITEMS = 4_000_000
 # that costs one exact walk, never a wrong answer.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 # orjson (a compiled parser, ~1.5x less CPU than json on a 41 MB index) gives json's answer except for
-# integers beyond 64 bits, which it turns into floats: any run of 19+ digits sends the text to json.
-# Everything orjson refuses (NaN, lone surrogates, 1e400, nesting past 1,024) goes to json too, so
-# the errors and answers stay json's (tests/test_json_decoders.py compares the two).
+# integers beyond 64 bits, which it turns into floats, and what it refuses (NaN, Infinity, 1e400, lone
+# surrogate escapes, invalid UTF-8, nesting past 1,024), which goes to json so the errors and answers
+# stay json's. So its answer is json's unless it holds a float (the structure walk notices one for
+# free) where the text has a run of 19+ digits (the shortest integer past 64 bits); only then is the
+# text searched, and a hit sends it to json (tests/test_json_decoders.py compares the two). Searching
+# every text instead cost ~0.4 s on a 41 MB index, more than parsing it.
 _LONG_DIGITS = re.compile(r"[0-9]{19}")
 try:
     from orjson import loads as _compiled_loads
@@ -62,20 +65,21 @@ def decode_json(data: bytes | str, *, source: str, error: type[CkptInspectError]
     """
     if what is not None:
         error = _prefixed(error, what)
-    items = _value_bound(data)
+    items = _value_bound(data, max_items)
     if items > max_items:
         raise error(f"would build up to {items:,} JSON values, over the {max_items:,} cap", path=source)
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        try:
-            text = bytes(data).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise error(f"is not valid UTF-8 (byte {exc.start})", path=source) from None
-    else:
-        text = data
-    obj = _compiled(text)
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    obj = _compiled(data)
+    if obj is not _REFUSED:
+        # orjson refuses lone surrogates and invalid UTF-8, so only the depth is left to check; a float
+        # in the answer may be an integer past 64 bits that orjson rounded: then json decides.
+        floats = check_structure(obj, source=source, error=error, strings=False)
+        if not floats or _LONG_DIGITS.search(_text(data, source, error)) is None:
+            return obj
+    text = _text(data, source, error)
     try:
-        if obj is _REFUSED:
-            obj = json.loads(text, parse_int=_bounded_int)
+        obj = json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
         raise error(f"is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})", path=source) from None
     except ValueError as exc:  # _bounded_int, or the interpreter's own digit limit
@@ -87,35 +91,50 @@ def decode_json(data: bytes | str, *, source: str, error: type[CkptInspectError]
     return obj
 
 
+def _text(data: bytes | str, source: str, error: Any) -> str:
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"is not valid UTF-8 (byte {exc.start})", path=source) from None
+
+
 _REFUSED = object()
 
 
-def _compiled(text: str) -> Any:
-    """orjson's answer when it is provably json's, else _REFUSED."""
-    if _compiled_loads is None or _LONG_DIGITS.search(text) is not None:
+def _compiled(data: bytes | str) -> Any:
+    """orjson's answer, else _REFUSED (orjson missing, or it refused the document)."""
+    if _compiled_loads is None:
         return _REFUSED
     try:
-        return _compiled_loads(text)
+        return _compiled_loads(data)
     except ValueError:  # orjson.JSONDecodeError: json decides (and words the error)
         return _REFUSED
 
 
-def _value_bound(data: bytes | bytearray | memoryview | str) -> int:
-    """An upper bound on the values ``data`` decodes to (C-speed counts, ~30 ms per 100 MB)."""
+def _value_bound(data: bytes | bytearray | memoryview | str, cap: int) -> int:
+    """An upper bound on the values ``data`` decodes to: the count of the bytes that can start one (one
+    C-speed pass, ~45 ms per 41 MB), or the length when that alone is within ``cap`` (each counted byte is
+    one byte of the document, so the count could not pass ``cap`` either)."""
+    if len(data) < cap:
+        return len(data) + 1
     if isinstance(data, memoryview):
         data = data.tobytes()
     if isinstance(data, str):
         return data.count(",") + data.count("[") + data.count("{") + 1
-    return data.count(b",") + data.count(b"[") + data.count(b"{") + 1
+    return len(data) - len(bytes(data).translate(None, b",[{")) + 1
 
 
 def check_structure(obj: Any, *, source: str, error: type[CkptInspectError] = ConfigError,
-                    strings: bool = True, max_depth: int = MAX_JSON_DEPTH) -> None:
-    """Raise ``error`` when ``obj`` nests deeper than ``max_depth`` or (``strings``) holds a lone surrogate.
+                    strings: bool = True, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """Raise ``error`` when ``obj`` nests deeper than ``max_depth`` or (``strings``) holds a lone surrogate;
+    return whether it holds a float anywhere.
 
     Breadth-first over containers only: a level's values are typed in C (``set(map(type, ...))``), so a
     41 MB index (one dict of 370k strings) costs a few milliseconds when ``strings`` is False.
     """
+    floats = type(obj) is float
     level = [obj] if isinstance(obj, (dict, list)) else []
     if strings and isinstance(obj, str):
         _check_string(obj, source, error)
@@ -135,9 +154,11 @@ def check_structure(obj: Any, *, source: str, error: type[CkptInspectError] = Co
                     if type(value) is str:
                         _check_string(value, source, error)
             kinds = set(map(type, values))
+            floats = floats or float in kinds
             if any(issubclass(kind, (dict, list)) for kind in kinds):
                 deeper.extend(v for v in values if isinstance(v, (dict, list)))
         level = deeper
+    return floats
 
 
 def _prefixed(error: type[CkptInspectError], what: str) -> Any:

@@ -17,6 +17,7 @@ from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
 from ckptinspect.inventory.parallel import start_scan
 from ckptinspect.inventory.scan import ShardScan
+from ckptinspect.progress import SILENT, Progress, as_progress
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
 from ckptinspect.records import (Checkpoint, Finding, IndexSummary, Inventory, ModelConfig, MtpAssessment,
@@ -36,43 +37,56 @@ class Report:
 
 
 def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
-                    token: str | None = None, progress: bool = True) -> Checkpoint:
-    """Open ``ref`` (directory, snapshot, repo id) and build its Checkpoint."""
-    raw = open_source(ref, revision=revision, token=token, progress=progress)
+                    token: str | None = None, progress: Progress | bool = True) -> Checkpoint:
+    """Open ``ref`` (directory, snapshot, repo id) and build its Checkpoint (``progress``: ckptinspect/progress.py)."""
+    progress = as_progress(progress, label=ref)
+    raw = _open(ref, revision=revision, token=token, progress=progress)
     if getattr(raw, "format", None) == "gguf":
         from ckptinspect.pipeline_gguf import checkpoint_from_gguf
 
         return checkpoint_from_gguf(raw, expert_findings=_expert_findings)
-    checkpoint, _ = checkpoint_from_raw(raw, rules_dirs=rules_dirs)
+    checkpoint, _ = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
     return checkpoint
 
 
+def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress) -> Any:
+    """open_source, with the progress line ended when the source fails (a scan that runs ends it itself)."""
+    try:
+        return open_source(ref, revision=revision, token=token, progress=progress)
+    except BaseException:
+        progress.end()
+        raise
+
+
 def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
-                 token: str | None = None, progress: bool = True) -> Report:
+                 token: str | None = None, progress: Progress | bool = True) -> Report:
     """Checkpoint plus its MTP assessment."""
-    raw = open_source(ref, revision=revision, token=token, progress=progress)
+    progress = as_progress(progress, label=ref)
+    raw = _open(ref, revision=revision, token=token, progress=progress)
     if getattr(raw, "format", None) == "gguf":
         from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf
 
         checkpoint = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
         return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
-    return report_from_raw(raw, rules_dirs=rules_dirs)
+    return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
 
 
-def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) -> Report:
-    checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs)
+def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT) -> Report:
+    checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
     from ckptinspect.readiness import assess_mtp
 
     return Report(checkpoint=checkpoint, mtp=assess_mtp(checkpoint, family, ruleset))
 
 
-def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = ()) -> tuple[Checkpoint, tuple]:
+def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (),
+                        progress: Progress = SILENT) -> tuple[Checkpoint, tuple]:
     """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage."""
     if CONFIG not in raw.json_files:
         raise ConfigError("no config.json in the checkpoint", path=raw.location)
     # One scan for every source (inventory/parallel.py): the Hub source only fetches; scanning while
-    # its requests are in flight was measured slower (the two threads share one GIL; BENCHMARKS.md).
-    with start_scan(raw) as scan:
+    # its requests are in flight was measured slower again (more CPU, the two threads share one GIL;
+    # BENCHMARKS.md, "hub25").
+    with start_scan(raw, progress) as scan:
         from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 
         config = normalize_config(raw.json_files[CONFIG], source=f"{raw.location}/config.json")

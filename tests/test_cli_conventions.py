@@ -89,17 +89,34 @@ def hub_url(make_fixture):
         yield server.url
 
 
-def test_hub_progress_bar_only_on_a_terminal(hub_url, tmp_path):
-    env = {"HF_ENDPOINT": hub_url, "HF_HUB_CACHE": str(tmp_path / "cache")}
+def test_hub_progress_only_on_a_terminal(hub_url, tmp_path):
+    """The whole wait of a Hub read (repo info, index, headers n/N) on a terminal's stderr, cleared before
+    the output; nothing with --quiet, HF_HUB_DISABLE_PROGRESS_BARS or a pipe; JSON stdout untouched."""
+    env = {"HF_ENDPOINT": hub_url, "HF_HUB_CACHE": str(tmp_path / "cache"), "CKPTINSPECT_HEADER_CACHE": "0"}
     code, err, out = run_on_tty(["report", "org/qwen", "--format", "json"], tty="stderr", env=env)
     assert code == 0 and json.loads(out)["totals"]["tensors"] > 0
-    assert "Reading headers" in err
+    shards = len(json.loads(out)["shards"])
+    assert "org/qwen: repo info" in err and "org/qwen: index" in err, err
+    assert f"org/qwen: headers 0/{shards}" in err and f"org/qwen: headers {shards}/{shards}" in err, err
+    assert f"org/qwen: scanning headers 0/{shards}" in err, err
+    assert err.endswith("\r\x1b[K")  # the line is cleared
     for extra_env, extra_args in (({"HF_HUB_DISABLE_PROGRESS_BARS": "1"}, []), ({}, ["--quiet"])):
         code, err, out = run_on_tty(["report", "org/qwen", "--format", "json", *extra_args], tty="stderr",
                                     env={**env, **extra_env})
-        assert code == 0 and "Reading headers" not in err and "\r" not in err, (extra_env, extra_args)
+        assert code == 0 and "headers" not in err and "\r" not in err, (extra_env, extra_args)
     piped = run_cli("report", "org/qwen", "--format", "json", env=env)
     assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+
+
+def test_local_scan_progress_only_on_a_terminal(make_fixture):
+    path = str(make_fixture("qwen3_5_moe_nvfp4"))
+    code, err, out = run_on_tty(["report", path, "--format", "json"], tty="stderr")
+    assert code == 0 and json.loads(out)["totals"]["tensors"] > 0
+    assert f"{path}: scanning headers 0/" in err and err.endswith("\r\x1b[K"), err
+    piped = run_cli("report", path, "--format", "json")
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    code, err, _ = run_on_tty(["report", path, "-q"], tty="stderr")
+    assert code == 0 and err == ""
 
 
 # -- width ------------------------------------------------------------------------------------------

@@ -168,13 +168,47 @@ def test_index_naming_a_missing_shard(server, repo):
     assert "model-00002-of-00003.safetensors" in str(err.value)
 
 
-def test_progress_bar_on_stderr_only_when_asked(server, repo, capsys):
+class _Recorder:
+    """A Progress that keeps every phase it hears (ckptinspect/progress.py)."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, int | None, int | None]] = []
+        self.ended = 0
+
+    def phase(self, name, done=None, total=None) -> None:
+        self.heard.append((name, done, total))
+
+    def end(self) -> None:
+        self.ended += 1
+
+
+def test_progress_covers_every_phase_of_the_read(server, repo, capsys):
+    """Repo info, then the index, then headers 0/N .. N/N, then the line is ended; nothing on stdout."""
     server.add_repo("org/tiny", repo[0])
+    recorder = _Recorder()
+    raw = open_hub("org/tiny", endpoint=server.url, progress=recorder, header_cache=False)
+    shards = len(raw.headers)
+    assert shards == 3
+    names = [name for name, _, _ in recorder.heard]
+    assert names[:2] == ["repo info", "index"] and set(names[2:]) == {"headers"}
+    counts = [(done, total) for name, done, total in recorder.heard if name == "headers"]
+    assert counts == [(n, shards) for n in range(shards + 1)]
+    assert recorder.ended == 1
+    # True draws only on a terminal: pytest's captured stderr is not one, so nothing is written
     open_hub("org/tiny", endpoint=server.url, progress=True)
-    captured = capsys.readouterr()
-    assert "Reading headers" in captured.err and captured.out == ""
     open_hub("org/tiny", endpoint=server.url, progress=False)
-    assert "Reading headers" not in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
+
+
+def test_progress_ends_when_the_read_fails(server, repo):
+    root, _ = repo
+    (root / "model-00002-of-00003.safetensors").unlink()
+    server.add_repo("org/broken", root)
+    recorder = _Recorder()
+    with pytest.raises(NotFoundError):
+        open_hub("org/broken", endpoint=server.url, progress=recorder)
+    assert recorder.ended == 1 and recorder.heard[0][0] == "repo info"
 
 
 def test_fewer_requests_than_get_safetensors_metadata(server, tmp_path):

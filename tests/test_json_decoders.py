@@ -104,3 +104,80 @@ def test_generated_documents_decode_the_same(value):
         json_text._compiled_loads = compiled
     assert with_orjson[0] == without[0]
     assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
+
+
+def _reference_decode(data, **kwargs):
+    """decode_json's answer with json alone (orjson switched off)."""
+    compiled = json_text._compiled_loads
+    try:
+        json_text._compiled_loads = None
+        return _outcome(json_text.decode_json, data, source="f.json", **kwargs)
+    finally:
+        json_text._compiled_loads = compiled
+
+
+# Documents where orjson answers but its answer could differ: a float next to a long digit run (in a
+# string, an integer within 64 bits, one past it), integers at the 64-bit edges, floats alone.
+FLOAT_AND_DIGITS = [
+    '{"a": 1.5, "b": "1234567890123456789012"}', '{"a": 1.5, "b": 18446744073709551615}',
+    '{"a": 1.5, "b": 18446744073709551616}', '[0.5, -9223372036854775809]', '[1e5, 12345678901234567890]',
+    '{"x": 10000000000000000000}', '{"x": 18446744073709551616}', "18446744073709551616", "1.0",
+    '[{"deep": [{"deeper": [2.5, 99999999999999999999]}]}]', '"99999999999999999999"', "[-0.0, 1E2, 3e-7]",
+]
+
+
+@pytest.mark.parametrize("text", FLOAT_AND_DIGITS)
+def test_floats_and_long_digit_runs_decode_as_json_does(text):
+    with_orjson = _outcome(json_text.decode_json, text.encode(), source="f.json")
+    without = _reference_decode(text.encode())
+    assert with_orjson[0] == without[0] == "ok"
+    assert _same(with_orjson[1], without[1])
+
+
+# Bytes that may or may not be UTF-8 inside a JSON string: orjson's UTF-8 check must accept and refuse
+# exactly what Python's decoder does (the document is then decoded by json, which words the error).
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=12), st.sampled_from([b'["%s"]', b'{"%s": 1}', b"%s", b'[1, "%s", 2.5]']))
+def test_arbitrary_bytes_decode_the_same(raw, frame):
+    data = frame.replace(b"%s", raw)
+    with_orjson = _outcome(json_text.decode_json, data, source="f.json")
+    without = _reference_decode(data)
+    assert with_orjson[0] == without[0]
+    assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="[]{},:0123456789\" -.e", max_size=40), st.integers(min_value=1, max_value=30))
+def test_value_cap_refuses_exactly_what_the_byte_count_bounds(text, cap):
+    """The cap's bound is the count of ``,``, ``[``, ``{`` plus one, whatever shortcut computes it."""
+    data = text.encode()
+    bound = data.count(b",") + data.count(b"[") + data.count(b"{") + 1
+    with_orjson = _outcome(json_text.decode_json, data, source="f.json", max_items=cap)
+    if bound > cap:
+        assert with_orjson == ("error", f"f.json: would build up to {bound:,} JSON values, over the {cap:,} cap")
+    else:
+        assert "would build" not in str(with_orjson[1])
+    without = _reference_decode(data, max_items=cap)
+    assert with_orjson[0] == without[0]
+    assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=10))
+def test_header_names_of_arbitrary_bytes_parse_the_same(raw):
+    """The header's fast path checks the bytes without decoding them first: orjson must refuse exactly the
+    invalid UTF-8 Python's decoder refuses, and a backslash or ``-0`` in a name must reach the exact path."""
+    data = b'{"' + raw + b'":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b-0":{"dtype":"U8","shape":[1],' \
+        b'"data_offsets":[2,3]}}'
+    compiled = parser._loads
+    try:
+        with_orjson = _outcome(parser.parse_header, data, source="x.safetensors")
+        parser._loads = None
+        without = _outcome(parser.parse_header, data, source="x.safetensors")
+    finally:
+        parser._loads = compiled
+    assert with_orjson[0] == without[0]
+    if with_orjson[0] == "ok":
+        assert (with_orjson[1].names, with_orjson[1].sizes) == (without[1].names, without[1].sizes)
+    else:
+        assert with_orjson == without

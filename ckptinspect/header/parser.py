@@ -110,12 +110,12 @@ def parse_header(data: bytes, *, source: str, file_size: int | None = None) -> H
         offsets, a size mismatch, holes or overlaps, or a data buffer that does not end at the file end.
     """
     length = len(data)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise HeaderError(f"header is not valid UTF-8 (byte {exc.start})", path=source) from None
-    fast = _fast_path(text, data)
+    fast = _fast_path(data)
     if fast is None:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise HeaderError(f"header is not valid UTF-8 (byte {exc.start})", path=source) from None
         obj, metadata = decode_exact(text, source=source)
         columns = _columns(obj)
         if columns is None:
@@ -155,7 +155,7 @@ def parse_header(data: bytes, *, source: str, file_size: int | None = None) -> H
                   numels=numels, metadata=metadata, data_bytes=position)
 
 
-def _fast_path(text: str, data: bytes) -> tuple[dict, dict, tuple] | None:
+def _fast_path(data: bytes) -> tuple[dict, dict, tuple] | None:
     """(entries, metadata, columns) when plain ``json.loads`` provably gives the reference's answer, else None.
 
     Plain decoding differs from the reference only through escapes (escaped keys, surrogates), ``-0``,
@@ -164,18 +164,19 @@ def _fast_path(text: str, data: bytes) -> tuple[dict, dict, tuple] | None:
     nulls and bools outside shapes. A header without a backslash or a ``-0``, whose shapes hold no
     bool, whose entries all have exactly the three fields, and whose ``:`` count equals the number of
     key/value pairs decoded (so no key was repeated, and no string holds a ``:``) has none of them.
-    The text scans run at C speed; parse_header's CPU time on the 371k-tensor replica is ~1.04x that
+    The byte scans run at C speed; parse_header's CPU time on the 371k-tensor replica is ~1.04x that
     of the parser before these checks (interleaved per shard, benchmarks in docs/header_conformance.md).
-    Real headers take this path.
+    Real headers take this path. The checks read the bytes, not a decoded copy: orjson refuses invalid
+    UTF-8 exactly as Python's decoder does (tests/test_json_decoders.py), and the exact path decodes.
     """
     try:
         # orjson where installed (~1.5x less CPU): it differs from json only on what the checks below
         # and _columns send to the exact decoder anyway (integers past 64 bits become floats, which
-        # fail the int checks; NaN, surrogates and deep nesting are refused).
-        obj = _loads(data) if _loads is not None else json.loads(text)
-    except (ValueError, RecursionError):  # malformed, NaN-free or not: the exact decoder explains
+        # fail the int checks; NaN, surrogates, invalid UTF-8 and deep nesting are refused).
+        obj = _loads(data) if _loads is not None else json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):  # malformed, invalid UTF-8, NaN: the exact decoder explains
         return None
-    if type(obj) is not dict or "\\" in text or ("-" in text and "-0" in text):
+    if type(obj) is not dict or b"\\" in data or (b"-" in data and b"-0" in data):
         return None
     metadata = obj.pop("__metadata__", _ABSENT)
     if metadata is _ABSENT:

@@ -18,26 +18,28 @@ from __future__ import annotations
 
 from ckptinspect.gc_pause import gc_paused
 from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
+from ckptinspect.progress import SILENT, Progress
 from ckptinspect.records import IndexSummary, RawCheckpoint
 
 
-def scan_checkpoint(raw: RawCheckpoint) -> tuple[list[ShardScan], IndexSummary | None]:
+def scan_checkpoint(raw: RawCheckpoint, progress: Progress = SILENT) -> tuple[list[ShardScan], IndexSummary | None]:
     """(one ShardScan per shard in the record's order, the index summary when there is an index)."""
-    with start_scan(raw) as scan:
+    with start_scan(raw, progress) as scan:
         return scan.finish()
 
 
-def start_scan(raw: RawCheckpoint) -> "Scan":
+def start_scan(raw: RawCheckpoint, progress: Progress = SILENT) -> "Scan":
     """The scan of ``raw``, run by ``finish()`` (a context manager, so a future parallel scan that starts
-    work early can stop it when the caller fails first)."""
-    return Scan(raw)
+    work early can stop it when the caller fails first); ``progress`` hears "headers n/N" as it goes."""
+    return Scan(raw, progress)
 
 
 class Scan:
     """The scan of one checkpoint's headers."""
 
-    def __init__(self, raw: RawCheckpoint) -> None:
+    def __init__(self, raw: RawCheckpoint, progress: Progress = SILENT) -> None:
         self.raw = raw
+        self.progress = progress
 
     def finish(self) -> tuple[list[ShardScan], IndexSummary | None]:
         """(one ShardScan per shard in the record's order, the index summary when there is an index).
@@ -45,9 +47,13 @@ class Scan:
         raw = self.raw
         scanned = dict(raw.scan_plan.scanned) if raw.scan_plan is not None else {}
         with gc_paused():  # the scans are acyclic: collections during the loop would find nothing
-            for shard, header in raw.headers.items():
-                if shard not in scanned:
-                    scanned[shard] = scan_header_unpaused(shard, header, raw.file_sizes.get(shard))
+            todo = [s for s in raw.headers if s not in scanned]
+            try:
+                for done, shard in enumerate(todo):
+                    self.progress.phase("scanning headers", done, len(todo))
+                    scanned[shard] = scan_header_unpaused(shard, raw.headers[shard], raw.file_sizes.get(shard))
+            finally:
+                self.progress.end()
         return [scanned[s] for s in raw.headers], raw.index_summary
 
     def close(self) -> None:

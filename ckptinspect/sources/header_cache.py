@@ -40,7 +40,6 @@ import stat
 import struct
 import uuid
 from pathlib import Path
-from typing import Iterable
 
 from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH
 from ckptinspect.sources.redact import redact_url
@@ -220,13 +219,5 @@ def _remove(path: Path) -> None:
         pass
 
 
-def store_all(cache: HeaderCache, items: Iterable[tuple[bytes | None, bytes]]) -> None:
-    """Store each (key, header) read from the Hub, then keep the directory under its cap."""
-    for key, header in items:
-        cache.put(key, header)
-    if cache.stored:
-        cache.evict()
-
-
-__all__ = ["HeaderCache", "entry_key", "cache_dir", "enabled", "store_all", "ENABLE_ENV", "MAX_BYTES_ENV",
+__all__ = ["HeaderCache", "entry_key", "cache_dir", "enabled", "ENABLE_ENV", "MAX_BYTES_ENV",
            "DEFAULT_MAX_BYTES"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
-import sys
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Mapping
@@ -25,8 +24,9 @@ from urllib.parse import quote
 
 from ckptinspect.errors import CkptInspectError, ConfigError, HeaderError, NotFoundError
 from ckptinspect.header.parser import read_length_prefix
+from ckptinspect.progress import SILENT, Progress, as_progress
 from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
-from ckptinspect.sources.header_cache import HeaderCache, entry_key, store_all
+from ckptinspect.sources.header_cache import HeaderCache, entry_key
 from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH, RangeSizer
 from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap
 from ckptinspect.sources.hub_client import FetchStats, HubClient, make_client
@@ -59,7 +59,7 @@ def download_timeout() -> float:
 
 
 def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
-             endpoint: str | None = None, progress: bool = True, max_workers: int | None = None,
+             endpoint: str | None = None, progress: Progress | bool = True, max_workers: int | None = None,
              timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None,
              scan: ScanFn | None = None, header_cache: bool | None = None) -> RawCheckpoint:
     """Read ``repo_id`` at ``revision`` from the Hub: file list, small JSON files, every shard header.
@@ -69,7 +69,8 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         revision: branch, tag or commit; default ``main``.
         token: access token; default HF_TOKEN / the saved login (huggingface_hub's rules).
         endpoint: Hub URL; default HF_ENDPOINT or https://huggingface.co.
-        progress: tqdm bar on stderr for the header reads.
+        progress: where the phases of the read go (repo info, index, headers n/N; ckptinspect/progress.py):
+            a Progress, or True for one line on stderr when it is a terminal, False for none.
         max_workers: header requests in flight at once (default 20, env CKPTINSPECT_MAX_WORKERS).
         timeout: seconds per socket read (default HF_HUB_DOWNLOAD_TIMEOUT, 10); the connect timeout,
             the per-request and whole-read deadlines and the byte budget come from the environment
@@ -107,7 +108,8 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
                       max(1, max_workers or int(os.environ.get(WORKERS_ENV) or DEFAULT_MAX_WORKERS)),
                       HeaderCache.default(header_cache))
     reader.limiter = shared.limiter
-    return reader.run(progress=progress, on_header=on_header, scan=scan, started=started)
+    return reader.run(progress=as_progress(progress, label=repo_id), on_header=on_header, scan=scan,
+                      started=started)
 
 
 class _HubRead:
@@ -126,20 +128,21 @@ class _HubRead:
         self.limiter: RequestLimiter | None = None  # shared with other reads (sources/shared_limits.py)
         self.cache = cache
         self.from_cache = 0
+        self.progress: Progress = SILENT
 
     # -- the caller's thread -------------------------------------------------------------------------
-    def run(self, *, progress: bool, on_header: Callable[[str, bytes], None] | None, scan: ScanFn | None,
+    def run(self, *, progress: Progress, on_header: Callable[[str, bytes], None] | None, scan: ScanFn | None,
             started: float) -> RawCheckpoint:
+        self.progress = progress
         thread = threading.Thread(target=self._thread_main, name="ckptinspect-hub", daemon=True)
         thread.start()
         header_bytes: dict[str, bytes] = {}
         scanned: dict[str, Any] = {}
-        bar = None
         try:
             meta = self._next("meta")
             shards, sizes = meta["shards"], meta["sizes"]
-            bar = _progress_bar(len(shards), progress)
-            for _ in shards:
+            progress.phase("headers", 0, len(shards))
+            for done, _ in enumerate(shards, 1):
                 shard, header = self._next("header")
                 header_bytes[shard] = header
                 if on_header is not None:
@@ -149,12 +152,10 @@ class _HubRead:
                         scanned[shard] = scan(shard, header, sizes[shard])
                     except CkptInspectError:
                         pass  # scanned again by the report, in index order, which reports the error
-                if bar is not None:
-                    bar.update(1)
+                progress.phase("headers", done, len(shards))
             self._next("done")
         finally:
-            if bar is not None:
-                bar.close()
+            progress.end()
             self._stop(thread)
         wall = time.perf_counter() - started
         commit = meta["commit"]
@@ -187,6 +188,9 @@ class _HubRead:
                 continue
             if got == "error":
                 raise value
+            if got == "phase":  # drawn in this thread, the one that owns the terminal line
+                self.progress.phase(value)
+                continue
             assert got == kind, (got, kind)
             return value
 
@@ -230,6 +234,7 @@ class _HubRead:
 
     async def _read(self, hub: HubClient) -> None:
         t0 = time.perf_counter()
+        self.out.put(("phase", "repo info"))
         info = await model_info(hub, self.endpoint, self.repo_id, self.revision)
         self.phases["info_s"] = time.perf_counter() - t0
         commit = info.sha or self.revision or "main"
@@ -239,6 +244,7 @@ class _HubRead:
             return f"{self.endpoint}/{self.repo_id}/resolve/{quote(commit, safe='')}/{quote(filename)}"
 
         wanted = [name for name in JSON_FILES if name in siblings]
+        self.out.put(("phase", "index" if INDEX_FILE in wanted else "config"))
         answers = await asyncio.gather(*(self._json_file(hub, commit, name, siblings[name], url(name))
                                          for name in wanted))
         json_files = {name: value for name, (value, _) in zip(wanted, answers)}
@@ -259,12 +265,17 @@ class _HubRead:
                 self.from_cache += 1
                 self.out.put(("header", (shard, cached[shard])))
         missing = [s for s in shards if cached[s] is None]
-        fetched: list[tuple[bytes | None, bytes]] = []
+        # Each header is stored as it arrives, in a worker thread (hashing and writing release the GIL),
+        # so the stores overlap the requests still in flight instead of following the last one.
+        stores = []
         async for shard, header in read_headers(hub, missing, sizes, url, summary, self.workers):
-            fetched.append((keys[shard], header))
             self.out.put(("header", (shard, header)))
-        if fetched:
-            await asyncio.to_thread(store_all, self.cache, fetched)
+            if keys[shard] is not None and self.cache.root is not None:
+                stores.append(asyncio.ensure_future(asyncio.to_thread(self.cache.put, keys[shard], header)))
+        if stores:
+            await asyncio.gather(*stores)
+            if self.cache.stored:  # then keep the directory under its cap
+                await asyncio.to_thread(self.cache.evict)
         self.phases["headers_s"] = time.perf_counter() - t0 - self.phases["info_s"] - self.phases["json_s"]
 
     async def _json_file(self, hub: HubClient, commit: str, name: str, sibling: Any, url: str) -> tuple[Any, int]:
@@ -281,9 +292,12 @@ class _HubRead:
         if size is not None and len(data) < size:
             data += await hub.rest(url, name, len(data), size)
         etag = _etag(sibling)
-        # Stored and parsed off the event loop: the other files' requests go on meanwhile.
-        await asyncio.to_thread(cache_store, self.repo_id, commit, self.revision or "main", name, data, etag)
-        return await asyncio.to_thread(parse_json_bytes, data, source=where), 0
+        # Stored and parsed off the event loop, at once: the store's write (GIL released) overlaps the
+        # parse, and the other files' requests go on meanwhile.
+        _, parsed = await asyncio.gather(
+            asyncio.to_thread(cache_store, self.repo_id, commit, self.revision or "main", name, data, etag),
+            asyncio.to_thread(parse_json_bytes, data, source=where))
+        return parsed, 0
 
 
 async def read_headers(hub: HubClient, shards: list[str], sizes: Mapping[str, int | None],
@@ -331,14 +345,6 @@ async def _read_header(hub: HubClient, sizer: RangeSizer, shard: str, url: str, 
 def _etag(sibling: Any) -> str | None:
     """The file's etag as huggingface_hub names blobs: the LFS sha256, else the git blob id."""
     return sibling.lfs.sha256 if sibling.lfs is not None else sibling.blob_id
-
-
-def _progress_bar(total: int, progress: bool) -> Any:
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="Reading headers", unit="shard", file=sys.stderr, leave=False)
 
 
 def _shard_plan(repo_id: str, summary: IndexSummary | None, siblings: Mapping[str, Any]) -> list[str]:
