@@ -162,7 +162,8 @@ def test_a_signal_mid_read_leaves_no_process_and_no_incomplete_file(repo_dir, tm
         finally:
             proc.kill()
         stopped = time.monotonic()
-        while _group_alive(proc.pid) and time.monotonic() - stopped < 2:
+        # a grace period for a loaded machine, not a speed claim (main's children read on for 56 s)
+        while _group_alive(proc.pid) and time.monotonic() - stopped < 20:
             time.sleep(0.05)
         alive = _group_alive(proc.pid)
         if alive:
