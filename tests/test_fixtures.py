@@ -333,8 +333,7 @@ def test_replica_reduced_scale(tmp_path):
 
 @pytest.mark.slow
 def test_replica_full_scale(tmp_path):
-    s = build_replica_summary(tmp_path)
-    assert s.seconds < 30
+    s = build_replica_summary(tmp_path)  # its build time is a benchmark (BENCHMARKS.md section 4), not asserted
     cfg = json.loads((s.path / "config.json").read_text())["text_config"]
     want, want_mtp = replica_expectation(cfg["layer_types"], cfg["num_experts"], 27)
     assert (s.tensors, s.mtp_tensors, s.shards) == (want, 1553, 94) and want_mtp == 1553

@@ -59,5 +59,9 @@ def test_mutations_reach_both_answers(tmp_path):
     fuzzer = ReportFuzzer(tmp_path, CORPUS)
     kinds = {"header": lambda r: header_case(CORPUS, r), "json": lambda r: json_case(CORPUS, r), "report": fuzzer.case}
     for kind, run in kinds.items():
-        statuses = {run(random.Random(seed)).status for seed in range(60)}
+        statuses: set[str] = set()
+        for seed in range(60):  # stop at the first seed that shows both (the other tests check every status)
+            statuses.add(run(random.Random(seed)).status)
+            if statuses >= {"accepted", "rejected"}:
+                break
         assert statuses == {"accepted", "rejected"}, (kind, statuses)

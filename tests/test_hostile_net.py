@@ -86,7 +86,7 @@ def test_dripping_answer_ends_at_the_request_deadline(hub, monkeypatch, where):
     assert message.startswith(f"{REPO}")
     assert "no complete answer within 1 s" in message and "2 attempts" in message
     assert "\n" not in message
-    assert elapsed < 2 * 1.0 + 1.5  # two attempts of one second, not the minutes of the drip
+    assert elapsed < 60  # hang guard only (no speed claim): the message names the 1 s that ended each attempt
 
 
 def test_whole_read_deadline_bounds_many_slow_requests(hub, monkeypatch):
@@ -97,7 +97,7 @@ def test_whole_read_deadline_bounds_many_slow_requests(hub, monkeypatch):
     started = time.monotonic()
     with pytest.raises(NetworkError, match="did not finish within its 2 s deadline") as err:
         open_hub(REPO, endpoint=hub.url, progress=False)
-    assert time.monotonic() - started < 2 + 1.0
+    assert time.monotonic() - started < 60  # hang guard only: the message names the 2 s deadline that fired
     assert "--deadline" in str(err.value)
 
 
@@ -106,7 +106,7 @@ def test_long_retry_after_gives_up_at_once(hub):
     started = time.monotonic()
     with pytest.raises(NetworkError) as err:
         open_hub(REPO, endpoint=hub.url, progress=False)
-    assert time.monotonic() - started < 5  # not 30 s, not three times 30 s
+    assert time.monotonic() - started < 45  # hang guard only: a wait would take 60 s; the message says why not
     assert "HTTP 429" in str(err.value) and "retrying after 60 s" in str(err.value)
     assert "CKPTINSPECT_RETRY_WAIT_S" in str(err.value)
 
@@ -123,7 +123,7 @@ def test_retry_waits_add_up_to_the_cap(hub, monkeypatch):
     with pytest.raises(NetworkError, match="would pass the 1.5 s a request may spend waiting"):
         # the first read stored the header: without the header cache the shard is asked for again
         open_hub(REPO, endpoint=hub.url, progress=False, header_cache=False)
-    assert time.monotonic() - started < 1.5 + 1.0  # one wait, then the second would pass the cap
+    assert time.monotonic() - started < 60  # hang guard only: the message names the cap that stopped the waits
 
 
 def test_verbose_counts_every_body_byte_the_server_sent(hub, repo_dir):
@@ -146,7 +146,7 @@ def test_byte_budget_stops_an_endless_answer(hub, monkeypatch):
         open_hub(REPO, endpoint=hub.url, progress=False)
     assert str(err.value).startswith(f"{REPO}: cannot read the repo info: ")
     assert "CKPTINSPECT_MAX_BYTES" in str(err.value)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # hang guard only: the answer is endless; the budget ended it
     time.sleep(0.3)  # the server notices the closed connection
     assert hub.sent[0] < (4 << 20) + 16 * (1 << 20)  # the budget plus socket buffers left the server
 
@@ -202,7 +202,8 @@ def test_cli_deadline_flag_ends_a_dripping_index_read(repo_dir, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert REPO in lines[0] and "2 s deadline" in lines[0]
-    assert elapsed < 2 + 6  # the deadline plus interpreter start-up on a loaded machine
+    # hang guard only (no speed claim): the line names the 2 s deadline; the dripped index alone takes minutes
+    assert elapsed < 60
 
 
 def test_a_plain_http10_server_gives_the_same_headers_as_huggingface_hub(repo_dir):
