@@ -188,8 +188,8 @@ def _declared_keys(ctx: "EngineContext", arg: Any) -> bool:
 
 def _declared_list_misses(ctx: "EngineContext", arg: Any) -> bool:
     """Some name (``{k}`` = each present MTP layer index) matches no pattern of the declared dict's list
-    ``key`` by fnmatchcase (a missing list matches nothing). vLLM's DeepSeek-V4 config decides NVFP4 vs
-    MXFP4 per MTP expert layer this way (VL: models/deepseek_v41/quant_config.py _is_nvfp4_expert_layer)."""
+    ``key`` by fnmatchcase (a missing list matches nothing): how an engine that matches a ModelOpt
+    ``ignore`` list by fnmatch decides per MTP layer (the family rule using it cites the engine function)."""
 
     raw = ctx.facts.checkpoint.declared.raw if isinstance(ctx.facts.checkpoint.declared.raw, Mapping) else {}
     listed = raw.get(arg["key"])
