@@ -156,3 +156,11 @@ def test_report_unknown_method_is_refused_by_both(report, make_fixture, tmp_path
     assert sorted(f.engine for f in findings) == ["sglang", "vllm"]
     assert all("Unknown quantization method: hqq" in f.message for f in findings)
     assert all(v.verdict == "unusable" for v in r.mtp.verdicts.values())
+
+
+def test_plan_warns_that_the_engine_refuses_the_checkpoint(make_fixture):
+    from ckptinspect.api import plan
+
+    result = plan(str(make_fixture("qwen3_5_dense_modelslim_w8a8")), gpu="h200", gpus=1, engine="both")
+    refused = [n for n in result.notes if METHOD_UNKNOWN in n.message]
+    assert [n.message.split(":")[0] for n in refused] == ["vllm"] and refused[0].severity == "warning"
