@@ -164,3 +164,20 @@ def test_plan_warns_that_the_engine_refuses_the_checkpoint(make_fixture):
     result = plan(str(make_fixture("qwen3_5_dense_modelslim_w8a8")), gpu="h200", gpus=1, engine="both")
     refused = [n for n in result.notes if METHOD_UNKNOWN in n.message]
     assert [n.message.split(":")[0] for n in refused] == ["vllm"] and refused[0].severity == "warning"
+
+
+def test_rules_validate_refuses_a_bad_known_methods_entry(tmp_path):
+    """Both the schema (`rules validate`) and the run-time check refuse a known_methods entry without its
+    refusal message, naming the entry."""
+    from ckptinspect.api import validate_rules
+    from ckptinspect.errors import RuleError
+    from ckptinspect.readiness.module_quant import check
+    from ckptinspect.rules.documents import load_rule_yaml, rules_root
+
+    text = (rules_root() / "quant" / "vllm.yaml").read_text()
+    bad = tmp_path / "vllm.yaml"
+    bad.write_text(text.replace('    refusal: "Unknown quantization method', '    note: "Unknown quantization method'))
+    [result] = validate_rules([bad])
+    assert result.error is not None and "known_methods" in result.error
+    with pytest.raises(RuleError, match=r"known_methods\[0\]"):
+        check(load_rule_yaml(bad.read_bytes(), bad), str(bad))
