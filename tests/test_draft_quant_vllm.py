@@ -23,6 +23,7 @@ from ckptinspect.quant.declared import read_declared
 from ckptinspect.quant.engine_decision import ERROR, QUANTIZED, UNQUANTIZED, decide
 from ckptinspect.readiness.draft_build import engine_module, rule_at
 from ckptinspect.readiness.module_quant import module_quant_rules
+from ckptinspect.readiness.engine_methods import method_support
 from ckptinspect.readiness.quant_method import engine_method
 from tests.test_draft_quant_sglang import CASES as SGLANG_CASES
 from tests.test_draft_quant_sglang import LIST_VARIANTS, MODULES, PACKED
@@ -101,8 +102,18 @@ CASES = [_vllm_layout(c) for c in SGLANG_CASES] + [*_fp8_key_cases(), *_gptq_blo
                                                   *_extra_ct_cases(), *_mxfp4_cases()]
 
 
+def _declared(case):
+    return read_declared(case.get("config.json", {}), case.get("hf_quant_config.json"), modelslim=case.get("modelslim"))
+
+
+def _vllm_knows(case, version=ORACLE_VERSION) -> bool:
+    """ckptinspect's answer to "does vLLM know this case's method at all" (rules/quant/vllm.yaml known_methods)."""
+    declared, _ = _declared(case)
+    return method_support(module_quant_rules("vllm"), engine_method(declared), version, "vLLM").known
+
+
 def _ckptinspect_answers(case, version=ORACLE_VERSION):
-    declared, _ = read_declared(case.get("config.json", {}), case.get("hf_quant_config.json"))
+    declared, _ = _declared(case)
     method = engine_method(declared)
     section = {**module_quant_rules("vllm"), "packed": PACKED}
     rule = rule_at(section, method, version)
@@ -118,6 +129,11 @@ def oracle(report, make_fixture):
 
     requests = []
     for case in CASES:
+        if not _vllm_knows(case):  # asked anyway: vLLM's registry must refuse it (test_sglang_only_methods_...)
+            declared, _ = _declared(case)
+            requests.append({"method": engine_method(declared), "config": case["sglang"], "modules": MODULES,
+                             "packed": PACKED})
+            continue
         method, _ = _ckptinspect_answers(case)
         requests.append({"method": VLLM_NAME.get(method, method), "config": case["sglang"], "modules": MODULES,
                          "packed": PACKED})
@@ -132,7 +148,7 @@ def vllm_answers(oracle):
 
 
 def test_every_method_rule_is_exercised():
-    methods = {_ckptinspect_answers(c)[0] for c in CASES}
+    methods = {_ckptinspect_answers(c)[0] for c in CASES if _vllm_knows(c)}
     ruled = {m for entry in module_quant_rules("vllm")["methods"] for m in entry["methods"]}
     assert methods >= ruled - {"modelopt", "gptq_marlin", "awq_marlin", "auto_round", "intel/auto-round", "inc"}, \
         ruled - methods
@@ -144,6 +160,10 @@ def test_engine_builds_equals_vllm_own_decision(vllm_answers):
 
     mismatches, counts = [], {QUANTIZED: 0, UNQUANTIZED: 0, ERROR: 0}
     for case, theirs in zip(CASES, vllm_answers):
+        if not _vllm_knows(case):
+            continue  # compared with vLLM's refusal below
+        if _extra_config_case(case):
+            continue  # not modelled for vLLM yet: test_auto_round_extra_config_not_modelled_for_vllm
         assert "error" not in theirs, (case["sglang"], theirs)
         method, ours = _ckptinspect_answers(case)
         for prefix, kind in MODULES:
@@ -161,6 +181,38 @@ def test_engine_builds_equals_vllm_own_decision(vllm_answers):
     by_method = sorted({m.split(" ", 1)[0] for m in mismatches})
     assert not mismatches, f"{len(mismatches)} mismatches ({by_method}), e.g.:\n" + "\n".join(mismatches[:15])
     assert min(counts.values()) > 0, counts  # every kind of answer, load errors included, is covered
+
+
+def _extra_config_case(case) -> bool:
+    return case["sglang"].get("quant_method") == "auto-round" and "extra_config" in case["sglang"]
+
+
+def test_auto_round_extra_config_not_modelled_for_vllm(vllm_answers):
+    """SGLang's AutoRound extra_config cases (tests/test_draft_quant_sglang.py) are read by vLLM's
+    INCConfig per layer too (VL:inc/inc.py), which rules/quant/vllm.yaml's auto-round entry does not model
+    yet: the comparison above leaves them out, and this test keeps the gap visible - it fails once vLLM's
+    answers and ckptinspect's agree on them, so that the exclusion is removed then."""
+    from tests.vllm_quant_oracle import built
+
+    cases = [(c, a) for c, a in zip(CASES, vllm_answers) if _extra_config_case(c)]
+    assert cases
+    differ = sum(built(a[p]) != _ckptinspect_answers(c)[1][p].built
+                 for c, a in cases for p, kind in MODULES if kind != "moe")
+    assert differ > 0
+
+
+def test_sglang_only_methods_are_refused_by_vllm(vllm_answers):
+    """The SGLang cases whose method vLLM does not know (w8a8_int8, modelslim): ckptinspect says vLLM
+    refuses the checkpoint, and vLLM's own registry refuses the name (get_quantization_config raises
+    "Invalid quantization method"); every other case vLLM's classes build."""
+    unknown = [(c, a) for c, a in zip(CASES, vllm_answers) if not _vllm_knows(c)]
+    methods = {engine_method(_declared(c)[0])
+               for c, _ in unknown}
+    assert methods == {"w8a8_int8", "modelslim"}, methods
+    wrong = [(c["sglang"], a) for c, a in unknown
+             if not str(a.get("error", "")).startswith("from_config: ValueError: Invalid quantization method")]
+    assert not wrong, wrong[:5]
+    assert not [a for c, a in zip(CASES, vllm_answers) if _vllm_knows(c) and "error" in a]
 
 
 def test_modelopt_config_json_exclude_modules_key_from_033():

@@ -99,6 +99,10 @@ def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: PlanFacts, 
         elif mtp and name in mtp.verdicts and not on:
             notes.append(Note("info", f"{name}: no speculative flags, MTP verdict is {mtp.verdicts[name].verdict}",
                               "ckptinspect readiness (MtpAssessment)"))
+        if mtp and name in mtp.verdicts and "quant-method-unknown-to-engine" in mtp.verdicts[name].reasons:
+            notes.append(Note("warning", f"{name}: this engine version does not know the checkpoint's quantization "
+                              "method and refuses it at start-up: the command above will not serve it "
+                              "(finding quant-method-unknown-to-engine)", "rules/quant/" + name + ".yaml known_methods"))
         if declined:
             rec = probe_report["recommendation"] if probe_report else {}
             speedup = rec.get("projected_speedup_bs1")

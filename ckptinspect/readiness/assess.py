@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from ckptinspect.readiness import conditions as _registers  # noqa: F401  (fills the condition registry)
 from ckptinspect.readiness.context import EngineContext, Facts, holds
 from ckptinspect.readiness.draft_build import build_plan, summary as draft_summary
+from ckptinspect.readiness.engine_methods import METHOD_UNKNOWN, support_for
 from ckptinspect.readiness.layout import scan_layers
 from ckptinspect.readiness.module_table import module_table
 from ckptinspect.readiness.model import ENGINES, EngineRule, FamilyRule, RuleSet
@@ -111,6 +112,17 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
     reasons: list[str] = []
     findings: list[Finding] = []
     label = engine.engine if engine.engine != "vllm" else "vLLM"
+    support = support_for(ctx)
+    if support is not None and not support.known:
+        # The engine refuses the whole checkpoint before building a module: no per-module answer applies.
+        return EngineVerdict(engine=engine.engine, verdict="unusable", engine_version=version,
+                             draft_architecture=engine.draft_architecture, method=engine.method,
+                             draft_quantization=None, layers_used=0, reasons=(METHOD_UNKNOWN,),
+                             module_quantization=()), [Finding(
+            METHOD_UNKNOWN, "error", f"quantization method {support.method}: {support.message}",
+            engine=engine.engine, reference=support.source,
+            hint=f"serve it with an engine that knows {support.method}, or use a quant in a method "
+                 f"{label} {version} lists")], ctx
     # Modules a firing defect found built with the declared scheme under stricter naming than the
     # plan's default (runtime names: bf16_mtp_not_excluded {names: runtime}).
     built_quantized: set[str] = set()

@@ -15,7 +15,8 @@ from ckptinspect.errors import RuleError
 from ckptinspect.quant.engine_decision import PROCEDURES
 from ckptinspect.rules.documents import load_rule_yaml, read_rule_bytes, rules_root
 
-_TOP = {"kind", "schema_version", "engine", "packed", "packed_source", "methods"}
+_TOP = {"kind", "schema_version", "engine", "packed", "packed_source", "methods", "known_methods"}
+_KNOWN = {"versions", "methods", "aliases", "refusal", "unread", "source"}
 _ENTRY = {"methods", "versions", "procedure", "lists", "model_prefix_variants", "note", "source"}
 
 
@@ -76,3 +77,16 @@ def check(doc: Any, path: str) -> None:
                 fail(f"{where}.{key}", "must be a string")
         if "model_prefix_variants" in entry and not isinstance(entry["model_prefix_variants"], bool):
             fail(f"{where}.model_prefix_variants", "must be a boolean")
+    for i, entry in enumerate(doc.get("known_methods", [])):
+        where = f"$.known_methods[{i}]"
+        if not isinstance(entry, dict) or set(entry) - _KNOWN:
+            fail(where, f"must be a mapping with keys among {', '.join(sorted(_KNOWN))}")
+        for key in ("versions", "methods", "refusal", "source"):
+            if key not in entry:
+                fail(where, f"missing '{key}'")
+        if not _strings(entry["methods"]) or not entry["methods"]:
+            fail(f"{where}.methods", "must be a non-empty list of strings")
+        for key in ("aliases", "unread"):
+            value = entry.get(key, {})
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                fail(f"{where}.{key}", "must map names to strings")

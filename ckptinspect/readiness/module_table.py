@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping
 
 from ckptinspect.readiness.draft_build import ModuleBuild, build_plan
+from ckptinspect.readiness.engine_methods import support_for
 from ckptinspect.records import EngineVerdict, MtpModuleQuant
 
 if TYPE_CHECKING:
@@ -33,11 +34,18 @@ def module_table(facts: "Facts", contexts: Mapping[str, "EngineContext"],
         if any_ctx is None:
             return ()
         order = {m.module: m for m in build_plan(any_ctx)}
+    # An engine that does not know the declared method refuses the checkpoint: it builds no module.
+    refused = {name: support.message for name, ctx in contexts.items()
+               if (support := support_for(ctx)) is not None and not support.known}
     rows = []
     for module, first in order.items():
         built, reasons, causes, matches = {}, {}, {}, {}
         for name in contexts:
             m = plans.get(name, {}).get(module)
+            if name in refused:
+                built[name], reasons[name], causes[name], matches[name] = "not buildable", "method_unknown", \
+                    refused[name], False
+                continue
             if m is None:
                 built[name], reasons[name], causes[name], matches[name] = "no draft model", "-", "", True
                 continue

@@ -186,8 +186,25 @@ def _declared_keys(ctx: "EngineContext", arg: Any) -> bool:
     return True
 
 
+def _declared_list_misses(ctx: "EngineContext", arg: Any) -> bool:
+    """Some name (``{k}`` = each present MTP layer index) matches no pattern of the declared dict's list
+    ``key`` by fnmatchcase (a missing list matches nothing): how an engine that matches a ModelOpt
+    ``ignore`` list by fnmatch decides per MTP layer (the family rule using it cites the engine function)."""
+
+    raw = ctx.facts.checkpoint.declared.raw if isinstance(ctx.facts.checkpoint.declared.raw, Mapping) else {}
+    listed = raw.get(arg["key"])
+    patterns = [p for p in listed if isinstance(p, str)] if isinstance(listed, list) else []
+    missed = [name.replace("{k}", str(k)) for k in sorted(ctx.facts.layers) for name in arg["names"]
+              if not any(fnmatch.fnmatchcase(name.replace("{k}", str(k)), p) for p in patterns)]
+    if missed:
+        ctx.details["unlisted_names"] = ", ".join(missed)
+        ctx.details["list_key"] = arg["key"]
+    return bool(missed)
+
+
 QUANT_CONDITIONS: dict[str, Callable[["EngineContext", Any], bool]] = {
     "declared_keys": _declared_keys,
+    "declared_list_misses": _declared_list_misses,
     "mtp_engine_load_error": _engine_load_error,
     "mtp_scheme_differs_from_trunk": _scheme_differs_from_trunk,
     "mtp_layer_algo_is": _layer_algo_is,
