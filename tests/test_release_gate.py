@@ -25,6 +25,8 @@ PASSES = (
     "nemotron_h_puzzle", "nemotron_h_omni", "bailing_moe", "bailing_moe_v3", "minimax_m2", "gpt_oss_mxfp4",
     "llama_bf16", "deepseek_v4_flash", "deepseek_v4_flash_base", "qwen4_exp", "intern_s2_preview",
     "interns2_mobius", "hy_v3", "hy_v4", "exaone_moe", "dots3_note", "inkling", "gemma4",
+    # DeepSeek-V4 DSpark releases: the mtp.* stages are a DSpark draft both engines run (--speculative-algorithm DSPARK)
+    "deepseek_v4_flash_dspark", "deepseek_v41_dspark",
     # fixed third-party exports: what the broken ones below should have been
     "qwen3_5_moe_mtp_fc_excluded", "qwen3_5_moe_ct_nvfp4_mtp_ignored_per_projection",
 )
@@ -39,8 +41,14 @@ ENGINE_CANNOT = {
     "pangu_ultra_moe": {"sglang": {"engine-has-no-draft-model"}},
     "mimo_v2_omni": {"sglang": {"engine-has-no-draft-model"}},
     "longcat_flash_ngram": {"sglang": {"engine-has-no-draft-model"}},
-    # DSpark stages under mtp.*: neither engine's MTP draft class reads them
-    "deepseek_v4_flash_dspark": {e: {"mtp-missing-tensors", "mtp-bf16-not-excluded"} for e in ("sglang", "vllm")},
+    # hybrid FP8 + NVFP4 export keeping the MTP experts MXFP4: SGLang's dedicated loader path reads them,
+    # vLLM 0.33 builds them NVFP4 (rules/families/deepseek_v4.yaml)
+    "deepseek_v4_hybrid_nvfp4": {"vllm": {"mtp-hybrid-mxfp4-experts-built-nvfp4"}},
+    # ModelSlim W8A8 exports (sgl-project/sglang#37736, #34353 layouts): vLLM core has no modelslim method;
+    # SGLang builds an int8 draft unquantized unless --speculative-draft-model-quantization is set
+    "qwen3_5_dense_modelslim_w8a8": {"sglang": {"mtp-modelslim-draft-unquantized"},
+                                     "vllm": {"quant-method-unknown-to-engine"}},
+    "qwen3_5_dense_modelslim_w8a8_mtp_float": {"vllm": {"quant-method-unknown-to-engine"}},
     "deepseek_v41": {e: {"mtp-missing-tensors", "engine-has-no-draft-model"} for e in ("sglang", "vllm")},
 }
 
@@ -52,7 +60,7 @@ BROKEN_QUANTS = (
     "deepseek_v3_nvfp4_mtp_fp4", "deepseek_v3_depth_mismatch", "deepseek_v3_ct_nvfp4_eh_proj_quantized",
     "deepseek_v3_nvfp4_mtp_experts_mxfp4", "deepseek_v3_ct_fp8_mtp_ignored_at_3", "deepseek_v4_flash_nomtp",
     "deepseek_v4_flash_mtp_incomplete", "glm5_flash_nvfp4_mtp_fp4", "hy_v3_nomtp", "hy_v4_at_layer_l",
-    "inkling_nomtp", "gigachat35_nomtp", "iquest_q1_mtp_nomtp",
+    "inkling_nomtp", "gigachat35_nomtp", "iquest_q1_mtp_nomtp", "deepseek_v4_hybrid_nvfp4_mtp_nvfp4",
 )
 
 # Files a reader must refuse: the report itself is an error (exit 2), so any gate fails.
