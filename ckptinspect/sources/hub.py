@@ -42,6 +42,7 @@ INDEX_FILE = "model.safetensors.index.json"
 # Header requests in flight at once: httpx's default keep-alive pool holds 20 connections, so every
 # request reuses one (more would open and close a connection per request).
 DEFAULT_MAX_WORKERS = 20
+_STOP_GRACE_S = 5.0  # how long a stopped read may take to unwind before the caller goes on without it
 WORKERS_ENV = "CKPTINSPECT_MAX_WORKERS"
 ScanFn = Callable[[str, bytes, "int | None"], Any]
 
@@ -197,13 +198,19 @@ class _HubRead:
     def _stop(self, thread: threading.Thread) -> None:
         """Cancel what is still running (an error or Ctrl-C here) and wait for the thread to end."""
         self.stopping.set()
-        loop, task = self.loop, self.task
-        if loop is not None and task is not None and not task.done():
-            try:
-                loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:  # the loop has just closed
-                pass
-        thread.join()
+        # Cancel again until the thread ends: one cancel can be absorbed (racing a timeout that fires at
+        # the same moment, or caught in a library's cleanup). The wait is bounded: a read that ignores
+        # cancellation must not keep Ctrl-C from ending the command (the thread is a daemon and holds
+        # nothing the caller reads after this).
+        give_up = time.monotonic() + _STOP_GRACE_S
+        while thread.is_alive() and time.monotonic() < give_up:
+            loop, task = self.loop, self.task
+            if loop is not None and task is not None and not task.done():
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:  # the loop has just closed
+                    pass
+            thread.join(0.1)
 
     # -- the helper thread ---------------------------------------------------------------------------
     def _thread_main(self) -> None:
