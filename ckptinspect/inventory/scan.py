@@ -19,6 +19,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Mapping
 
+from ckptinspect.header.index import name_fingerprint
 from ckptinspect.header.parser import parse_header
 
 # A numeric segment is a whole dot-delimited segment written as a canonical decimal: ASCII digits only
@@ -81,7 +82,7 @@ class ShardScan:
     tensors: int
     data_bytes: int
     groups: Mapping[tuple[str, int | None], GroupTally]  # (pattern, first index) -> tally
-    name_hash: int  # order-independent sum of hash(name): cross-checks the index without shipping names
+    name_hash: int  # header/index.py name_fingerprint: cross-checks the index without shipping names
 
 
 def _shape_of(name: str) -> tuple[str, tuple[tuple[int, int], ...]]:
@@ -128,7 +129,7 @@ def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> Shar
             positions = list(run)
             _add(groups, (pattern, first), list(map(members.__getitem__, positions)), header,
                  None if subs is None else list(map(subs.__getitem__, positions)))
-    name_hash = sum(map(hash, names)) & 0xFFFFFFFFFFFFFFFF
+    name_hash = name_fingerprint(names)
     scan = ShardScan(shard, header.length, file_size, len(names), header.data_bytes, groups, name_hash)
     del header
     return scan
