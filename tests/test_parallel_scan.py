@@ -243,7 +243,7 @@ time.sleep(120)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_the_worker_dies_with_its_parent(tmp_path, sig):
     parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True, cwd=str(ROOT),
-                              env={**os.environ, "PYTHONPATH": str(ROOT), PARALLEL_ENV: ""})
+                              env={**os.environ, "PYTHONPATH": str(ROOT), PARALLEL_ENV: "1"})
     try:
         child = int(parent.stdout.readline())
         assert _alive(child)
@@ -265,3 +265,35 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_the_worker_starts_only_when_the_volume_and_a_spare_core_pay(monkeypatch):
+    monkeypatch.delenv(PARALLEL_ENV, raising=False)
+    monkeypatch.setattr(scan_process, "_spare_core", lambda: True)
+    worker = ScanWorker(min_bytes=1000)
+    worker.feed("a.safetensors", b"x" * 600, None)
+    assert not worker.started  # 600 bytes fed: below the volume
+    worker.feed("b.safetensors", b"x" * 600, None)
+    assert worker.started
+    worker.close()
+    assert multiprocessing.active_children() == [] and _child_pids(os.getpid()) == []
+    monkeypatch.setattr(scan_process, "_spare_core", lambda: False)
+    busy = ScanWorker(min_bytes=0)
+    busy.feed("a.safetensors", b"x" * 600, None)
+    assert not busy.started and busy.results(lambda *a: None) == {}
+    monkeypatch.setenv(PARALLEL_ENV, "1")
+    assert scan_process.worker_allowed()  # forced on, whatever the load
+    monkeypatch.setenv(PARALLEL_ENV, "0")
+    assert not scan_process.worker_allowed()
+
+
+@pytest.mark.skipif(not hasattr(os, "getloadavg") or not hasattr(os, "sched_getaffinity"), reason="POSIX load")
+def test_a_spare_core_means_two_cpus_and_a_load_under_their_count(monkeypatch):
+    monkeypatch.setattr(scan_process.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (1.2, 0.0, 0.0))
+    assert scan_process._spare_core()
+    monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (2.5, 0.0, 0.0))
+    assert not scan_process._spare_core()
+    monkeypatch.setattr(scan_process.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert not scan_process._spare_core()

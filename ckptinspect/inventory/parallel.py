@@ -9,8 +9,8 @@ The worker (``ScanWorker``, its side in inventory/scan_worker.py) is an optional
 core: the Hub reader's per-header hook feeds it each header as it arrives (``worker_feed``), so the scan
 runs while the parent is still receiving. It is a fresh interpreter started with ``subprocess`` (spawn
 semantics on every platform) and only when the volume pays: once the headers fed reach
-``MIN_WORKER_HEADER_BYTES`` (measured, BENCHMARKS.md "scan25"); never in a daemonic ``multiprocessing``
-process; ``CKPTINSPECT_PARALLEL_SCAN=0`` turns it off (``=1`` forces it on for any volume: the tests'
+``MIN_WORKER_HEADER_BYTES`` (measured, BENCHMARKS.md "scan25"), and only with a spare core (two CPUs
+or more, the load average under their count); never in a daemonic ``multiprocessing`` process; ``CKPTINSPECT_PARALLEL_SCAN=0`` turns it off (``=1`` forces it on for any volume: the tests'
 differential). Whatever it could not answer (it did not start, broke, or a shard raised there) is scanned
 here, in index order, so the result, errors included, is the in-process path's. No ``os.fork``, no
 ``gc.freeze``; the worker is gone when the scan returns or fails, and dies with this process (its stdin

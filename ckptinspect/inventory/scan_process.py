@@ -24,10 +24,15 @@ from typing import Any, Callable
 
 from ckptinspect.errors import CkptInspectError
 
-# Header bytes fed before a worker starts. Below it the child's start (~0.05 CPU-s, a fresh interpreter
-# importing the scanner) and the pipe cost more than the scan they move (~16 CPU-ms per MB of headers
-# on this project's machine; BENCHMARKS.md "scan25").
-MIN_WORKER_HEADER_BYTES = 4_000_000
+# Header bytes fed before a worker starts. The scan costs ~16 CPU-ms per MB of headers (0.79 CPU-s for the
+# 50 MB of the 371k-tensor replica) and the worker takes about half of it; its start (a fresh interpreter
+# importing the scanner: ~0.05 s) and the pipe cost ~0.1 s, so below ~16 MB (a ~0.25 s scan) the half it
+# moves is not worth it (BENCHMARKS.md "scan25").
+MIN_WORKER_HEADER_BYTES = 16_000_000
+# A second process pays only with a core to run on: at a 1-minute load average at or over the CPUs this
+# process may use, the two processes wait for each other's core and the worker's start, pipe and
+# fingerprint cost more than they give (BENCHMARKS.md "scan25": 1.06x wall locally at load 4.4 on 2 CPUs).
+MAX_LOAD_PER_CPU = 1.0
 PARALLEL_ENV = "CKPTINSPECT_PARALLEL_SCAN"  # "0": never; "1": for any volume; unset: when it pays
 # False: the caller never scans from the backlog, the worker scans every shard it was fed (the tests'
 # differential, so that it compares the worker's scans with the in-process ones, not the caller's).
@@ -39,11 +44,29 @@ _CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
 
 def worker_allowed() -> bool:
     """Whether this process may start the worker at all (the issue's rules, and the switch)."""
-    if os.environ.get(PARALLEL_ENV, "").strip() == "0":
+    switch = os.environ.get(PARALLEL_ENV, "").strip()
+    if switch == "0":
         return False
     if multiprocessing.current_process().daemon:  # a daemonic pool worker: no children of its own
         return False
-    return bool(sys.executable)  # an embedding interpreter without one cannot start a Python child
+    if not sys.executable:  # an embedding interpreter without one cannot start a Python child
+        return False
+    return switch == "1" or _spare_core()
+
+
+def _spare_core() -> bool:
+    """At least two CPUs for this process, and the load leaves one free (no load average: assume so)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        cpus = os.cpu_count() or 1
+    if cpus < 2:
+        return False
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows
+        return True
+    return load < cpus * MAX_LOAD_PER_CPU
 
 
 class ScanWorker:
