@@ -1,4 +1,5 @@
-"""The scan worker (inventory/parallel.py) on against off, paired and alternating: the remote report
+"""The scan worker (inventory/parallel.py) forced on (CKPTINSPECT_PARALLEL_SCAN=1, whatever the load) against
+off (=0), paired and alternating: the remote report
 through a test Hub server (cold HF cache and header cache per run) or a local directory, wall and CPU-s
 (the report process and its worker), the load average per round, and whether the two report JSONs are
 byte-identical (less ``source.stats``, which holds timings).
@@ -69,7 +70,7 @@ def main() -> int:
             order = ("on", "off") if round_no % 2 == 0 else ("off", "on")
             parts = []
             for name in order:
-                wall, cpu, doc = _run(ref, url, "" if name == "on" else "0")
+                wall, cpu, doc = _run(ref, url, "1" if name == "on" else "0")
                 times[name].append((wall, cpu))
                 docs.add(doc)
                 parts.append(f"{name} {wall:.2f} s / {cpu:.2f} CPU-s")

@@ -297,3 +297,22 @@ def test_a_spare_core_means_two_cpus_and_a_load_under_their_count(monkeypatch):
     monkeypatch.setattr(scan_process.os, "sched_getaffinity", lambda pid: {0})
     monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert not scan_process._spare_core()
+
+
+def test_by_default_only_the_hub_reader_feeds_a_worker(many_shards, tmp_path, monkeypatch, worker_counts):
+    """Local sources read every header before the scan: no worker there (it measured no faster); the Hub
+    reader feeds one as headers arrive, once the volume and a spare core say so."""
+    monkeypatch.delenv(PARALLEL_ENV, raising=False)
+    monkeypatch.setattr(scan_process, "_spare_core", lambda: True)
+    monkeypatch.setattr(scan_process, "MIN_WORKER_HEADER_BYTES", 1)
+    here = _json(str(many_shards))
+    assert worker_counts == []
+    isolate_hf(monkeypatch, tmp_path / "hf")
+    with HubServer() as server:
+        server.add_repo("org/many", many_shards)
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        there = _json("org/many")
+    assert len(worker_counts) == 1
+    local, hub = json.loads(here), json.loads(there)
+    assert [local[k] for k in ("totals", "components", "quantization")] == [hub[k] for k in ("totals", "components",
+                                                                                           "quantization")]

@@ -7,7 +7,7 @@ headers a source already scanned as they arrived (the Hub reader's optional ``sc
 
 The worker (``ScanWorker``, its side in inventory/scan_worker.py) is an optional speed-up for the second
 core: the Hub reader's per-header hook feeds it each header as it arrives (``worker_feed``), so the scan
-runs while the parent is still receiving. It is a fresh interpreter started with ``subprocess`` (spawn
+runs while the parent is still receiving (local sources: see ``start_scan``). It is a fresh interpreter started with ``subprocess`` (spawn
 semantics on every platform) and only when the volume pays: once the headers fed reach
 ``MIN_WORKER_HEADER_BYTES`` (measured, BENCHMARKS.md "scan25"), and only with a spare core (two CPUs
 or more, the load average under their count); never in a daemonic ``multiprocessing`` process; ``CKPTINSPECT_PARALLEL_SCAN=0`` turns it off (``=1`` forces it on for any volume: the tests'
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ckptinspect.gc_pause import gc_paused
 from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
-from ckptinspect.inventory.scan_process import ScanWorker
+from ckptinspect.inventory.scan_process import ScanWorker, forced_on
 from ckptinspect.progress import SILENT, Progress
 from ckptinspect.records import IndexSummary, RawCheckpoint
 
@@ -34,15 +34,20 @@ def scan_checkpoint(raw: RawCheckpoint, progress: Progress = SILENT) -> tuple[li
 
 def start_scan(raw: RawCheckpoint, progress: Progress = SILENT, worker: ScanWorker | None = None) -> "Scan":
     """The scan of ``raw``, run by ``finish()`` (a context manager: it stops the worker when the caller
-    fails first); ``progress`` hears "headers n/N" as it goes. ``worker``: the one the source fed as it
-    read (``worker_feed``), if any. Headers it was not fed (a local directory or the HF cache: every
-    header is already in the record) are fed now, so a worker whose volume pays starts here and scans
-    while the caller loads the rules."""
-    worker = worker if worker is not None else ScanWorker()
-    done = raw.scan_plan.scanned if raw.scan_plan is not None else {}
-    for shard, header in raw.headers.items():
-        if shard not in done and shard not in worker.seen:
-            worker.feed(shard, header, raw.file_sizes.get(shard))
+    fails first); ``progress`` hears "headers n/N" as it goes. ``worker``: the one the Hub reader fed as
+    headers arrived (``worker_feed``), if any.
+
+    A source that read every header before returning (a local directory, the HF cache) gets no worker:
+    there it would only split the scan after the read, and on the 397B replica that measured no faster
+    (BENCHMARKS.md "scan25", 1.03x wall at load ~1.9). ``CKPTINSPECT_PARALLEL_SCAN=1`` still feeds it
+    those headers, so the tests compare its scans with the in-process ones on every fixture."""
+    if worker is None and forced_on():
+        worker = ScanWorker()
+    if worker is not None and forced_on():
+        done = raw.scan_plan.scanned if raw.scan_plan is not None else {}
+        for shard, header in raw.headers.items():
+            if shard not in done and shard not in worker.seen:
+                worker.feed(shard, header, raw.file_sizes.get(shard))
     return Scan(raw, progress, worker)
 
 

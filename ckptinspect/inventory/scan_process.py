@@ -42,6 +42,11 @@ _CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
           "from ckptinspect.inventory.scan_worker import main; sys.exit(main())")
 
 
+def forced_on() -> bool:
+    """CKPTINSPECT_PARALLEL_SCAN=1: the worker for any volume, load and source (tests, benchmarks)."""
+    return os.environ.get(PARALLEL_ENV, "").strip() == "1"
+
+
 def worker_allowed() -> bool:
     """Whether this process may start the worker at all (the issue's rules, and the switch)."""
     switch = os.environ.get(PARALLEL_ENV, "").strip()
@@ -77,8 +82,7 @@ class ScanWorker:
     so both processes stay busy to the end and neither waits long for the other."""
 
     def __init__(self, min_bytes: int | None = None) -> None:
-        forced = os.environ.get(PARALLEL_ENV, "").strip() == "1"
-        self.min_bytes = 0 if forced else (MIN_WORKER_HEADER_BYTES if min_bytes is None else min_bytes)
+        self.min_bytes = 0 if forced_on() else (MIN_WORKER_HEADER_BYTES if min_bytes is None else min_bytes)
         self.allowed = worker_allowed()
         self.held: list[tuple[str, bytes, int | None]] = []
         self.held_bytes = 0
