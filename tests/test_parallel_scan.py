@@ -288,11 +288,11 @@ def test_the_worker_starts_only_when_the_volume_and_a_spare_core_pay(monkeypatch
 
 
 @pytest.mark.skipif(not hasattr(os, "getloadavg") or not hasattr(os, "sched_getaffinity"), reason="POSIX load")
-def test_a_spare_core_means_two_cpus_and_a_load_under_their_count(monkeypatch):
+def test_a_spare_core_means_two_cpus_and_a_load_under_one_and_a_half_per_cpu(monkeypatch):
     monkeypatch.setattr(scan_process.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (1.2, 0.0, 0.0))
     assert scan_process._spare_core()
-    monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (2.5, 0.0, 0.0))
+    monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (3.5, 0.0, 0.0))
     assert not scan_process._spare_core()
     monkeypatch.setattr(scan_process.os, "sched_getaffinity", lambda pid: {0})
     monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (0.0, 0.0, 0.0))

@@ -10,7 +10,7 @@ core: the Hub reader's per-header hook feeds it each header as it arrives (``wor
 runs while the parent is still receiving (local sources: see ``start_scan``). It is a fresh interpreter started with ``subprocess`` (spawn
 semantics on every platform) and only when the volume pays: once the headers fed reach
 ``MIN_WORKER_HEADER_BYTES`` (measured, BENCHMARKS.md "scan25"), and only with a spare core (two CPUs
-or more, the load average under their count); never in a daemonic ``multiprocessing`` process; ``CKPTINSPECT_PARALLEL_SCAN=0`` turns it off (``=1`` forces it on for any volume: the tests'
+or more, the load average under 1.5 per CPU); never in a daemonic ``multiprocessing`` process; ``CKPTINSPECT_PARALLEL_SCAN=0`` turns it off (``=1`` forces it on for any volume: the tests'
 differential). Whatever it could not answer (it did not start, broke, or a shard raised there) is scanned
 here, in index order, so the result, errors included, is the in-process path's. No ``os.fork``, no
 ``gc.freeze``; the worker is gone when the scan returns or fails, and dies with this process (its stdin
