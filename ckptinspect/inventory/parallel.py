@@ -5,16 +5,18 @@ One scan for every source: the record is complete and eager (records.RawCheckpoi
 ``raw.headers`` and the source's one ``index_summary`` and never asks which kind of source it holds;
 headers a source already scanned as they arrived (the Hub reader's optional ``scan``) are used as they are.
 
-The worker (``ScanWorker``, its side in inventory/scan_worker.py) is an optional speed-up for the second
-core: the Hub reader's per-header hook feeds it each header as it arrives (``worker_feed``), so the scan
-runs while the parent is still receiving (local sources: see ``start_scan``). It is a fresh interpreter started with ``subprocess`` (spawn
-semantics on every platform) and only when the volume pays: once the headers fed reach
-``MIN_WORKER_HEADER_BYTES`` (measured, BENCHMARKS.md "scan25"), and only with a spare core (two CPUs
-or more, the load average under 1.5 per CPU); never in a daemonic ``multiprocessing`` process; ``CKPTINSPECT_PARALLEL_SCAN=0`` turns it off (``=1`` forces it on for any volume: the tests'
-differential). Whatever it could not answer (it did not start, broke, or a shard raised there) is scanned
-here, in index order, so the result, errors included, is the in-process path's. No ``os.fork``, no
-``gc.freeze``; the worker is gone when the scan returns or fails, and dies with this process (its stdin
-ends). The index cross-check's fingerprint is the same in every process (header/index.py).
+The worker (``ScanWorker``, inventory/scan_process.py; its side in scan_worker.py) is an optional speed-up
+for the second core: the Hub reader's per-header hook feeds it each header as it arrives (``worker_feed``),
+so the scan runs while this process is still receiving (local sources: see ``start_scan``). It is a fresh
+interpreter started with ``subprocess`` (spawn semantics on every platform), and only when it pays: once
+the headers fed reach ``MIN_WORKER_HEADER_BYTES`` and with a spare core (two CPUs or more, the load
+average under 1.5 per CPU; both measured, BENCHMARKS.md "scan25"); never in a daemonic
+``multiprocessing`` process. ``CKPTINSPECT_PARALLEL_SCAN=0`` turns it off, ``=1`` forces it on for any
+volume, load and source (the tests' differential). Whatever it could not answer (it did not start, broke,
+or a shard raised there) is scanned here, in index order, so the result, errors included, is the
+in-process path's. No ``os.fork``, no ``gc.freeze``; the worker is gone when the scan returns or fails,
+and dies with this process (its stdin ends). The index cross-check's fingerprint is the same in every
+process (header/index.py).
 """
 
 from __future__ import annotations
