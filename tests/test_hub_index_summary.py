@@ -21,7 +21,7 @@ def _reference(weight_map: dict[str, str]) -> tuple[dict, dict, dict]:
     for name, shard in weight_map.items():
         counts[shard] = counts.get(shard, 0) + 1
         lengths[shard] = lengths.get(shard, 0) + len(name)
-        hashes[shard] = (hashes.get(shard, 0) + zlib.crc32(name.encode("utf-8", "surrogatepass"))) & HASH_MASK
+        hashes[shard] = (hashes.get(shard, 0) + hash(name)) & HASH_MASK
     return counts, lengths, hashes
 
 
@@ -40,6 +40,8 @@ def test_summary_equals_the_name_at_a_time_reference(names, picks, sort):
     assert summary.shards == tuple(dict.fromkeys(weight_map.values()))
     assert dict(summary.counts) == counts and dict(summary.name_bytes) == lengths
     assert dict(summary.name_hashes) == hashes and summary.total_size == 5
+    crc = summarize_index({"weight_map": weight_map}, source="index", fingerprint=name_fingerprint).name_hashes
+    assert dict(crc) == {s: name_fingerprint(n for n, t in weight_map.items() if t == s) for s in summary.shards}
 
 
 def test_both_paths_on_a_large_map():

@@ -5,7 +5,8 @@ like the ``spawn`` start method, on every platform; no ``multiprocessing``, so n
 re-import of the caller's ``__main__`` and no daemonic-process rule to trip):
 
 - stdin: pickled ``(shard, header bytes, file size)`` tuples, then ``None``;
-- stdout, once, after ``None``: the pickled list of ``(shard, ShardScan or None)`` in the order received;
+- stdout, once, after ``None``: the pickled list of ``(shard, ShardScan or None)`` in the order received
+  (fingerprinted with header/index.py's ``name_fingerprint``: ``hash(str)`` differs in every process);
   None where the scan raised: the parent scans that shard itself, so its error is raised there, in
   index order, exactly as the in-process path raises it.
 
@@ -24,6 +25,7 @@ import sys
 
 def main() -> int:
     from ckptinspect.errors import CkptInspectError
+    from ckptinspect.header.index import name_fingerprint
     from ckptinspect.inventory.scan import scan_header_unpaused
 
     gc.disable()  # the scans are acyclic; this process ends after one report (gc_pause.py says why)
@@ -38,7 +40,7 @@ def main() -> int:
             break
         shard, header, file_size = item
         try:
-            results.append((shard, scan_header_unpaused(shard, header, file_size)))
+            results.append((shard, scan_header_unpaused(shard, header, file_size, name_fingerprint)))
         except CkptInspectError:
             results.append((shard, None))
         del item, header
