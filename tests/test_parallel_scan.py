@@ -316,3 +316,21 @@ def test_by_default_only_the_hub_reader_feeds_a_worker(many_shards, tmp_path, mo
     local, hub = json.loads(here), json.loads(there)
     assert [local[k] for k in ("totals", "components", "quantization")] == [hub[k] for k in ("totals", "components",
                                                                                            "quantization")]
+
+
+def test_an_index_naming_other_tensors_is_found_alike_with_the_worker(many_shards, tmp_path, monkeypatch,
+                                                                      worker_counts):
+    """The cross-check by fingerprint: a same-count, same-length rename in the index (only the names'
+    fingerprint tells) is reported the same whichever process scanned the shard."""
+    renamed = tmp_path / "renamed"
+    shutil.copytree(many_shards, renamed)
+    path = renamed / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    name = next(n for n in index["weight_map"] if "q_proj" in n)
+    index["weight_map"][name.replace("q_proj", "k_qrox")] = index["weight_map"].pop(name)
+    path.write_text(json.dumps(index))
+    monkeypatch.setenv(PARALLEL_ENV, "0")
+    here = _json(str(renamed))
+    _worker_only(monkeypatch)
+    there = _json(str(renamed))
+    assert there == here and "index-header-mismatch" in here and worker_counts and worker_counts[0] >= 1
