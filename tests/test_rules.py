@@ -37,7 +37,7 @@ FAMILIES |= {"hy_v3", "hy_v4", "minimax_m3", "exaone_moe", "exaone4_5", "pangu_u
 # issue 20 §5 (tests/test_families_2026_c.py)
 FAMILIES |= {"gigachat35", "iquest_q1", "iquest_q1_mtp", "deepseek_v4_dspark", "deepseek_v41_dspark"}
 # issue 20 §5, vLLM-only drafts (tests/test_families_2026_d.py)
-FAMILIES |= {"step5"}
+FAMILIES |= {"step5", "nemotron_parse35"}
 MINIMAL = TOY_FAMILY_RULE
 
 
