@@ -98,8 +98,32 @@ def _mxfp4_cases():
     yield {"config.json": {"quantization_config": qc}, "sglang": qc}
 
 
+# extra_config shapes where vLLM's INCConfigParser reads differently from SGLang's AutoRound config: a key the
+# name ends with, the `model.` + name short cut, unanchored regex keys (search), one explicitly listed shard
+# of a fused Linear, a >= 16-bit short cut without `bits` (default 16), and keys for the routed experts.
+INC_VLLM_EXTRA = [
+    {"self_attn.o_proj": {"bits": 16}, "fc": {"bits": 8}},
+    {"model.mtp.fc": {"bits": 16}, "model.mtp.layers.0.mlp.gate": {"group_size": 64}},
+    {r"o_pr(oj)?": {"bits": 16}, r"shared_expert\.down": {"bits": 16}},
+    {"mtp.layers.0.self_attn.q_proj": {"bits": 16}},
+    {"mtp.layers.0.self_attn.k_proj": {"bits": 4}, "mtp.layers.0.self_attn.v_proj": {"bits": 4},
+     "mtp.layers.0.self_attn.q_proj": {"bits": 4}, "mtp.fc": {"group_size": 32}},
+    {"mtp.layers.0.mlp.experts.0.down_proj": {"bits": 16}, "gate_up_proj": {"bits": 16}},
+    {r"^mtp": {"bits": 16}, "mtp.layers.0.self_attn.o_proj": {"bits": 4}},
+]
+
+
+def _inc_vllm_cases():
+    for blocks, extra in itertools.product([None, ["model.layers", "mtp.layers"]], INC_VLLM_EXTRA):
+        qc = {"quant_method": "auto-round", "bits": 4, "group_size": 128, "sym": True,
+              "packing_format": "auto_round:auto_gptq", "extra_config": extra}
+        if blocks is not None:
+            qc["block_name_to_quantize"] = blocks
+        yield {"config.json": {"quantization_config": qc}, "sglang": qc, "linear_only": True}
+
+
 CASES = [_vllm_layout(c) for c in SGLANG_CASES] + [*_fp8_key_cases(), *_gptq_block_cases(), *_modelopt_vllm_cases(),
-                                                  *_extra_ct_cases(), *_mxfp4_cases()]
+                                                  *_extra_ct_cases(), *_mxfp4_cases(), *_inc_vllm_cases()]
 
 
 def _declared(case):
