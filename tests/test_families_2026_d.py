@@ -111,3 +111,13 @@ def test_flag_key_false_declares_nothing(report, make_fixture, tmp_path):
     mtp = build_report(str(dst), progress=False).mtp
     assert (mtp.declared_key, mtp.declared_layers) == (None, None)
     assert "mtp-declared-but-absent" not in mtp.verdicts["vllm"].reasons
+
+
+def test_step5_mtp_layer_without_its_head_is_unusable_in_vllm(report):
+    """Step5MTP keeps a head per layer (has_own_lm_head); without it vLLM's load check fails."""
+    mtp = report("step5_mtp_no_head").mtp
+    assert mtp.present_layers == 1 and mtp.layers[0].missing
+    v = mtp.verdicts["vllm"]
+    assert v.verdict == "unusable" and "mtp-missing-tensors" in v.reasons
+    note = next(f for f in mtp.findings if f.engine == "vllm" and f.code == "mtp-missing-tensors")
+    assert "shared_head" in note.message and "RuntimeError" in note.message

@@ -64,7 +64,7 @@ BROKEN_QUANTS = (
     "deepseek_v3_nvfp4_mtp_experts_mxfp4", "deepseek_v3_ct_fp8_mtp_ignored_at_3", "deepseek_v4_flash_nomtp",
     "deepseek_v4_flash_mtp_incomplete", "glm5_flash_nvfp4_mtp_fp4", "hy_v3_nomtp", "hy_v4_at_layer_l",
     "inkling_nomtp", "gigachat35_nomtp", "iquest_q1_mtp_nomtp", "deepseek_v4_hybrid_nvfp4_mtp_nvfp4",
-    "step5_nomtp", "nemotron_parse35_nomtp",
+    "step5_nomtp", "nemotron_parse35_nomtp", "step5_mtp_no_head",
 )
 
 # Files a reader must refuse: the report itself is an error (exit 2), so any gate fails.
