@@ -157,3 +157,15 @@ def test_unquantized_checkpoint_declares_nothing():
 def test_scheme_signatures(parts, scheme):
     built = {suffix: Part("weight", suffix, dtype, shape, 1) for suffix, (dtype, shape) in parts.items()}
     assert detect_scheme(built) == scheme
+
+
+def test_encoder_decoder_wrapper_reads_its_decoder():
+    """Nemotron Parse 3.5 (RadioMBartPrefixForCausalLM) keeps the LM under `decoder` with MBart names
+    (d_model, decoder_layers; VL:model_executor/models/nemotron_parse3_5.py reads config.decoder.d_model); a
+    top-level LM that merely has a `decoder` sub-dict keeps its own keys."""
+    raw = {"architectures": ["RadioMBartPrefixForCausalLM"], "encoder": {"patch_size": 16},
+           "decoder": {"d_model": 1024, "decoder_layers": 10, "vocab_size": 250027, "decoder_attention_heads": 16}}
+    cfg = normalize_config(raw)
+    assert (cfg.text_config_path, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == ("decoder", 10, 1024, 250027)
+    top = normalize_config({"num_hidden_layers": 4, "hidden_size": 64, "decoder": {"num_layers": 2, "d_model": 8}})
+    assert (top.text_config_path, top.num_hidden_layers, top.hidden_size) == ("", 4, 64)

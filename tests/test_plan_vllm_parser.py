@@ -112,3 +112,21 @@ def test_since_033_lists_only_what_032_refuses(vllm_parsed) -> None:
     for flag, values in since.get("values", {}).items():
         present = set(vllm_parsed["registries"].get(flag, [])) | set(vllm_parsed["choices"].get(flag, []))
         assert not set(values) & present, f"{flag}: {sorted(set(values) & present)} are already in 0.32.0"
+
+
+# vLLM-only draft families (fixtures/families_2026_d.py): their plan's command through the same parser.
+# (step5: the latency default k=2; Parse 3.5: capped at its one trained step, rules/engines/vllm.yaml max_tokens_by_draft)
+VLLM_ONLY_DRAFTS = {"step5": ("mtp", 2), "nemotron_parse35": ("mtp", 1)}
+
+
+def test_vllm_parser_accepts_the_vllm_only_draft_plans(make_fixture) -> None:
+    from ckptinspect.api import plan
+
+    plans_ = {name: plan(str(make_fixture(name)), gpu="h200", gpus=1) for name in VLLM_ONLY_DRAFTS}
+    commands = [[p.model] + [a for f in p.commands["vllm"].flags for a in f.args()] for p in plans_.values()]
+    parsed = parse_serve_args(commands)
+    for (name, expected), result in zip(VLLM_ONLY_DRAFTS.items(), parsed["results"]):
+        assert result["ok"], (name, result.get("error"))
+        spec = result["values"]["engine_args.speculative_config"]
+        assert (spec["method"], spec["num_speculative_tokens"]) == expected, name
+        assert spec["method"] in parsed["registries"]["speculative_method"]

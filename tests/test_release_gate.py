@@ -50,6 +50,9 @@ ENGINE_CANNOT = {
                                      "vllm": {"quant-method-unknown-to-engine"}},
     "qwen3_5_dense_modelslim_w8a8_mtp_float": {"vllm": {"quant-method-unknown-to-engine"}},
     "deepseek_v41": {e: {"mtp-missing-tensors", "engine-has-no-draft-model"} for e in ("sglang", "vllm")},
+    # vLLM-only drafts (fixtures/families_2026_d.py): SGLang 0.5.23 has no Step-5 model
+    "step5": {"sglang": {"engine-has-no-draft-model"}},
+    "nemotron_parse35": {"sglang": {"engine-has-no-draft-model"}},
 }
 
 # Quants and exports that dropped, re-keyed, truncated or mis-declared the MTP layer: the gate fails.
@@ -61,6 +64,7 @@ BROKEN_QUANTS = (
     "deepseek_v3_nvfp4_mtp_experts_mxfp4", "deepseek_v3_ct_fp8_mtp_ignored_at_3", "deepseek_v4_flash_nomtp",
     "deepseek_v4_flash_mtp_incomplete", "glm5_flash_nvfp4_mtp_fp4", "hy_v3_nomtp", "hy_v4_at_layer_l",
     "inkling_nomtp", "gigachat35_nomtp", "iquest_q1_mtp_nomtp", "deepseek_v4_hybrid_nvfp4_mtp_nvfp4",
+    "step5_nomtp", "nemotron_parse35_nomtp", "step5_mtp_no_head",
 )
 
 # Files a reader must refuse: the report itself is an error (exit 2), so any gate fails.

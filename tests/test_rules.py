@@ -36,6 +36,8 @@ FAMILIES |= {"hy_v3", "hy_v4", "minimax_m3", "exaone_moe", "exaone4_5", "pangu_u
              "gemma4", "gemma4_assistant", "mimo_v2_omni", "nemotron_h_omni", "bailing_moe_v3", "longcat_flash_ngram"}
 # issue 20 §5 (tests/test_families_2026_c.py)
 FAMILIES |= {"gigachat35", "iquest_q1", "iquest_q1_mtp", "deepseek_v4_dspark", "deepseek_v41_dspark"}
+# issue 20 §5, vLLM-only drafts (tests/test_families_2026_d.py)
+FAMILIES |= {"step5", "nemotron_parse35"}
 MINIMAL = TOY_FAMILY_RULE
 
 

@@ -14,11 +14,13 @@ from ckptinspect.errors import ConfigError
 from ckptinspect.records import ModelConfig
 
 SOURCE = "config.json"
-NESTED_TEXT_KEYS = ("text_config", "llm_config", "language_config")
+# `decoder`: encoder-decoder wrappers (Nemotron Parse's RadioMBartPrefixForCausalLM keeps its MBart decoder,
+# d_model / decoder_layers, under `decoder`; VL:model_executor/models/nemotron_parse3_5.py reads config.decoder)
+NESTED_TEXT_KEYS = ("text_config", "llm_config", "language_config", "decoder")
 
 # fact -> aliases, first present wins (None values are skipped).
 ALIASES: dict[str, tuple[str, ...]] = {
-    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "decoder_layers"),
     "hidden_size": ("hidden_size", "d_model", "n_embd"),
     "vocab_size": ("vocab_size",),
     "num_attention_heads": ("num_attention_heads", "n_head"),
@@ -59,6 +61,8 @@ def normalize_config(raw: Any, *, source: str = SOURCE) -> ModelConfig:
     text_path, text = "", raw
     for key in NESTED_TEXT_KEYS:
         nested = raw.get(key)
+        if key == "decoder" and any(k in raw for k in ALIASES["num_hidden_layers"]):
+            break  # a top-level LM that merely has a `decoder` sub-dict keeps its own keys
         if isinstance(nested, dict) and any(k in nested for k in ALIASES["num_hidden_layers"]):
             text_path, text = key, nested
             break

@@ -96,4 +96,8 @@ def spec_values(engine: str, mtp: MtpAssessment, goal: str, probe: dict | None) 
     k = int(rec.get("num_speculative_tokens", rules["num_speculative_tokens"][goal]))
     values = {"method": rules["method"], "num_speculative_tokens": k, "from": origin,
               "source": "probe --report" if rec else rules["source"]}
+    cap = (rules.get("max_tokens_by_draft") or {}).get(verdict.draft_architecture or "")
+    if cap is not None and k > cap["max"]:  # the engine refuses more steps than the draft was trained for
+        values.update(num_speculative_tokens=cap["max"], source=cap["source"])
+        why = f"{why}; {verdict.draft_architecture} has {cap['max']} trained step(s)"
     return values, why

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from ckptinspect.quant.engine_decision_vllm import VLLM_PROCEDURES
 from ckptinspect.quant.engine_decision_vllm_ct import VLLM_CT_PROCEDURES
+from ckptinspect.quant.engine_decision_vllm_inc import VLLM_INC_PROCEDURES
 from ckptinspect.records import DeclaredQuant
 from ckptinspect import safe_regex
 from ckptinspect.safe_regex import UnsupportedPattern, compile_re2, translate
@@ -340,4 +341,5 @@ _PROCEDURES = {
 # vLLM's own procedures where it decides differently (rules/quant/vllm.yaml).
 _PROCEDURES.update(VLLM_PROCEDURES)
 _PROCEDURES.update(VLLM_CT_PROCEDURES)
+_PROCEDURES.update(VLLM_INC_PROCEDURES)
 PROCEDURES = frozenset(_PROCEDURES)

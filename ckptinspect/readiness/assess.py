@@ -45,13 +45,17 @@ def fill_template(template: str, values: Mapping[str, Any]) -> str:
 
 
 def declared_depth(rule: FamilyRule, checkpoint: Checkpoint) -> tuple[str | None, int | None]:
-    """The first depth key present in config.json (dotted paths) and its value."""
+    """The first depth key present in config.json (dotted paths) and its value; else the first true flag key
+    and the rule's default depth."""
     for key in rule.mtp.depth_keys:
         value = checkpoint.config.get(key)
         if isinstance(value, bool) or value is None:
             continue
         if isinstance(value, int):
             return key, value
+    for key in rule.mtp.depth_flag_keys:  # e.g. Parse 3.5: vLLM builds one MTP step when the flag is true
+        if checkpoint.config.get(key) is True:
+            return key, rule.mtp.depth_default
     return None, None
 
 

@@ -155,6 +155,7 @@ def _build(fid: str, doc: Mapping[str, Any], path: str, origin: int) -> FamilyRu
             count_keys=tuple(experts.get("count_keys", ())),
         ) if experts else None,
         files=tuple(mtp_doc.get("files", ())),
+        depth_flag_keys=tuple(depth.get("flag_keys", ())),
     )
     engines = {name: _engine(name, doc["engines"][name]) for name in ENGINES if name in doc.get("engines", {})}
     if not abstract:

@@ -113,6 +113,8 @@ class MtpLayout:
     optional: tuple[str, ...]
     experts: ExpertLayout | None
     files: tuple[str, ...]
+    # boolean config keys whose true value makes the engines build `depth_default` layers (no count key)
+    depth_flag_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
