@@ -85,7 +85,7 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (),
         raise ConfigError("no config.json in the checkpoint", path=raw.location)
     # One scan for every source (inventory/parallel.py): the Hub source only fetches; scanning while
     # its requests are in flight was measured slower again (more CPU, the two threads share one GIL;
-    # BENCHMARKS.md, "hub25").
+    # BENCHMARKS.md, section 17).
     with start_scan(raw, progress) as scan:
         from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 

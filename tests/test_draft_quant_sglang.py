@@ -240,7 +240,7 @@ CASES = [*_fp8_cases(), *_modelopt_cases(), *_mixed_cases(), *_ct_cases(), *_gpt
 
 def _declared(case):
     """ckptinspect's declaration of a case. ModelSlim's type map is a file of its own that the pipeline
-    does not read yet (BENCHMARKS.md sglq20): the record is built as read_declared would build it."""
+    does not read yet (BENCHMARKS.md section 16): the record is built as read_declared would build it."""
     if "modelslim" in case:
         return DeclaredQuant("modelslim", "modelslim", None, None, None, None, None,
                              ("quant_model_description.json",), (), raw=case["modelslim"])
