@@ -16,12 +16,12 @@ import re
 
 import pytest
 
-from ckptinspect.readiness.draft_build import engine_module
 from ckptinspect.readiness.module_quant import module_quant_rules
 from ckptinspect.quant.declared import read_declared
 from ckptinspect.quant.engine_decision import ERROR, QUANTIZED, UNKNOWN, UNQUANTIZED, decide, method_rule
 from ckptinspect.readiness.quant_method import engine_method
 from ckptinspect.records import DeclaredQuant
+from tests.quant_fixture_modules import fixture_module_rows, fixture_quant_config
 
 # Modules as SGLang asks about them: Qwen3.5-style `mtp.*` (SG:models/qwen3_5_mtp.py, prefix "mtp")
 # and DeepSeek-style `model.layers.61.*` (hf name; SG:models/deepseek_nextn.py), fused where the models fuse.
@@ -315,39 +315,14 @@ def test_fixture_checkpoints_agree_with_sglang(report, make_fixture):
     import json
 
     from tests.sglang_quant_oracle import ask_sglang, built
-    from fixtures.generate import FIXTURES
 
     section = module_quant_rules("sglang")
     requests, expected = [], []
-    for name, spec in FIXTURES.items():
-        if not getattr(spec, "mtp_tensors", 0):
-            continue
-        r = report(name)
-        if r.mtp is None or r.checkpoint.declared.label is None:
-            continue
-        method = engine_method(r.checkpoint.declared)
-        if method_rule(section, method) is None:
-            continue
-        rows = {}
-        for m in r.mtp.modules:
-            if m.reasons["sglang"] in ("quantized", "excluded", "load_error") and m.causes["sglang"]:
-                kind = "moe" if m.component == "routed_expert" else "linear"
-                module = m.module.replace("{}", "0")
-                if "runtime module name" in m.causes["sglang"]:
-                    # DeepSeek NextN builds its layer as model.decoder (SG:models/deepseek_nextn.py
-                    # DeepseekModelNextN, layer_name "decoder"); its hf_to_sglang_mapper renames only
-                    # "model.layers.61", so the lists are asked about the decoder name here.
-                    module = re.sub(r"^model\.layers\.\d+\.", "model.decoder.", module)
-                rows.setdefault(engine_module(_Group(m.component), module, section["packed"])[0],
-                                (kind, "unquantized" if m.built["sglang"] == "unquantized" else
-                                 "error" if m.built["sglang"] == "load error" else "quantized"))
-        if not rows:
-            continue
+    for name, method, rows in fixture_module_rows(report, "sglang", section["packed"],
+                                                  lambda method: method_rule(section, method) is not None,
+                                                  _sglang_runtime_name):
         d = make_fixture(name)
-        hq = d / "hf_quant_config.json"
-        cfg = json.loads((d / "config.json").read_text())
-        qc = cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config")
-        config = qc if qc is not None else json.loads(hq.read_text()) if hq.exists() else None
+        config = fixture_quant_config(d)
         packed = section["packed"]
         if method == "modelslim":  # the type map as SG:configs/model_config.py _find_quant_modelslim_config hands it on
             config = {**json.loads((d / "quant_model_description.json").read_text()), "quant_method": "modelslim"}
@@ -367,8 +342,10 @@ def test_fixture_checkpoints_agree_with_sglang(report, make_fixture):
     assert not mismatches, "\n".join(mismatches)
 
 
-class _Group:
-    """The one attribute engine_module reads from a TensorGroup."""
-
-    def __init__(self, component):
-        self.component = component
+def _sglang_runtime_name(m, module: str) -> str:
+    if "runtime module name" in m.causes["sglang"]:
+        # DeepSeek NextN builds its layer as model.decoder (SG:models/deepseek_nextn.py
+        # DeepseekModelNextN, layer_name "decoder"); its hf_to_sglang_mapper renames only
+        # "model.layers.61", so the lists are asked about the decoder name here.
+        return re.sub(r"^model\.layers\.\d+\.", "model.decoder.", module)
+    return module

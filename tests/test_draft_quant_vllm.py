@@ -21,12 +21,13 @@ import pytest
 
 from ckptinspect.quant.declared import read_declared
 from ckptinspect.quant.engine_decision import ERROR, QUANTIZED, UNQUANTIZED, decide
-from ckptinspect.readiness.draft_build import engine_module, rule_at
+from ckptinspect.readiness.draft_build import rule_at
 from ckptinspect.readiness.module_quant import module_quant_rules
 from ckptinspect.readiness.engine_methods import method_support
 from ckptinspect.readiness.quant_method import engine_method
 from tests.test_draft_quant_sglang import CASES as SGLANG_CASES
 from tests.test_draft_quant_sglang import LIST_VARIANTS, MODULES, PACKED
+from tests.quant_fixture_modules import fixture_module_rows, fixture_quant_config
 
 ORACLE_VERSION = "0.32.0"  # tests/vllm_engine.py VLLM
 # vLLM's registry names for the methods ckptinspect derives (VL:__init__.py get_quantization_config;
@@ -305,34 +306,11 @@ def test_rules_validate_accepts_the_quant_rule_files(tmp_path):
 def _fixture_requests(report, make_fixture):
     """For every fixture whose vLLM answers come from rules/quant/vllm.yaml: one oracle request with the
     fixture's own quantization config and its MTP modules as vLLM asks them, and the report's answers."""
-    from fixtures.generate import FIXTURES
-
     section = module_quant_rules("vllm")
     requests, expected = [], []
-    for name, spec in FIXTURES.items():
-        if not getattr(spec, "mtp_tensors", 0):
-            continue
-        r = report(name)
-        if r.mtp is None or r.checkpoint.declared.label is None:
-            continue
-        method = engine_method(r.checkpoint.declared)
-        if rule_at(section, method, "0.33.0") is None:
-            continue
-        rows = {}
-        for m in r.mtp.modules:
-            if m.reasons.get("vllm") in ("quantized", "excluded", "load_error") and m.causes["vllm"]:
-                kind = "moe" if m.component == "routed_expert" else "linear"
-                module = m.module.replace("{}", "0")
-                rows.setdefault(engine_module(_Group(m.component), module, section["packed"])[0],
-                                (kind, "unquantized" if m.built["vllm"] == "unquantized" else
-                                 "error" if m.built["vllm"] == "load error" else "quantized"))
-        if not rows:
-            continue
-        d = make_fixture(name)
-        hq = d / "hf_quant_config.json"
-        cfg = json.loads((d / "config.json").read_text())
-        qc = cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config")
-        config = qc if qc is not None else json.loads(hq.read_text())
+    for name, method, rows in fixture_module_rows(report, "vllm", section["packed"],
+                                                  lambda method: rule_at(section, method, "0.33.0") is not None):
+        config = fixture_quant_config(make_fixture(name))
         requests.append({"method": VLLM_NAME.get(method, method), "config": config, "packed": section["packed"],
                          "modules": [[p, k] for p, (k, _) in rows.items()]})
         expected.append((name, rows))
@@ -352,10 +330,3 @@ def test_fixture_checkpoints_agree_with_vllm(oracle):
                   for (name, rows), theirs in zip(expected, answers) for p, (_, ours) in rows.items()
                   if built(theirs.get(p)) != ours]
     assert not mismatches, "\n".join(mismatches)
-
-
-class _Group:
-    """The one attribute engine_module reads from a TensorGroup."""
-
-    def __init__(self, component):
-        self.component = component
