@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from hub_repos import isolate_hf, make_sharded_repo, write_safetensors  # noqa: E402
 from hub_server import HubServer  # noqa: E402
+from recording_progress import RecordingProgress  # noqa: E402
 
 from ckptinspect.errors import AccessError, NotFoundError  # noqa: E402
 from ckptinspect.sources import header_ranges  # noqa: E402
@@ -168,24 +169,10 @@ def test_index_naming_a_missing_shard(server, repo):
     assert "model-00002-of-00003.safetensors" in str(err.value)
 
 
-class _Recorder:
-    """A Progress that keeps every phase it hears (ckptinspect/progress.py)."""
-
-    def __init__(self) -> None:
-        self.heard: list[tuple[str, int | None, int | None]] = []
-        self.ended = 0
-
-    def phase(self, name, done=None, total=None) -> None:
-        self.heard.append((name, done, total))
-
-    def end(self) -> None:
-        self.ended += 1
-
-
 def test_progress_covers_every_phase_of_the_read(server, repo, capsys):
     """Repo info, then the index, then headers 0/N .. N/N, then the line is ended; nothing on stdout."""
     server.add_repo("org/tiny", repo[0])
-    recorder = _Recorder()
+    recorder = RecordingProgress()
     raw = open_hub("org/tiny", endpoint=server.url, progress=recorder, header_cache=False)
     shards = len(raw.headers)
     assert shards == 3
@@ -205,7 +192,7 @@ def test_progress_ends_when_the_read_fails(server, repo):
     root, _ = repo
     (root / "model-00002-of-00003.safetensors").unlink()
     server.add_repo("org/broken", root)
-    recorder = _Recorder()
+    recorder = RecordingProgress()
     with pytest.raises(NotFoundError):
         open_hub("org/broken", endpoint=server.url, progress=recorder)
     assert recorder.ended == 1 and recorder.heard[0][0] == "repo info"

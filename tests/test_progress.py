@@ -11,18 +11,7 @@ import pytest
 
 from ckptinspect.pipeline import build_report
 from ckptinspect.progress import MAX_DRAWS_PER_S, SILENT, TerminalProgress, as_progress
-
-
-class _Recorder:
-    def __init__(self) -> None:
-        self.heard: list[tuple[str, int | None, int | None]] = []
-        self.ended = 0
-
-    def phase(self, name, done=None, total=None) -> None:
-        self.heard.append((name, done, total))
-
-    def end(self) -> None:
-        self.ended += 1
+from recording_progress import RecordingProgress
 
 
 def _read_all(fd: int) -> bytes:
@@ -67,7 +56,7 @@ def test_a_pipe_or_no_request_gets_nothing():
         as_progress(True, stream=pipe).phase("headers", 1, 2)
     assert os.read(read_end, 100) == b""
     os.close(read_end)
-    recorder = _Recorder()
+    recorder = RecordingProgress()
     assert as_progress(recorder) is recorder  # a caller's own reporter is used as it is
 
 
@@ -115,7 +104,7 @@ def test_terminal_controls_in_the_label_are_escaped():
 def test_a_local_scan_reports_headers_n_of_n_and_ends(make_fixture):
     path = make_fixture("qwen3_5_moe_nvfp4")
     shards = sorted(p.name for p in path.glob("*.safetensors"))
-    recorder = _Recorder()
+    recorder = RecordingProgress()
     report = build_report(str(path), progress=recorder)
     assert len(report.checkpoint.inventory.shards) == len(shards)
     assert recorder.heard == [("scanning headers", n, len(shards)) for n in range(len(shards))]
@@ -131,7 +120,7 @@ def test_the_line_ends_when_the_scan_fails(make_fixture, tmp_path):
     shutil.copytree(make_fixture("qwen3_5_moe_nvfp4"), broken)
     shard = sorted(broken.glob("*.safetensors"))[-1]
     shard.write_bytes(shard.read_bytes()[:20])  # a truncated header
-    recorder = _Recorder()
+    recorder = RecordingProgress()
     with pytest.raises(CkptInspectError):
         build_report(str(broken), progress=recorder)
     assert recorder.ended == 1
