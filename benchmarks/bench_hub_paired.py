@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
-from bench_hub_servers import REPO, THEIRS, _Served  # noqa: E402
+from bench_hub_servers import REPO, THEIRS, add_replica_server_options, serve_replica  # noqa: E402
 
 
 def _run(args: list[str], root: Path, url: str, out: list[str] | None = None) -> tuple[float, float]:
@@ -49,15 +49,10 @@ def _run(args: list[str], root: Path, url: str, out: list[str] | None = None) ->
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--replica", type=Path, required=True)
+    add_replica_server_options(ap)
     ap.add_argument("--base", type=Path, required=True)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--server", choices=("keepalive", "plain"), default="keepalive")
-    ap.add_argument("--latency-ms", type=float, default=20.0)
     args = ap.parse_args()
-    script = {"keepalive": "hub_server_process.py", "plain": "plain_hub_server.py"}[args.server]
-    served = _Served([sys.executable, str(ROOT / "tests" / script), "--latency-ms", str(args.latency_ms), REPO,
-                      str(args.replica)])
+    served = serve_replica(args)
     report = [sys.executable, "-m", "ckptinspect", "report", REPO, "--format", "json", "--quiet"]
     tools = {"ours": lambda: _run(report, ROOT, served.url),
              "base": lambda: _run(report, args.base.resolve(), served.url),

@@ -53,6 +53,21 @@ class _Served:
         self.proc.wait(timeout=10)
 
 
+def add_replica_server_options(ap: argparse.ArgumentParser) -> None:
+    """The options of the paired benchmarks that serve one replica through one of the two test servers."""
+    ap.add_argument("--replica", type=Path, required=True)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--server", choices=("keepalive", "plain"), default="keepalive")
+    ap.add_argument("--latency-ms", type=float, default=20.0)
+
+
+def serve_replica(args: argparse.Namespace) -> _Served:
+    """The replica under REPO through the server ``args.server`` names, ``args.latency_ms`` per request."""
+    script = {"keepalive": "hub_server_process.py", "plain": "plain_hub_server.py"}[args.server]
+    return _Served([sys.executable, str(ROOT / "tests" / script), "--latency-ms", str(args.latency_ms), REPO,
+                    str(args.replica)])
+
+
 def _env(url: str, home: str, workers: int | None, root: Path = ROOT) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_HUB_OFFLINE")}
     # A cold header cache too (sources/header_cache.py): a shared one answers every round after the first.

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
 from bench_hub_paired import _run  # noqa: E402
-from bench_hub_servers import REPO, THEIRS, _Served  # noqa: E402
+from bench_hub_servers import REPO, THEIRS, add_replica_server_options, serve_replica  # noqa: E402
 
 # Prints "read_cpu scan_cpu" (process CPU seconds at the end of the Hub read, and the scan's).
 CHILD = ("import sys, time; from ckptinspect.sources.hub import open_hub; "
@@ -29,14 +29,9 @@ CHILD = ("import sys, time; from ckptinspect.sources.hub import open_hub; "
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--replica", type=Path, required=True)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--server", choices=("keepalive", "plain"), default="keepalive")
-    ap.add_argument("--latency-ms", type=float, default=20.0)
+    add_replica_server_options(ap)
     args = ap.parse_args()
-    script = {"keepalive": "hub_server_process.py", "plain": "plain_hub_server.py"}[args.server]
-    served = _Served([sys.executable, str(ROOT / "tests" / script), "--latency-ms", str(args.latency_ms), REPO,
-                      str(args.replica)])
+    served = serve_replica(args)
     rows: dict[str, list[float]] = {"read": [], "scan": [], "ours": [], "theirs": []}
     out: list[str] = []
 
