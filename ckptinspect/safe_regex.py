@@ -248,3 +248,29 @@ def match(pattern: str, text: str) -> bool:
 def search(pattern: str, text: str) -> bool:
     """``re.search(pattern, text) is not None``, in linear time (raises UnsupportedPattern)."""
     return _compiled(pattern).search(text) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _match_set(bodies: tuple[str, ...]) -> Any:
+    return compile_re2_match_set([translate(b) for b in bodies]) if bodies else None
+
+
+def first_match_index(text: str, bodies: tuple[str, ...]) -> int | None:
+    """The index of the first of ``bodies`` (Python ``re.match`` patterns, in list order) that matches at
+    the start of ``text``, None for none: a list of 100,000 regexes is compiled into one RE2 set once and
+    each text is matched against all of them in one linear-time pass (raises UnsupportedPattern)."""
+    matcher = _match_set(bodies)
+    hits = matcher.Match(text) if matcher is not None else None
+    return min(hits) if hits else None
+
+
+def python_accepts(pattern: str) -> bool:
+    """Whether Python's ``re`` compiles ``pattern``: the engines skip a config key it rejects (``except
+    re.error: continue``). Compiling only parses, in linear time; matching is what runs on RE2."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            re.compile(pattern)
+    except (re.error, OverflowError, RecursionError, ValueError):
+        return False
+    return True

@@ -14,7 +14,6 @@ says which decision functions 0.33.0 shares with it). The whole batch is one sub
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 
 import pytest

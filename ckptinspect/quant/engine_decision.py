@@ -187,24 +187,11 @@ def _modelopt_mixed(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN2
 
 # --- SG:layers/quantization/compressed_tensors/ (utils.py should_ignore_layer, find_matched_target) -
 
-@lru_cache(maxsize=64)
-def _regex_set(bodies: tuple[str, ...]) -> Any:
-    """One RE2 set for many ``re.match`` patterns: a list of 100,000 regexes is compiled once and each
-    module is matched against all of them in one linear-time pass; None for no patterns."""
-    return safe_regex.compile_re2_match_set([translate(b) for b in bodies]) if bodies else None
-
-
-def _first_index(name: str, bodies: tuple[str, ...]) -> int | None:
-    """Index of the first pattern (in list order) that re.matches ``name``."""
-    matcher = _regex_set(bodies)
-    hits = matcher.Match(name) if matcher is not None else None
-    return min(hits) if hits else None
-
 
 def _first_regex(name: str, entries: list[str]) -> str | None:
     """The first ``re:`` entry that re.matches ``name``."""
     regexes = [e for e in entries if e.startswith("re:")]
-    index = _first_index(name, tuple(e[3:] for e in regexes))
+    index = safe_regex.first_match_index(name, tuple(e[3:] for e in regexes))
     return None if index is None else regexes[index]
 
 
@@ -288,7 +275,7 @@ def _dynamic_first_match(rule, declared, prefix, kind, packed):  # noqa: ANN001,
     raw = declared.raw if isinstance(declared.raw, Mapping) else {}
     dynamic = raw.get("dynamic") if isinstance(raw.get("dynamic"), Mapping) else {}
     keys = [str(k) for k in dynamic]
-    index = _first_index(prefix, tuple(k[2:] if k.startswith(("-:", "+:")) else k for k in keys))
+    index = safe_regex.first_match_index(prefix, tuple(k[2:] if k.startswith(("-:", "+:")) else k for k in keys))
     if index is None:
         return QUANTIZED, "no dynamic key matches"
     if keys[index].startswith("-:"):

@@ -7,29 +7,15 @@ them against SGLang's own classes. SG: = sgl-project/sglang:python/sglang/srt/ a
 
 from __future__ import annotations
 
-import re
-import warnings
 from typing import Any, Mapping
 
 from ckptinspect.quant.built_as import ERROR, QUANTIZED, UNKNOWN, UNQUANTIZED
-from ckptinspect.safe_regex import UnsupportedPattern, compile_re2, translate
+from ckptinspect.safe_regex import UnsupportedPattern, compile_re2, python_accepts, translate
 
 # --- SG:layers/quantization/auto_round.py AutoRoundConfig.get_layer_config ---------------------------
 
 # get_config tries an extra_config key as a regex only when it holds one of these characters.
 _REGEX_CHARS = frozenset(r"*+?^$()[]{}|\\")
-
-
-def _python_valid(pattern: str) -> bool:
-    """get_config skips a key Python's ``re`` rejects (``except re.error: continue``); compiling only
-    parses, in linear time (matching is what runs on RE2)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            re.compile(pattern)
-    except (re.error, OverflowError, RecursionError, ValueError):
-        return False
-    return True
 
 
 def _auto_round_config(extra: Mapping[str, Any], name: str, quantized: bool, base: tuple) -> tuple[tuple, str]:
@@ -45,7 +31,7 @@ def _auto_round_config(extra: Mapping[str, Any], name: str, quantized: bool, bas
     if name in extra:
         return values(extra[name]), f"extra_config[{name!r}]"
     for pattern, cfg in extra.items():
-        if not isinstance(pattern, str) or not _REGEX_CHARS.intersection(pattern) or not _python_valid(pattern):
+        if not isinstance(pattern, str) or not _REGEX_CHARS.intersection(pattern) or not python_accepts(pattern):
             continue
         if compile_re2(translate(pattern)).fullmatch(name):
             return values(cfg), f"extra_config regex {pattern!r}"

@@ -22,11 +22,10 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from ckptinspect import safe_regex
+from ckptinspect.quant.built_as import ERROR, QUANTIZED, UNQUANTIZED
 from ckptinspect.records import DeclaredQuant
-from ckptinspect.safe_regex import translate, translate_glob
+from ckptinspect.safe_regex import translate_glob
 
-# The words of engine_decision.Decision.built (kept literal here: engine_decision imports this module).
-QUANTIZED, UNQUANTIZED, ERROR = "quantized", "unquantized", "error"
 _SHARDS_DIFFER = "vLLM raises 'Detected some but not all shards of {} are quantized'"
 _SCHEMES_DIFFER = "vLLM raises 'Found different quantization schemes for the shards of {}'"
 
@@ -35,23 +34,11 @@ def _raw(declared: DeclaredQuant) -> Mapping[str, Any]:
     return declared.raw if isinstance(declared.raw, Mapping) else {}
 
 
-@lru_cache(maxsize=64)
-def _match_set(bodies: tuple[str, ...]) -> Any:
-    return safe_regex.compile_re2_match_set([translate(b) for b in bodies]) if bodies else None
-
-
-def _first_re_match(name: str, bodies: tuple[str, ...]) -> int | None:
-    """Index of the first pattern that Python's ``re.match`` would match at the start of ``name``."""
-    matcher = _match_set(bodies)
-    hits = matcher.Match(name) if matcher is not None else None
-    return min(hits) if hits else None
-
-
 def _equal_or_regex(name: str, entries: list[str]) -> str | None:
     """The first entry equal to ``name`` or a ``re:`` entry that re.matches it
     (VL:utils/config_utils.py is_equal_or_regex_match, no fnmatch)."""
     regexes = [e for e in entries if e.startswith("re:")]
-    index = _first_re_match(name, tuple(e[3:] for e in regexes))
+    index = safe_regex.first_match_index(name, tuple(e[3:] for e in regexes))
     first_regex = regexes[index] if index is not None else None
     equal = name if name in entries else None
     order = [e for e in (equal, first_regex) if e is not None]
@@ -283,7 +270,7 @@ def vllm_gptq_dynamic(rule, declared, prefix, kind, packed):  # noqa: ANN001, AN
                 return UNQUANTIZED, f"{prefix} is under no modules_in_block_to_quantize entry"
     dynamic = raw.get("dynamic") if isinstance(raw.get("dynamic"), Mapping) else {}
     keys = [str(k) for k in dynamic]
-    index = _first_re_match(prefix, tuple(k[2:] if k.startswith(("-:", "+:")) else k for k in keys))
+    index = safe_regex.first_match_index(prefix, tuple(k[2:] if k.startswith(("-:", "+:")) else k for k in keys))
     if index is not None and keys[index].startswith("-:"):
         return UNQUANTIZED, f"dynamic key {keys[index]!r}"
     if index is not None:

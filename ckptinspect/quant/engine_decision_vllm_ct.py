@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ckptinspect import safe_regex
-from ckptinspect.quant.engine_decision_vllm import (
-    _SCHEMES_DIFFER, ERROR, QUANTIZED, UNQUANTIZED, _ct_ignored, _equal_or_regex, _raw,
-)
+from ckptinspect.quant.built_as import ERROR, QUANTIZED, UNQUANTIZED
+from ckptinspect.quant.engine_decision_vllm import _SCHEMES_DIFFER, _ct_ignored, _equal_or_regex, _raw
 
 
 def _ct_group(name: str, kind: str, groups: list[tuple[str, list[str]]], packed: Mapping[str, list[str]]) -> tuple[str | None, str]:

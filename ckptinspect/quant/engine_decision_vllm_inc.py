@@ -20,29 +20,16 @@ vLLM's own INCConfig by tests/test_draft_quant_vllm.py.
 
 from __future__ import annotations
 
-import re
-import warnings
 from typing import Any, Mapping
 
-from ckptinspect.safe_regex import UnsupportedPattern, compile_re2, translate
+from ckptinspect.quant.built_as import ERROR, QUANTIZED, UNQUANTIZED
+from ckptinspect.safe_regex import UnsupportedPattern, compile_re2, python_accepts, translate
 
-QUANTIZED, UNQUANTIZED, ERROR = "quantized", "unquantized", "error"
 _REGEX_CHARS = frozenset(r"*+?^$()[]{}|\\")  # INCConfigParser._resolve_raw REGEX_SPECIAL_CHARS
 
 
-def _python_valid(pattern: str) -> bool:
-    """vLLM skips a key its regex module rejects (``except re.error: continue``)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            re.compile(pattern)
-    except (re.error, OverflowError, RecursionError, ValueError):
-        return False
-    return True
-
-
 def _regex_keys(extra: Mapping[str, Any]) -> list[str]:
-    return [k for k in extra if isinstance(k, str) and _REGEX_CHARS.intersection(k) and _python_valid(k)]
+    return [k for k in extra if isinstance(k, str) and _REGEX_CHARS.intersection(k) and python_accepts(k)]
 
 
 def _entry(extra: Mapping[str, Any], key: str) -> Mapping[str, Any]:
