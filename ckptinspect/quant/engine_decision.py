@@ -224,15 +224,25 @@ def _ct_targets_ignore(rule, declared, prefix, kind, packed):  # noqa: ANN001, A
     return _ct_linear(prefix, ignore, targets, packed)
 
 
-def _ct_linear(prefix: str, ignore: list[str], targets: list[str], packed: Mapping[str, list[str]]) -> tuple[str, str]:
+def _ct_ignored(prefix: str, ignore: list[str], packed: Mapping[str, list[str]],
+                ) -> tuple[list[str], str | None, tuple[str, str] | None]:
+    """should_ignore_layer for a Linear: (the names asked, a fused Linear's shards unless it is ignored
+    whole; the ignore entry that matched, None for none; the load error when only some shards are)."""
     proj = prefix.rsplit(".", 1)[-1]
     names = [prefix.replace(proj, s) for s in packed[proj]] if proj in packed and prefix not in ignore else [prefix]
     hits = [_ct_match(n, ignore) for n in names]
     if len({h is not None for h in hits}) > 1:
-        return ERROR, (f"ignore lists some shards of {prefix} only; SGLang raises "
-                       "'Found different quantization schemes ... requires all to use the same scheme'")
-    if hits[0] is not None:
-        return UNQUANTIZED, f"ignore entry {hits[0]!r}"
+        return names, None, (ERROR, f"ignore lists some shards of {prefix} only; SGLang raises "
+                             "'Found different quantization schemes ... requires all to use the same scheme'")
+    return names, hits[0], None
+
+
+def _ct_linear(prefix: str, ignore: list[str], targets: list[str], packed: Mapping[str, list[str]]) -> tuple[str, str]:
+    names, hit, error = _ct_ignored(prefix, ignore, packed)
+    if error is not None:
+        return error
+    if hit is not None:
+        return UNQUANTIZED, f"ignore entry {hit!r}"
     if "Linear" in targets:
         return QUANTIZED, "config_groups target 'Linear'"
     named = [t for t in targets if t not in ("Linear", "FusedMoE", "DeepEPMoE")]
@@ -250,18 +260,15 @@ def _ct_ignore_only(rule, declared, prefix, kind, packed):  # noqa: ANN001, ANN2
     (SG:layers/moe/fused_moe_triton/layer.py FusedMoE.__init__): the load fails with a TypeError."""
     raw = declared.raw if isinstance(declared.raw, Mapping) else {}
     ignore = [str(x) for x in raw.get("ignore") or ()]
-    proj = prefix.rsplit(".", 1)[-1]
-    names = [prefix.replace(proj, s) for s in packed[proj]] if proj in packed and prefix not in ignore else [prefix]
-    hits = [_ct_match(n, ignore) for n in names]
-    if len({h is not None for h in hits}) > 1:
-        return ERROR, (f"ignore lists some shards of {prefix} only; SGLang raises "
-                       "'Found different quantization schemes ... requires all to use the same scheme'")
-    if hits[0] is None:
+    _, hit, error = _ct_ignored(prefix, ignore, packed)
+    if error is not None:
+        return error
+    if hit is None:
         return QUANTIZED, "not in ignore"
     if kind == "moe":
-        return ERROR, (f"ignore entry {hits[0]!r} gives the fused MoE {prefix} a Linear's unquantized method; "
+        return ERROR, (f"ignore entry {hit!r} gives the fused MoE {prefix} a Linear's unquantized method; "
                        "SGLang fails at startup (TypeError in create_weights)")
-    return UNQUANTIZED, f"ignore entry {hits[0]!r}"
+    return UNQUANTIZED, f"ignore entry {hit!r}"
 
 
 # --- GPTQ dynamic, AWQ modules_to_not_convert, Quark exclude (AutoRound, ModelSlim: engine_decision_sglang.py)
