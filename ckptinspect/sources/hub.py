@@ -36,7 +36,7 @@ from ckptinspect.sources.net_limits import Budget, NetLimits
 from ckptinspect.sources.offline import hub_offline
 from ckptinspect.sources.redact import redact_url, scrub
 from ckptinspect.sources.shared_limits import RequestLimiter, SharedLimits, current_shared_limits
-from ckptinspect.sources.repo_info import model_info
+from ckptinspect.sources.repo_info import RepoFile, model_info
 
 INDEX_FILE = "model.safetensors.index.json"
 # Header requests in flight at once: httpx's default keep-alive pool holds 20 connections, so every
@@ -349,9 +349,9 @@ async def _read_header(hub: HubClient, sizer: RangeSizer, shard: str, url: str, 
     return body[8:8 + n]
 
 
-def _etag(sibling: Any) -> str | None:
+def _etag(sibling: RepoFile) -> str | None:
     """The file's etag as huggingface_hub names blobs: the LFS sha256, else the git blob id."""
-    return sibling.lfs.sha256 if sibling.lfs is not None else sibling.blob_id
+    return sibling.etag
 
 
 def _shard_plan(repo_id: str, summary: IndexSummary | None, siblings: Mapping[str, Any]) -> list[str]:
