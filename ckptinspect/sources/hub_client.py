@@ -26,7 +26,6 @@ import asyncio
 import os
 import random
 import re
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlsplit
@@ -95,6 +94,8 @@ def make_client(budget: Budget) -> Any:
 def proxy_for(url: str) -> str | None:
     """The proxy the environment names for ``url`` (read as httpx reads it: urllib's getproxies), for
     error messages; None when none applies."""
+    import urllib.request  # ~10 ms to import, and only an error message needs it
+
     parts = urlsplit(url)
     proxies = urllib.request.getproxies()
     proxy = proxies.get(parts.scheme) or proxies.get("all")
