@@ -20,6 +20,7 @@ from ckptinspect.readiness.model import (
     FamilyRule, ForcedUnquantized, MtpLayout, Requirement, RuleSet, RuntimeName,
 )
 from ckptinspect.rules.documents import rules_root, validate_document
+from ckptinspect.rules.mirror import builtin_rule_document
 from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
 
 def builtin_dir() -> Path:
@@ -32,14 +33,14 @@ def read_rule_file(path: Path, *, validate: bool = True) -> dict[str, Any]:
     ``validate=False`` is for the built-in files only: they ship with the package and are validated
     in CI (tests/test_rules.py), like code; re-validating them costs ~0.3 s per run, and the run-time
     cache that used to save it was input the next run trusted (issue 26: a poisoned cache changed a
-    verdict). A user's --rules-dir file is always validated."""
-    data = read_rule_bytes(path)
+    verdict). They are parsed through the JSON mirror of the unchanged built-in files
+    (rules/mirror.py). A user's --rules-dir file is always validated."""
     if not validate:
-        doc = load_rule_yaml(data, path)
+        doc = builtin_rule_document(path, rules_root())
         if not isinstance(doc, dict):
             raise RuleError("$: a rule file must be a mapping", path=str(path))
         return doc
-    return _parse_and_validate(data, path)
+    return _parse_and_validate(read_rule_bytes(path), path)
 
 
 def _parse_and_validate(data: bytes, path: Path) -> dict[str, Any]:

@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 from ckptinspect.errors import RuleError
 from ckptinspect.quant.engine_decision import PROCEDURES
-from ckptinspect.rules.documents import load_rule_yaml, read_rule_bytes, rules_root
+from ckptinspect.rules.documents import rules_root
+from ckptinspect.rules.mirror import builtin_rule_document
 
 _TOP = {"kind", "schema_version", "engine", "packed", "packed_source", "methods", "known_methods"}
 _KNOWN = {"versions", "methods", "aliases", "refusal", "unread", "source"}
@@ -26,7 +27,7 @@ def module_quant_rules(engine: str) -> Mapping[str, Any] | None:
     path = rules_root() / "quant" / f"{engine}.yaml"
     if not path.is_file():
         return None
-    doc = load_rule_yaml(read_rule_bytes(path), path)
+    doc = builtin_rule_document(path, rules_root())
     check(doc, str(path))
     return doc
 

@@ -62,8 +62,11 @@ def validate_document(doc: Any, path: str, schema: str = FAMILY_SCHEMA) -> None:
 
 
 def load_validated(path: Path, schema: str) -> Any:
-    """Read one rule file through the safe loader and validate it against ``schema``."""
-    doc = load_rule_yaml(read_rule_bytes(path), path)
+    """Read one rule file through the safe loader (a built-in one through its JSON mirror while unchanged:
+    rules/mirror.py) and validate it against ``schema``."""
+    from ckptinspect.rules.mirror import builtin_rule_document
+
+    doc = builtin_rule_document(path, rules_root())
     validate_document(doc, str(path), schema)
     return doc
 
