@@ -34,7 +34,7 @@ def read_rule_file(path: Path, *, validate: bool = True) -> dict[str, Any]:
     in CI (tests/test_rules.py), like code; re-validating them costs ~0.3 s per run, and the run-time
     cache that used to save it was input the next run trusted (issue 26: a poisoned cache changed a
     verdict). They are parsed through the JSON mirror of the unchanged built-in files
-    (rules/mirror.py). A user's --rules-dir file is always validated."""
+    (ckptinspect/rules/mirror.py). A user's --rules-dir file is always validated."""
     if not validate:
         doc = builtin_rule_document(path, rules_root())
         if not isinstance(doc, dict):

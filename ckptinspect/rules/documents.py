@@ -63,7 +63,7 @@ def validate_document(doc: Any, path: str, schema: str = FAMILY_SCHEMA) -> None:
 
 def load_validated(path: Path, schema: str) -> Any:
     """Read one rule file through the safe loader (a built-in one through its JSON mirror while unchanged:
-    rules/mirror.py) and validate it against ``schema``."""
+    ckptinspect/rules/mirror.py) and validate it against ``schema``."""
     from ckptinspect.rules.mirror import builtin_rule_document
 
     doc = builtin_rule_document(path, rules_root())
