@@ -1,7 +1,7 @@
-"""orjson (the compiled parser) never changes an answer: the header parser on the whole conformance
-corpus (tests/test_conformance.py) and ``decode_json`` on hostile JSON (duplicate keys, integers past 64
-bits, NaN / Infinity, lone surrogates, -0, deep nesting) give the same result or the same error line
-with orjson as with the standard library's json alone."""
+"""The compiled parsers never change an answer: the header parser on the whole conformance corpus
+(tests/test_conformance.py, orjson) and ``decode_json`` on hostile JSON (duplicate keys, integers past 64
+bits, NaN / Infinity, lone surrogates, -0, deep nesting; msgspec, and orjson where msgspec is missing)
+give the same result or the same error line as with the standard library's json alone."""
 
 from __future__ import annotations
 
@@ -19,6 +19,40 @@ from test_conformance import CORPUS  # noqa: E402
 import ckptinspect.json_text as json_text  # noqa: E402
 import ckptinspect.header.parser as parser  # noqa: E402
 from ckptinspect.errors import CkptInspectError  # noqa: E402
+
+# decode_json's compiled decoders, each with whether it rounds integers past 64 bits (json_text.py).
+DECODERS = {}
+try:
+    import msgspec  # noqa: E402
+
+    DECODERS["msgspec"] = (msgspec.json.Decoder().decode, False)
+except ImportError:  # pragma: no cover - a dependency
+    pass
+try:
+    import orjson  # noqa: E402
+
+    DECODERS["orjson"] = (orjson.loads, True)
+except ImportError:  # pragma: no cover - a dependency
+    pass
+
+
+def test_msgspec_is_the_decoder_decode_json_uses():
+    assert json_text._compiled_loads.__self__.__class__ is msgspec.json.Decoder
+    assert json_text._ROUNDS_BIG_INTS is False
+
+
+class _Using:
+    """decode_json with ``name``'s decoder (None: json alone) while in the block."""
+
+    def __init__(self, name):
+        self.new = DECODERS[name] if name else (None, False)
+
+    def __enter__(self):
+        self.old = json_text._compiled_loads, json_text._ROUNDS_BIG_INTS
+        json_text._compiled_loads, json_text._ROUNDS_BIG_INTS = self.new
+
+    def __exit__(self, *exc):
+        json_text._compiled_loads, json_text._ROUNDS_BIG_INTS = self.old
 
 pytestmark = pytest.mark.skipif(parser._loads is None, reason="orjson is not installed")
 
@@ -73,13 +107,14 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.parametrize("decoder", DECODERS)
 @pytest.mark.parametrize("text", HOSTILE)
-def test_decode_json_answers_the_same_with_and_without_orjson(text, monkeypatch):
-    with_orjson = _outcome(json_text.decode_json, text.encode(), source="f.json")
-    monkeypatch.setattr(json_text, "_compiled_loads", None)
-    without = _outcome(json_text.decode_json, text.encode(), source="f.json")
-    assert with_orjson[0] == without[0]
-    assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
+def test_decode_json_answers_the_same_with_and_without_the_compiled_decoder(text, decoder):
+    with _Using(decoder):
+        compiled = _outcome(json_text.decode_json, text.encode(), source="f.json")
+    without = _reference_decode(text.encode())
+    assert compiled[0] == without[0]
+    assert _same(compiled[1], without[1]) if compiled[0] == "ok" else compiled == without
 
 
 _json = st.recursive(
@@ -95,25 +130,18 @@ def test_generated_documents_decode_the_same(value):
     import json
 
     text = json.dumps(value)
-    compiled = json_text._compiled_loads
-    try:
-        with_orjson = _outcome(json_text.decode_json, text, source="f.json")
-        json_text._compiled_loads = None
-        without = _outcome(json_text.decode_json, text, source="f.json")
-    finally:
-        json_text._compiled_loads = compiled
-    assert with_orjson[0] == without[0]
-    assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
+    without = _reference_decode(text)
+    for decoder in DECODERS:
+        with _Using(decoder):
+            compiled = _outcome(json_text.decode_json, text, source="f.json")
+        assert compiled[0] == without[0], decoder
+        assert _same(compiled[1], without[1]) if compiled[0] == "ok" else compiled == without
 
 
 def _reference_decode(data, **kwargs):
-    """decode_json's answer with json alone (orjson switched off)."""
-    compiled = json_text._compiled_loads
-    try:
-        json_text._compiled_loads = None
+    """decode_json's answer with json alone (the compiled decoders switched off)."""
+    with _Using(None):
         return _outcome(json_text.decode_json, data, source="f.json", **kwargs)
-    finally:
-        json_text._compiled_loads = compiled
 
 
 # Documents where orjson answers but its answer could differ: a float next to a long digit run (in a
@@ -126,24 +154,29 @@ FLOAT_AND_DIGITS = [
 ]
 
 
+@pytest.mark.parametrize("decoder", DECODERS)
 @pytest.mark.parametrize("text", FLOAT_AND_DIGITS)
-def test_floats_and_long_digit_runs_decode_as_json_does(text):
-    with_orjson = _outcome(json_text.decode_json, text.encode(), source="f.json")
+def test_floats_and_long_digit_runs_decode_as_json_does(text, decoder):
+    with _Using(decoder):
+        compiled = _outcome(json_text.decode_json, text.encode(), source="f.json")
     without = _reference_decode(text.encode())
-    assert with_orjson[0] == without[0] == "ok"
-    assert _same(with_orjson[1], without[1])
+    assert compiled[0] == without[0] == "ok"
+    assert _same(compiled[1], without[1])
 
 
-# Bytes that may or may not be UTF-8 inside a JSON string: orjson's UTF-8 check must accept and refuse
-# exactly what Python's decoder does (the document is then decoded by json, which words the error).
+# Bytes that may or may not be UTF-8 inside a JSON string: the compiled decoders' UTF-8 checks must
+# accept and refuse exactly what Python's decoder does (the document is then decoded by json, which
+# words the error).
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=12), st.sampled_from([b'["%s"]', b'{"%s": 1}', b"%s", b'[1, "%s", 2.5]']))
 def test_arbitrary_bytes_decode_the_same(raw, frame):
     data = frame.replace(b"%s", raw)
-    with_orjson = _outcome(json_text.decode_json, data, source="f.json")
     without = _reference_decode(data)
-    assert with_orjson[0] == without[0]
-    assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
+    for decoder in DECODERS:
+        with _Using(decoder):
+            compiled = _outcome(json_text.decode_json, data, source="f.json")
+        assert compiled[0] == without[0], decoder
+        assert _same(compiled[1], without[1]) if compiled[0] == "ok" else compiled == without
 
 
 @settings(max_examples=200, deadline=None)
@@ -152,14 +185,16 @@ def test_value_cap_refuses_exactly_what_the_byte_count_bounds(text, cap):
     """The cap's bound is the count of ``,``, ``[``, ``{`` plus one, whatever shortcut computes it."""
     data = text.encode()
     bound = data.count(b",") + data.count(b"[") + data.count(b"{") + 1
-    with_orjson = _outcome(json_text.decode_json, data, source="f.json", max_items=cap)
-    if bound > cap:
-        assert with_orjson == ("error", f"f.json: would build up to {bound:,} JSON values, over the {cap:,} cap")
-    else:
-        assert "would build" not in str(with_orjson[1])
     without = _reference_decode(data, max_items=cap)
-    assert with_orjson[0] == without[0]
-    assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
+    for decoder in DECODERS:
+        with _Using(decoder):
+            compiled = _outcome(json_text.decode_json, data, source="f.json", max_items=cap)
+        if bound > cap:
+            assert compiled == ("error", f"f.json: would build up to {bound:,} JSON values, over the {cap:,} cap")
+        else:
+            assert "would build" not in str(compiled[1])
+        assert compiled[0] == without[0]
+        assert _same(compiled[1], without[1]) if compiled[0] == "ok" else compiled == without
 
 
 @settings(max_examples=300, deadline=None)
