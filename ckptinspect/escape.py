@@ -14,12 +14,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+from functools import lru_cache
 from typing import Any, Mapping
 
 # C0 and C1 controls, DEL, the Unicode line / paragraph separators and the bidi embedding, override and
 # isolate characters (Trojan Source, CVE-2021-42574).
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Element types a sequence of only which holds no string: returned without a walk (typed in C).
+_NUMBERS = frozenset({int, float, bool, type(None)})
 
 
 def _escape_one(match: re.Match[str]) -> str:
@@ -41,6 +44,12 @@ def escaped(obj: Any) -> Any:
     return _walk(obj, {})
 
 
+@lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """The field names of a dataclass type (dataclasses.fields is slow per object), None for any other."""
+    return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+
+
 def _walk(obj: Any, memo: dict[int, Any]) -> Any:
     if isinstance(obj, str):
         return escape_controls(obj)
@@ -50,18 +59,21 @@ def _walk(obj: Any, memo: dict[int, Any]) -> Any:
     if key in memo:
         return memo[key]
     out: Any = obj
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    names = _field_names(type(obj))
+    if names is not None:
         changed = {}
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
+        for name in names:
+            value = getattr(obj, name)
             new = _walk(value, memo)
             if new is not value:
-                changed[f.name] = new
+                changed[name] = new
         if changed:
             out = copy.copy(obj)
             for name, value in changed.items():
                 object.__setattr__(out, name, value)
     elif isinstance(obj, (tuple, list)):
+        if _NUMBERS.issuperset(map(type, obj)):  # e.g. a group's expert ids (371k in a 397B report)
+            return obj
         items = [_walk(v, memo) for v in obj]
         if any(a is not b for a, b in zip(items, obj)):
             out = type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
