@@ -1,0 +1,84 @@
+"""A plain safetensors header decoded and type-checked in one compiled pass (msgspec).
+
+The per-shard scan (inventory/scan.py) tries this first. It answers only when the typed decode provably
+reads the header as the reference reader does (huggingface/safetensors, ``serde_json`` into
+``TensorInfo``) and the entry has exactly the three fields; everything else returns None and the scan
+takes parser.py, which decides and explains. So this module never raises a HeaderError of its own and
+never accepts what parser.py refuses (tests/test_scan_fast.py compares the two on valid and invalid
+headers).
+
+What the decoder checks in C: the JSON syntax (no NaN, no trailing commas, no control characters in
+strings, valid UTF-8), every entry an object with exactly ``dtype`` / ``shape`` / ``data_offsets``
+(``forbid_unknown_fields``; a missing field is an error), a dtype the format defines, a shape of at
+most ``MAX_FAST_DIMS`` dims, dims and offsets non-negative integers (strict: ``true`` / ``1.0`` are
+not integers). What it cannot see, ruled out here on the bytes:
+
+- repeated keys (a repeated tensor name or field reads as the last one): every key/value pair of the
+  tensor part holds exactly one ``:``, so ``4 * entries`` colons prove none was repeated (and no
+  string holds a ``:``);
+- ``-0``, which msgspec reads as the integer 0 and the reference as the float ``-0.0`` (not a size):
+  any other negative number fails ``ge=0``, and a number in an array follows ``[``, ``,`` or
+  whitespace;
+- escapes (lone surrogates, escaped field names): no backslash at all;
+- integers past 64 bits, which msgspec reads as Python ints: the scan bounds every offset by the end
+  of the data buffer and every dim by its tensor's byte size, as parser.py does.
+
+``__metadata__`` is not a tensor entry. Where it comes first and compact, as the safetensors library
+writes it (``{"__metadata__":{...},"name":...``), it is decoded on its own as a string map and the rest
+as the tensor map; elsewhere the typed decode fails on it and parser.py takes the header.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from ckptinspect.header.parser import DTYPE_BITS, MAX_FAST_DIMS
+
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class TensorEntry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """One tensor entry as the typed decode reads it (shape as a tuple: ~5% less decode CPU)."""
+
+    dtype: Literal[tuple(DTYPE_BITS)]  # type: ignore[valid-type]  # the dtypes parser.py knows
+    shape: Annotated[tuple[_Count, ...], msgspec.Meta(max_length=MAX_FAST_DIMS)]
+    data_offsets: tuple[_Count, _Count]
+
+
+_ENTRIES = msgspec.json.Decoder(dict[str, TensorEntry])
+_METADATA = msgspec.json.Decoder(dict[str, str])
+_METADATA_FIRST = b'{"__metadata__":{'
+# Where a JSON number can start inside an array (JSON whitespace is these four bytes).
+_NEGATIVE_ZERO = (b"[-0", b",-0", b" -0", b"\n-0", b"\r-0", b"\t-0")
+
+
+def decode_plain(data: bytes) -> dict[str, TensorEntry] | None:
+    """Tensor name -> TensorEntry, in header order, when the typed decode provably reads ``data`` (the
+    header bytes after the length prefix) as the reference reader does; None when parser.py must."""
+    # b"-" first: a one-byte search is memchr, ~20x faster than the two-byte one
+    if b"\\" in data or (b"-" in data and any(token in data for token in _NEGATIVE_ZERO)):
+        return None
+    tensors_from = 0
+    body: bytes | memoryview = data
+    if data.startswith(_METADATA_FIRST):
+        # The first "}" closes the metadata object: a JSON parser reading up to that byte is either
+        # inside a string or a nested container (then the slice is malformed and the decode fails) or
+        # has just closed the object, and values are strings, so no "}" closed anything earlier.
+        end = data.find(b"}", len(_METADATA_FIRST))
+        if end < 0 or data[end + 1:end + 3] != b',"':  # metadata only, or spaced out: parser.py
+            return None
+        try:
+            _METADATA.decode(memoryview(data)[len(_METADATA_FIRST) - 1:end + 1])
+        except msgspec.MsgspecError:
+            return None
+        tensors_from = end + 2
+        body = b"".join((b"{", memoryview(data)[tensors_from:]))  # one copy, ~0.05 ms per MB
+    try:
+        entries = _ENTRIES.decode(body)
+    except msgspec.MsgspecError:
+        return None
+    if "__metadata__" in entries or data.count(b":", tensors_from) != 4 * len(entries):
+        return None
+    return entries
