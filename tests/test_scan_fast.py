@@ -239,6 +239,11 @@ def _headers(draw) -> tuple[bytes, int | None]:
           None))
 @example((b'{"e":{"dtype":"U8","shape":[0],"data_offsets":[1,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
           None))
+@example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
+          b'"__metadata__":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', None))  # metadata shaped as an entry
+@example((b'{"x.0.e.0":{"dtype":"U8","shape":[4294967296,4294967296,0],"data_offsets":[0,0]},'
+          b'"x.0.e.1":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', None))  # overflow in a mixed group
+@example((b'{"t":{"dtype":"U8","shape":[2305843009213693952],"data_offsets":[0,2305843009213693952]}}', None))
 def test_generated_headers_same_answer(case):
     assert_same(*case)
 
