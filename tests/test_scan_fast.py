@@ -275,3 +275,21 @@ def test_generated_valid_layouts_take_the_typed_path(tensors, metadata):
     typed = assert_same(data, 8 + len(data) + position)
     if not isinstance(_outcome(scan_module._scan_parsed, data, None), str):
         assert typed is not None
+
+
+def test_without_msgspec_every_header_takes_the_parser_path():
+    """msgspec is a core dependency, but a missing one must cost speed only: same scan, no error."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['msgspec'] = None\n"
+        "from ckptinspect.header.typed import decode_plain\n"
+        "from ckptinspect.inventory.scan import scan_header_unpaused\n"
+        "data = b'{\"a.0.w\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}'\n"
+        "assert decode_plain(data) is None\n"
+        "scan = scan_header_unpaused('s', data, None)\n"
+        "print(sorted(scan.groups), scan.data_bytes)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[('a.{}.w', 0)] 2"

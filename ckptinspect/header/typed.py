@@ -32,23 +32,26 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-import msgspec
-
 from ckptinspect.header.parser import DTYPE_BITS, MAX_FAST_DIMS
 
-_Count = Annotated[int, msgspec.Meta(ge=0)]
+try:
+    import msgspec
+except ImportError:  # pragma: no cover - a core dependency; without it every header takes parser.py
+    msgspec = None
 
+if msgspec is not None:
+    _Count = Annotated[int, msgspec.Meta(ge=0)]
 
-class TensorEntry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    """One tensor entry as the typed decode reads it (shape as a tuple: ~5% less decode CPU)."""
+    class TensorEntry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+        """One tensor entry as the typed decode reads it (shape as a tuple: ~5% less decode CPU)."""
 
-    dtype: Literal[tuple(DTYPE_BITS)]  # type: ignore[valid-type]  # the dtypes parser.py knows
-    shape: Annotated[tuple[_Count, ...], msgspec.Meta(max_length=MAX_FAST_DIMS)]
-    data_offsets: tuple[_Count, _Count]
+        dtype: Literal[tuple(DTYPE_BITS)]  # type: ignore[valid-type]  # the dtypes parser.py knows
+        shape: Annotated[tuple[_Count, ...], msgspec.Meta(max_length=MAX_FAST_DIMS)]
+        data_offsets: tuple[_Count, _Count]
 
+    _ENTRIES = msgspec.json.Decoder(dict[str, TensorEntry])
+    _METADATA = msgspec.json.Decoder(dict[str, str])
 
-_ENTRIES = msgspec.json.Decoder(dict[str, TensorEntry])
-_METADATA = msgspec.json.Decoder(dict[str, str])
 _METADATA_FIRST = b'{"__metadata__":{'
 # Where a JSON number can start inside an array (JSON whitespace is these four bytes).
 _NEGATIVE_ZERO = (b"[-0", b",-0", b" -0", b"\n-0", b"\r-0", b"\t-0")
@@ -58,10 +61,10 @@ def decode_plain(data: bytes) -> dict[str, TensorEntry] | None:
     """Tensor name -> TensorEntry, in header order, when the typed decode provably reads ``data`` (the
     header bytes after the length prefix) as the reference reader does; None when parser.py must."""
     # b"-" first: a one-byte search is memchr, ~20x faster than the two-byte one
-    if b"\\" in data or (b"-" in data and any(token in data for token in _NEGATIVE_ZERO)):
+    if msgspec is None or b"\\" in data or (b"-" in data and any(token in data for token in _NEGATIVE_ZERO)):
         return None
     tensors_from = 0
-    body: bytes | memoryview = data
+    body = data
     if data.startswith(_METADATA_FIRST):
         # The first "}" closes the metadata object: a JSON parser reading up to that byte is either
         # inside a string or a nested container (then the slice is malformed and the decode fails) or
