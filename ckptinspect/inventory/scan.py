@@ -41,6 +41,10 @@ _OFFSETS, _DTYPE, _SHAPE = attrgetter("data_offsets"), attrgetter("dtype"), attr
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 # Layer and expert indices are mostly below 4096: looking their text up costs ~1/3 of int().
 _SMALL_DECIMALS = {str(i): i for i in range(4096)}
+# Mask -> (pattern, spans) of the buckets whose mask alone decides them (_split_by_pattern). Pure values:
+# sharing them between threads and calls is safe; the bound keeps a hostile checkpoint from growing it.
+_PLAIN_SHAPES: dict[bytes, tuple[str, tuple[tuple[int, int], ...]]] = {}
+_PLAIN_SHAPES_MAX = 8192
 
 
 @dataclass(slots=True)
@@ -216,7 +220,7 @@ def _decimals(texts: list[str]) -> list[int]:
         return list(map(int, texts))
 
 
-def _members_by_shape(names: list[str], joined: str) -> list[list[int]]:
+def _members_by_shape(names: list[str], joined: str) -> dict[bytes, list[int]]:
     """Indices of the names grouped by digit-masked shape (masking in C: ``joined`` is the names joined
     by newlines, translated and split; the indices are appended by C-level maps, ~3x faster than a loop)."""
     masked = joined.encode("utf-8", "surrogatepass").translate(_MASK_DIGITS).split(b"\n")
@@ -224,10 +228,10 @@ def _members_by_shape(names: list[str], joined: str) -> list[list[int]]:
         masked = [n.encode("utf-8", "surrogatepass").translate(_MASK_DIGITS) for n in names]
     buckets: defaultdict[bytes, list[int]] = defaultdict(list)
     any(map(list.append, map(buckets.__getitem__, masked), range(len(masked))))  # append returns None
-    return list(buckets.values())
+    return buckets
 
 
-def _split_by_pattern(names: list[str], buckets: list[list[int]], zeros: bool):
+def _split_by_pattern(names: list[str], buckets: dict[bytes, list[int]], zeros: bool):
     """Yield (member indices, member names, pattern, numeric-segment spans) per distinct pattern.
 
     Members of a shape bucket differ only in ASCII digits, at the same places. They share one pattern
@@ -235,12 +239,19 @@ def _split_by_pattern(names: list[str], buckets: list[list[int]], zeros: bool):
     (b) an all-digit segment has a leading zero in some members (``007`` is text, ``100`` a number), or
     (c) an all-digit segment is longer than an index (19+ digits: text, whatever its digits). These
     are checked with C-speed maps over the bucket (``zeros`` False: no name has a leading-zero segment);
-    only then is the bucket split, and each part takes its pattern and spans from its own first member."""
-    for members in buckets:
-        first = names[members[0]]
-        pattern, spans = _shape_of(first)
+    only then is the bucket split, and each part takes its pattern and spans from its own first member.
+
+    A bucket with none of (a), (b), (c) has one pattern that its mask alone decides, so it is kept in
+    _PLAIN_SHAPES by mask: the shards of one checkpoint share their masks (~10 us of regex per bucket)."""
+    for mask, members in buckets.items():
         member_names = list(map(names.__getitem__, members))
-        if len(members) == 1:
+        known = None if zeros else _PLAIN_SHAPES.get(mask)
+        if known is not None:
+            yield members, member_names, known[0], known[1]
+            continue
+        first = member_names[0]
+        pattern, spans = _shape_of(first)
+        if len(members) == 1 and zeros:
             yield members, member_names, pattern, spans
             continue
         candidates = [m.span(1) for m in _ALL_DIGIT_SEGMENT.finditer(first)]
@@ -250,6 +261,13 @@ def _split_by_pattern(names: list[str], buckets: list[list[int]], zeros: bool):
                       and "0" in set(map(itemgetter(begin), member_names))]
         long_texts = [(begin, end) for begin, end in candidates if end - begin > _MAX_INDEX_DIGITS]
         if not embedded and not zero_leads and not long_texts:
+            if not zeros:
+                if len(_PLAIN_SHAPES) >= _PLAIN_SHAPES_MAX:  # bounded: a hostile header has millions of masks
+                    _PLAIN_SHAPES.clear()
+                _PLAIN_SHAPES[mask] = (pattern, spans)
+            yield members, member_names, pattern, spans
+            continue
+        if len(members) == 1:
             yield members, member_names, pattern, spans
             continue
         if zero_leads or long_texts:
