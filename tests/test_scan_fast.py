@@ -95,6 +95,18 @@ def test_library_written_headers_take_the_typed_path(metadata, typed_path):
     assert (tally.tensors, tally.dtypes, tally.shapes_vary, sorted(tally.subs)) == (2, {"U8", "I8"}, True, [0, 1])
 
 
+@pytest.mark.parametrize("metadata", ['{"format":"pt"}', '{}', '{"k":"a}b","z":"{}"}', '{"k":"v:w"}'])
+def test_metadata_last_takes_the_typed_path(metadata):
+    """Writers that append ``__metadata__`` to a dict put it last: compact, that layout is typed too."""
+    data, size = _header_of(save(_ARRAYS))
+    moved = data.rstrip()[:-1] + b',"__metadata__":' + metadata.encode() + b"}  "
+    typed = assert_same(moved, size - len(data) + len(moved))
+    assert typed is not None
+    original = scan_header_unpaused(SHARD, data, size)
+    assert (typed.groups, typed.tensors, typed.data_bytes, typed.name_hash) == (
+        original.groups, original.tensors, original.data_bytes, original.name_hash)
+
+
 def test_typed_path_refuses_every_library_header_with_one_byte_of_bad_size():
     """Each tensor in turn claims one byte more (the rest shifted): the parser refuses, so must the
     typed path, whichever group (uniform or mixed) the tensor sits in."""
@@ -241,6 +253,13 @@ def _headers(draw) -> tuple[bytes, int | None]:
           None))
 @example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
           b'"__metadata__":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', None))  # metadata shaped as an entry
+@example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"dtype":"U8","shape":[1],'
+          b'"data_offsets":[1,2]},"u":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}}', None))  # ... in the middle
+@example((b'{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "__metadata__": {"dtype": "U8", "shape": [1], '
+          b'"data_offsets": [1, 2]}}', None))  # ... spaced out
+@example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"}}x', None))
+@example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"}} } ', None))
+@example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"},"__metadata__":{}}', None))
 @example((b'{"x.0.e.0":{"dtype":"U8","shape":[4294967296,4294967296,0],"data_offsets":[0,0]},'
           b'"x.0.e.1":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', None))  # overflow in a mixed group
 @example((b'{"t":{"dtype":"U8","shape":[2305843009213693952],"data_offsets":[0,2305843009213693952]}}', None))

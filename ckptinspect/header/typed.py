@@ -24,8 +24,9 @@ not integers). What it cannot see, ruled out here on the bytes:
   of the data buffer and every dim by its tensor's byte size, as parser.py does.
 
 ``__metadata__`` is not a tensor entry. Where it comes first and compact, as the safetensors library
-writes it (``{"__metadata__":{...},"name":...``), it is decoded on its own as a string map and the rest
-as the tensor map; elsewhere the typed decode fails on it and parser.py takes the header.
+writes it (``{"__metadata__":{...},"name":...``), or last and compact (``...,"__metadata__":{...}}``), it
+is decoded on its own as a string map and the rest as the tensor map; elsewhere the typed decode fails
+on it and parser.py takes the header.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ if msgspec is not None:
     _METADATA = msgspec.json.Decoder(dict[str, str])
 
 _METADATA_FIRST = b'{"__metadata__":{'
+_METADATA_LAST = b',"__metadata__":{'
+# Metadata is small (a format tag, a few strings); a larger one at the end costs parser.py's path.
+_METADATA_LAST_WINDOW = 65536
 # Where a JSON number can start inside an array (JSON whitespace is these four bytes).
 _NEGATIVE_ZERO = (b"[-0", b",-0", b" -0", b"\n-0", b"\r-0", b"\t-0")
 
@@ -63,25 +67,43 @@ def decode_plain(data: bytes) -> dict[str, TensorEntry] | None:
     # b"-" first: a one-byte search is memchr, ~20x faster than the two-byte one
     if msgspec is None or b"\\" in data or (b"-" in data and any(token in data for token in _NEGATIVE_ZERO)):
         return None
-    tensors_from = 0
+    tensors = (0, len(data))
     body = data
     if data.startswith(_METADATA_FIRST):
         # The first "}" closes the metadata object: a JSON parser reading up to that byte is either
         # inside a string or a nested container (then the slice is malformed and the decode fails) or
         # has just closed the object, and values are strings, so no "}" closed anything earlier.
         end = data.find(b"}", len(_METADATA_FIRST))
-        if end < 0 or data[end + 1:end + 3] != b',"':  # metadata only, or spaced out: parser.py
-            return None
-        try:
-            _METADATA.decode(memoryview(data)[len(_METADATA_FIRST) - 1:end + 1])
-        except msgspec.MsgspecError:
-            return None
-        tensors_from = end + 2
-        body = b"".join((b"{", memoryview(data)[tensors_from:]))  # one copy, ~0.05 ms per MB
+        metadata = memoryview(data)[len(_METADATA_FIRST) - 1:end + 1]
+        if end < 0 or data[end + 1:end + 3] != b',"' or not _is_metadata(metadata):
+            return None  # metadata only, spaced out or not a string map: parser.py
+        tensors = (end + 2, len(data))
+        body = b"".join((b"{", memoryview(data)[end + 2:]))  # one copy, ~0.05 ms per MB
+    else:
+        # Last, as writers that append it to a dict do: the tensor part is a valid object once the
+        # metadata member is cut, so the comma found is at the top level, and the metadata object
+        # runs to the document's closing "}" (only whitespace after it).
+        start = data.rfind(_METADATA_LAST, max(0, len(data) - _METADATA_LAST_WINDOW))
+        if start >= 0:
+            close = data.rfind(b"}")
+            metadata = memoryview(data)[start + len(_METADATA_LAST) - 1:close]
+            if data[close + 1:].strip() or not _is_metadata(metadata):
+                return None
+            tensors = (0, start)
+            body = b"".join((memoryview(data)[:start], b"}"))
     try:
         entries = _ENTRIES.decode(body)
     except msgspec.MsgspecError:
         return None
-    if "__metadata__" in entries or data.count(b":", tensors_from) != 4 * len(entries):
+    if "__metadata__" in entries or data.count(b":", *tensors) != 4 * len(entries):
         return None
     return entries
+
+
+def _is_metadata(text: memoryview) -> bool:
+    """True when ``text`` is exactly one JSON object of strings (the format's metadata map)."""
+    try:
+        _METADATA.decode(text)
+    except msgspec.MsgspecError:
+        return False
+    return True
