@@ -8,7 +8,10 @@ per tensor, names are first bucketed by their *shape*: the name with every ASCII
 sit at the same places; digits embedded in a word (``w1`` / ``w2`` / ``w3``, ``fc1``, ``proj_1``) also
 mask alike, so a bucket is split again by those embedded digits before its pattern is taken from one
 member. tests/test_grouping_differential.py holds this to a per-name reference implementation.
-inventory/parallel.py runs it over all shards (in worker processes for large checkpoints).
+inventory/parallel.py runs it over all shards.
+
+Plain headers are read by header/typed.py (one compiled decode) and their sizes checked here per group;
+any other header by parser.py. tests/test_scan_fast.py holds the two paths to one answer.
 """
 
 from __future__ import annotations
