@@ -193,8 +193,8 @@ def _group(names: list[str], tally, columns) -> dict[tuple[str, int | None], Gro
         # canonical decimals, so equal strings are equal numbers) before converting any of them.
         width = len(member_names[0])
         joined_members = "".join(member_names)
-        same_first = all(column.count(column[0]) == len(column)
-                         for column in (joined_members[p::width] for p in range(*spans[0])))
+        same_first = len(members) == 1 or all(column.count(column[0]) == len(column)
+                                              for column in (joined_members[p::width] for p in range(*spans[0])))
         if len(spans) == 1:
             subs = None
         elif len(spans) == 2:
@@ -254,7 +254,15 @@ def _split_by_pattern(names: list[str], buckets: dict[bytes, list[int]], zeros: 
             continue
         first = member_names[0]
         pattern, spans = _shape_of(first)
-        if len(members) == 1 and zeros:
+        if not zeros and mask.count(b"\xff") == sum(end - begin for begin, end in spans):
+            # every digit lies in a numeric segment (none embedded, none in a 19+ digit segment) and no
+            # segment has a leading zero: the mask decides the pattern, for this bucket and later ones
+            if len(_PLAIN_SHAPES) >= _PLAIN_SHAPES_MAX:  # bounded: a hostile header has millions of masks
+                _PLAIN_SHAPES.clear()
+            _PLAIN_SHAPES[mask] = (pattern, spans)
+            yield members, member_names, pattern, spans
+            continue
+        if len(members) == 1:
             yield members, member_names, pattern, spans
             continue
         candidates = [m.span(1) for m in _ALL_DIGIT_SEGMENT.finditer(first)]
@@ -264,13 +272,6 @@ def _split_by_pattern(names: list[str], buckets: dict[bytes, list[int]], zeros: 
                       and "0" in set(map(itemgetter(begin), member_names))]
         long_texts = [(begin, end) for begin, end in candidates if end - begin > _MAX_INDEX_DIGITS]
         if not embedded and not zero_leads and not long_texts:
-            if not zeros:
-                if len(_PLAIN_SHAPES) >= _PLAIN_SHAPES_MAX:  # bounded: a hostile header has millions of masks
-                    _PLAIN_SHAPES.clear()
-                _PLAIN_SHAPES[mask] = (pattern, spans)
-            yield members, member_names, pattern, spans
-            continue
-        if len(members) == 1:
             yield members, member_names, pattern, spans
             continue
         if zero_leads or long_texts:
@@ -311,6 +312,14 @@ def tally_checked(groups: dict, key: tuple[str, int | None], members: list[int],
     ``key``; False (nothing folded) when one fails: numel * bits != size * 8, or a zero-element shape
     whose dims overflow 64 bits as the reference multiplies them. ``columns``: (entries, sizes)."""
     entries, sizes = columns
+    if len(members) == 1:  # a name of its own (norms, embeddings, heads): no list work
+        entry, size = entries[members[0]], sizes[members[0]]
+        numel = prod(entry.shape)
+        bits = numel * DTYPE_BITS[entry.dtype]
+        if bits != size * 8 or (numel == 0 and not zero_shape_fits(entry.shape)):
+            return False
+        _fold(groups, key, 1, size, numel, entry.dtype, list(entry.shape), subs, None, False)
+        return True
     chosen = list(map(entries.__getitem__, members))
     dtypes = list(map(_DTYPE, chosen))
     shapes = list(map(_SHAPE, chosen))
