@@ -10,6 +10,7 @@ of the whole ``report --format json`` per checkout (the CPU of the child, user +
 that both print the same bytes.
 
     python benchmarks/bench_scan_cpu.py --replica DIR --base /path/to/other/checkout [--runs 5] [--reps 5] [--report]
+        [--synthetic unique-digitless|unique-masks|one-bucket]
 """
 
 from __future__ import annotations
@@ -29,12 +30,25 @@ ROOT = Path(__file__).resolve().parents[1]
 _CHILD = r"""
 import gc, hashlib, json, os, statistics, struct, sys, time
 from pathlib import Path
-replica, reps = Path(sys.argv[1]), int(sys.argv[2])
+replica, reps = sys.argv[1], int(sys.argv[2])
 headers = []
-for path in sorted(replica.glob("*.safetensors")):
-    with open(path, "rb") as fh:
-        (length,) = struct.unpack("<Q", fh.read(8))
-        headers.append((path.name, fh.read(length), path.stat().st_size))
+if replica.startswith("synthetic:"):  # one header per kind of name set, 100k tensors each, compact
+    import random, string
+    rng = random.Random(0)
+    word = lambda: "".join(rng.choice(string.ascii_lowercase) for _ in range(12))
+    kinds = {"unique-digitless": [f"model.{word()}.weight" for _ in range(100000)],
+             "unique-masks": [f"m.{word()}.{i % 7}.w" for i in range(100000)],
+             "one-bucket": [f"m.layers.{i // 1000}.e.{i % 1000}.w" for i in range(100000)]}
+    kind_names = kinds[replica.split(":", 1)[1]]
+    text = ",".join('"%s":{"dtype":"U8","shape":[1],"data_offsets":[%d,%d]}' % (n, i, i + 1)
+                    for i, n in enumerate(kind_names))
+    data = ("{" + text + "}").encode()
+    headers.append(("synthetic.safetensors", data, 8 + len(data) + len(kind_names)))
+else:
+    for path in sorted(Path(replica).glob("*.safetensors")):
+        with open(path, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            headers.append((path.name, fh.read(length), path.stat().st_size))
 from ckptinspect.inventory.scan import scan_header_unpaused
 gc.disable()
 times = []
@@ -54,13 +68,13 @@ def _env(checkout: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(checkout), "PYTHONHASHSEED": "0"}
 
 
-def _scan(checkout: Path, replica: Path, reps: int) -> dict:
+def _scan(checkout: Path, replica: str, reps: int) -> dict:
     done = subprocess.run([sys.executable, "-c", _CHILD, str(replica), str(reps)], capture_output=True,
                           text=True, env=_env(checkout), cwd=str(checkout), check=True)
     return json.loads(done.stdout)
 
 
-def _report(checkout: Path, replica: Path) -> tuple[float, str]:
+def _report(checkout: Path, replica: str) -> tuple[float, str]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([sys.executable, "-m", "ckptinspect", "report", str(replica), "--format", "json",
                            "--quiet"], capture_output=True, text=True, env=_env(checkout), cwd=str(checkout))
@@ -87,13 +101,19 @@ def _cpu(value) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--replica", type=Path, required=True)
+    ap.add_argument("--replica", required=True, help="checkpoint directory (ignored with --synthetic)")
     ap.add_argument("--base", type=Path, required=True)
     ap.add_argument("--runs", type=int, default=5, help="paired rounds (one process per checkout each)")
     ap.add_argument("--reps", type=int, default=5, help="scans of all headers per process")
     ap.add_argument("--report", action="store_true", help="also pair whole `report --format json` runs")
+    ap.add_argument("--synthetic", choices=["unique-digitless", "unique-masks", "one-bucket"],
+                    help="instead of the replica, one generated 100k-tensor header of this kind of names")
     args = ap.parse_args()
     tools = {"this checkout": ROOT, "base": args.base.resolve()}
+    if args.synthetic:
+        if args.report:
+            ap.error("--report reads a checkpoint directory: not with --synthetic")
+        args.replica = f"synthetic:{args.synthetic}"
     scans = _paired("scan", tools, args.runs, lambda path: _scan(path, args.replica, args.reps))
     ours = statistics.median(_cpu(v) for v in scans["this checkout"])
     base = statistics.median(_cpu(v) for v in scans["base"])
