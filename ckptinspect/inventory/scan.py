@@ -36,7 +36,6 @@ _MAX_INDEX_DIGITS = 18
 _NUMERIC_SEGMENT = re.compile(r"\.(0|[1-9][0-9]{0,17})(?=\.|$)")
 _ALL_DIGIT_SEGMENT = re.compile(r"\.([0-9]+)(?=\.|$)")  # numeric-segment candidates, leading zeros or not
 _DIGIT = re.compile(r"[0-9]")
-_LEADING_ZERO = re.compile(r"\.0[0-9]")
 # 0xFF never occurs in UTF-8 (nor in the surrogate-pass encoding), so a masked name cannot collide with
 # another name's literal characters: members of one bucket differ in ASCII digits and nothing else.
 _MASK_DIGITS = bytes.maketrans(b"0123456789", b"\xff" * 10)
@@ -44,9 +43,10 @@ _OFFSETS, _DTYPE, _SHAPE = attrgetter("data_offsets"), attrgetter("dtype"), attr
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 # Layer and expert indices are mostly below 4096: looking their text up costs ~1/3 of int().
 _SMALL_DECIMALS = {str(i): i for i in range(4096)}
-# Mask -> (pattern, spans) of the buckets whose mask alone decides them (_split_by_pattern). Pure values:
-# sharing them between threads and calls is safe; the bound keeps a hostile checkpoint from growing it.
-_PLAIN_SHAPES: dict[bytes, tuple[str, tuple[tuple[int, int], ...]]] = {}
+# Mask -> (pattern, spans, starts of the multi-digit spans) of the buckets whose mask alone decides them
+# (_split_by_pattern). Pure values: sharing them between threads and calls is safe; the bound keeps a
+# hostile checkpoint from growing it.
+_PLAIN_SHAPES: dict[bytes, tuple[str, tuple[tuple[int, int], ...], tuple[int, ...]]] = {}
 _PLAIN_SHAPES_MAX = 8192
 
 
@@ -178,23 +178,19 @@ def _group(names: list[str], tally, columns) -> dict[tuple[str, int | None], Gro
     """Tensors folded into (pattern, first index) groups by ``tally(groups, key, members, columns,
     subs)``; None as soon as ``tally`` refuses a group (returns False)."""
     groups: dict[tuple[str, int | None], GroupTally] = {}
-    joined = "\n".join(names)
-    # Segments with a leading zero are rare; one C-speed search spares the per-bucket check without them.
-    zeros = _LEADING_ZERO.search(joined) is not None
-    for members, member_names, pattern, spans in _split_by_pattern(names, _members_by_shape(names, joined), zeros):
+    for members, member_names, pattern, spans, joined in _split_by_pattern(names, _members_by_shape(names)):
         if not spans:
             for i in members:
                 if not tally(groups, (pattern, None), [i], columns, None):
                     return None
             continue
         # The first index is usually one layer for the whole bucket: compare its digits column by column
-        # (the members have one length and differ only in digits, so every k-th character of their
-        # concatenation is one column: strided slices and counts in C, ~6x less than a slice per name;
-        # canonical decimals, so equal strings are equal numbers) before converting any of them.
+        # (strided slices and counts in C, ~6x less than a slice per name; canonical decimals, so equal
+        # strings are equal numbers) before converting any of them.
         width = len(member_names[0])
-        joined_members = "".join(member_names)
+        joined = "".join(member_names) if joined is None else joined
         same_first = len(members) == 1 or all(column.count(column[0]) == len(column)
-                                              for column in (joined_members[p::width] for p in range(*spans[0])))
+                                              for column in (joined[p::width] for p in range(*spans[0])))
         if len(spans) == 1:
             subs = None
         elif len(spans) == 2:
@@ -223,10 +219,10 @@ def _decimals(texts: list[str]) -> list[int]:
         return list(map(int, texts))
 
 
-def _members_by_shape(names: list[str], joined: str) -> dict[bytes, list[int]]:
-    """Indices of the names grouped by digit-masked shape (masking in C: ``joined`` is the names joined
-    by newlines, translated and split; the indices are appended by C-level maps, ~3x faster than a loop)."""
-    masked = joined.encode("utf-8", "surrogatepass").translate(_MASK_DIGITS).split(b"\n")
+def _members_by_shape(names: list[str]) -> dict[bytes, list[int]]:
+    """Indices of the names grouped by digit-masked shape (masking in C: the names joined by newlines,
+    translated and split; the indices are appended by C-level maps, ~3x faster than a loop)."""
+    masked = "\n".join(names).encode("utf-8", "surrogatepass").translate(_MASK_DIGITS).split(b"\n")
     if len(masked) != len(names):  # a name containing a newline: mask one by one
         masked = [n.encode("utf-8", "surrogatepass").translate(_MASK_DIGITS) for n in names]
     buckets: defaultdict[bytes, list[int]] = defaultdict(list)
@@ -234,45 +230,56 @@ def _members_by_shape(names: list[str], joined: str) -> dict[bytes, list[int]]:
     return buckets
 
 
-def _split_by_pattern(names: list[str], buckets: dict[bytes, list[int]], zeros: bool):
-    """Yield (member indices, member names, pattern, numeric-segment spans) per distinct pattern.
+def _split_by_pattern(names: list[str], buckets: dict[bytes, list[int]]):
+    """Yield (member indices, member names, pattern, numeric-segment spans, the names concatenated or
+    None) per distinct pattern.
 
     Members of a shape bucket differ only in ASCII digits, at the same places. They share one pattern
     unless (a) some digits lie outside the all-digit segments (``experts.3.w1`` / ``experts.3.w2``), or
     (b) an all-digit segment has a leading zero in some members (``007`` is text, ``100`` a number), or
     (c) an all-digit segment is longer than an index (19+ digits: text, whatever its digits). These
-    are checked with C-speed maps over the bucket (``zeros`` False: no name has a leading-zero segment);
-    only then is the bucket split, and each part takes its pattern and spans from its own first member.
+    are checked with C-speed maps over the bucket; only then is the bucket split, and each part takes
+    its pattern and spans from its own first member.
 
-    A bucket with none of (a), (b), (c) has one pattern that its mask alone decides, so it is kept in
-    _PLAIN_SHAPES by mask: the shards of one checkpoint share their masks (~10 us of regex per bucket)."""
+    When every digit of the first member lies in a numeric segment, (a) and (c) cannot hold and the mask
+    alone decides the pattern and spans, so they are kept in _PLAIN_SHAPES by mask (the shards of one
+    checkpoint share their masks: ~10 us of regex per bucket); (b) is then one look at the first-digit
+    column of each multi-digit segment (the members have one length, so every k-th character of their
+    concatenation is one column)."""
     for mask, members in buckets.items():
         member_names = list(map(names.__getitem__, members))
-        known = None if zeros else _PLAIN_SHAPES.get(mask)
-        if known is not None:
-            yield members, member_names, known[0], known[1]
-            continue
         first = member_names[0]
-        pattern, spans = _shape_of(first)
-        if not zeros and mask.count(b"\xff") == sum(end - begin for begin, end in spans):
-            # every digit lies in a numeric segment (none embedded, none in a 19+ digit segment) and no
-            # segment has a leading zero: the mask decides the pattern, for this bucket and later ones
-            if len(_PLAIN_SHAPES) >= _PLAIN_SHAPES_MAX:  # bounded: a hostile header has millions of masks
-                _PLAIN_SHAPES.clear()
-            _PLAIN_SHAPES[mask] = (pattern, spans)
-            yield members, member_names, pattern, spans
-            continue
+        known = _PLAIN_SHAPES.get(mask)
+        if known is not None:
+            pattern, spans, wide = known
+        else:
+            pattern, spans = _shape_of(first)
+            wide, digits = (), 0
+            for begin, end in spans:
+                digits += end - begin
+                if end - begin > 1:
+                    wide += (begin,)
+        if known is not None or mask.count(b"\xff") == digits:
+            joined, width = "".join(member_names), len(first)
+            if not wide or not any("0" in joined[begin::width] for begin in wide):
+                if known is None:
+                    if len(_PLAIN_SHAPES) >= _PLAIN_SHAPES_MAX:  # bounded: a hostile header has millions of masks
+                        _PLAIN_SHAPES.clear()
+                    _PLAIN_SHAPES[mask] = (pattern, spans, wide)
+                yield members, member_names, pattern, spans, joined
+                continue
+            pattern, spans = _shape_of(first)  # a leading zero: the first member's own segments
         if len(members) == 1:
-            yield members, member_names, pattern, spans
+            yield members, member_names, pattern, spans, first
             continue
         candidates = [m.span(1) for m in _ALL_DIGIT_SEGMENT.finditer(first)]
         in_segments = {i for begin, end in candidates for i in range(begin, end)}
         embedded = [m.start() for m in _DIGIT.finditer(first) if m.start() not in in_segments]
-        zero_leads = [(begin, end) for begin, end in candidates if zeros and 1 < end - begin <= _MAX_INDEX_DIGITS
+        zero_leads = [(begin, end) for begin, end in candidates if 1 < end - begin <= _MAX_INDEX_DIGITS
                       and "0" in set(map(itemgetter(begin), member_names))]
         long_texts = [(begin, end) for begin, end in candidates if end - begin > _MAX_INDEX_DIGITS]
         if not embedded and not zero_leads and not long_texts:
-            yield members, member_names, pattern, spans
+            yield members, member_names, pattern, spans, None
             continue
         if zero_leads or long_texts:
             # a segment with a leading zero, or longer than an index, is text: its digits belong to the pattern
@@ -281,7 +288,7 @@ def _split_by_pattern(names: list[str], buckets: dict[bytes, list[int]], zeros: 
         else:
             keys = list(map(itemgetter(*embedded), member_names))
             if keys.count(keys[0]) == len(keys):  # the usual case (weight_scale_2, fc1): one run, C speed
-                yield members, member_names, pattern, spans
+                yield members, member_names, pattern, spans, None
                 continue
         runs: dict[object, list[int]] = {}
         for i, key in zip(members, keys):
@@ -292,7 +299,7 @@ def _split_by_pattern(names: list[str], buckets: dict[bytes, list[int]], zeros: 
                 run.append(i)
         for run in runs.values():
             run_pattern, run_spans = _shape_of(names[run[0]])
-            yield run, list(map(names.__getitem__, run)), run_pattern, run_spans
+            yield run, list(map(names.__getitem__, run)), run_pattern, run_spans, None
 
 
 def _add(groups: dict, key: tuple[str, int | None], members: list[int], header, subs: list | None) -> bool:
