@@ -312,3 +312,17 @@ def test_without_msgspec_every_header_takes_the_parser_path():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[('a.{}.w', 0)] 2"
+
+
+@pytest.mark.parametrize("later", [
+    ["a.05.w", "a.15.w"],  # a leading zero in a member after the first
+    ["a.05.w"],  # ... in the only member
+    ["a.15.w", "a.05.w", "b.1.w", "b.0.w"],
+])
+def test_mask_cache_never_answers_for_a_leading_zero(later):
+    """A bucket's pattern is kept by mask once a plain bucket showed it (``a.15.w`` -> ``a.{}.w``);
+    a later bucket of that mask whose members have a leading zero (``05``: text) must not take it."""
+    from tests.test_grouping_differential import assert_agree, header_bytes
+
+    assert_agree(*header_bytes([("a.15.w", "U8", [1]), ("a.25.w", "U8", [1]), ("b.1.w", "U8", [1])]))
+    assert_agree(*header_bytes([(name, "U8", [1]) for name in later]))
