@@ -225,7 +225,8 @@ def _headers(draw) -> tuple[bytes, int | None]:
         members.append(metadata)
     if place == "middle":
         members.insert(len(members) // 2, metadata)
-    text = draw(st.sampled_from(["", " ", "\n"])) + "{" + comma.join(members) + "}" + " " * draw(st.integers(0, 7))
+    text = (draw(st.sampled_from(["", " ", "\n"])) + "{" + comma.join(members) + "}"
+            + draw(st.sampled_from(["", " ", "   ", "\t\r\n", "\x0b", "\x0c", "\xa0", " x"])))
     data = text.encode()
     file_size = draw(st.sampled_from([None, 8 + len(data) + position, 8 + len(data) + position + 1]))
     return data, file_size
@@ -258,6 +259,10 @@ def _headers(draw) -> tuple[bytes, int | None]:
 @example((b'{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "__metadata__": {"dtype": "U8", "shape": [1], '
           b'"data_offsets": [1, 2]}}', None))  # ... spaced out
 @example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"}}x', None))
+@example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"}}\x0b', None))
+@example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"}}\x0c ', None))
+@example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"}}\xc2\xa0', None))
+@example((b'{"__metadata__":{"a":"b"},"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}\x0b', None))
 @example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"}} } ', None))
 @example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"},"__metadata__":{}}', None))
 @example((b'{"x.0.e.0":{"dtype":"U8","shape":[4294967296,4294967296,0],"data_offsets":[0,0]},'

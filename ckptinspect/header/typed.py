@@ -57,6 +57,7 @@ _METADATA_FIRST = b'{"__metadata__":{'
 _METADATA_LAST = b',"__metadata__":{'
 # Metadata is small (a format tag, a few strings); a larger one at the end costs parser.py's path.
 _METADATA_LAST_WINDOW = 65536
+_JSON_WHITESPACE = b" \t\n\r"  # bytes.strip() would also take \x0b and \x0c, which JSON refuses
 # Where a JSON number can start inside an array (JSON whitespace is these four bytes).
 _NEGATIVE_ZERO = (b"[-0", b",-0", b" -0", b"\n-0", b"\r-0", b"\t-0")
 
@@ -87,7 +88,7 @@ def decode_plain(data: bytes) -> dict[str, TensorEntry] | None:
         if start >= 0:
             close = data.rfind(b"}")
             metadata = memoryview(data)[start + len(_METADATA_LAST) - 1:close]
-            if data[close + 1:].strip() or not _is_metadata(metadata):
+            if data[close + 1:].strip(_JSON_WHITESPACE) or not _is_metadata(metadata):
                 return None
             tensors = (0, start)
             body = b"".join((memoryview(data)[:start], b"}"))
