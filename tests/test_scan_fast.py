@@ -96,15 +96,24 @@ def test_library_written_headers_take_the_typed_path(metadata, typed_path):
 
 
 @pytest.mark.parametrize("metadata", ['{"format":"pt"}', '{}', '{"k":"a}b","z":"{}"}', '{"k":"v:w"}'])
-def test_metadata_last_takes_the_typed_path(metadata):
-    """Writers that append ``__metadata__`` to a dict put it last: compact, that layout is typed too."""
+@pytest.mark.parametrize("spacing", [("", ""), (" ", "\n "), ("\n\t", "\r\n")])
+def test_metadata_first_or_last_spaced_out_takes_the_typed_path(metadata, spacing):
+    """Writers that build the header with ``json.dumps`` space it out, and those that append
+    ``__metadata__`` to a dict put it last: those layouts are typed too (a "}" in a metadata value
+    keeps a first metadata on parser.py's path)."""
+    space, newline = spacing
     data, size = _header_of(save(_ARRAYS))
-    moved = data.rstrip()[:-1] + b',"__metadata__":' + metadata.encode() + b"}  "
-    typed = assert_same(moved, size - len(data) + len(moved))
-    assert typed is not None
-    original = scan_header_unpaused(SHARD, data, size)
-    assert (typed.groups, typed.tensors, typed.data_bytes, typed.name_hash) == (
-        original.groups, original.tensors, original.data_bytes, original.name_hash)
+    tensors = data.rstrip()[1:-1]
+    member = f'"__metadata__"{space}:{space}{metadata}'.encode()
+    last = b"{" + tensors + f"{space},{newline}".encode() + member + f"{newline}}}  ".encode()
+    first = f"{newline}{{{space}".encode() + member + f"{space},{newline}".encode() + tensors + b"}"
+    for moved, typed_path in ((last, True), (first, "}" not in metadata[1:-1])):
+        typed = assert_same(moved, size - len(data) + len(moved))
+        assert (typed is not None) == typed_path, moved[:80]
+        if typed is not None:
+            original = scan_header_unpaused(SHARD, data, size)
+            assert (typed.groups, typed.tensors, typed.data_bytes, typed.name_hash) == (
+                original.groups, original.tensors, original.data_bytes, original.name_hash)
 
 
 def test_typed_path_refuses_every_library_header_with_one_byte_of_bad_size():
@@ -259,6 +268,14 @@ def _headers(draw) -> tuple[bytes, int | None]:
 @example((b'{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "__metadata__": {"dtype": "U8", "shape": [1], '
           b'"data_offsets": [1, 2]}}', None))  # ... spaced out
 @example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"}}x', None))
+@example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"__metadata__":{"a":"b"}}', None))  # no comma
+@example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"dtype":"U8","shape":[1],'
+          b'"data_offsets":[1,2]},"__metadata__":{"a":"b"}}', None))  # a second, entry-shaped metadata
+@example((b'{,"__metadata__":{"a":"b"}}', None))  # no tensor before the comma: '{' + '}' alone would pass
+@example((b'{ ,"__metadata__":{}}', None))
+@example((b'{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]} ,\n "__metadata__" : {"a": "b"} }', None))
+@example((b' { "__metadata__" : {"a": "b"} ,\n"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}', None))
+@example((b'{"__metadata__":null,"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', None))
 @example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"}}\x0b', None))
 @example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"}}\x0c ', None))
 @example((b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"a":"b"}}\xc2\xa0', None))

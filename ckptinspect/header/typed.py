@@ -23,14 +23,15 @@ not integers). What it cannot see, ruled out here on the bytes:
 - integers past 64 bits, which msgspec reads as Python ints: the scan bounds every offset by the end
   of the data buffer and every dim by its tensor's byte size, as parser.py does.
 
-``__metadata__`` is not a tensor entry. Where it comes first and compact, as the safetensors library
-writes it (``{"__metadata__":{...},"name":...``), or last and compact (``...,"__metadata__":{...}}``), it
-is decoded on its own as a string map and the rest as the tensor map; elsewhere the typed decode fails
-on it and parser.py takes the header.
+``__metadata__`` is not a tensor entry. Where it comes first, as the safetensors library writes it
+(``{"__metadata__":{...},"name":...``), or last, as writers that append it to a dict do
+(``...,"__metadata__":{...}}``), compact or spaced out, it is decoded on its own as a string map and the
+rest as the tensor map; elsewhere (or as ``null``) parser.py takes the header.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from ckptinspect.header.parser import DTYPE_BITS, MAX_FAST_DIMS
@@ -53,11 +54,14 @@ if msgspec is not None:
     _ENTRIES = msgspec.json.Decoder(dict[str, TensorEntry])
     _METADATA = msgspec.json.Decoder(dict[str, str])
 
-_METADATA_FIRST = b'{"__metadata__":{'
-_METADATA_LAST = b',"__metadata__":{'
+_JSON_WHITESPACE = b" \t\n\r"  # bytes.strip() would also take \x0b and \x0c, which JSON refuses
+_METADATA_KEY = b'"__metadata__"'
+# '{"__metadata__":' up to its value's "{", at the start; then the "," and the next key's quote.
+_METADATA_FIRST = re.compile(rb'[ \t\n\r]*\{[ \t\n\r]*"__metadata__"[ \t\n\r]*:[ \t\n\r]*(?=\{)')
+_NEXT_KEY = re.compile(rb'[ \t\n\r]*,[ \t\n\r]*(?=")')
+_KEY_VALUE = re.compile(rb'[ \t\n\r]*:[ \t\n\r]*(?=\{)')  # after a key, up to its value's "{"
 # Metadata is small (a format tag, a few strings); a larger one at the end costs parser.py's path.
 _METADATA_LAST_WINDOW = 65536
-_JSON_WHITESPACE = b" \t\n\r"  # bytes.strip() would also take \x0b and \x0c, which JSON refuses
 # Where a JSON number can start inside an array (JSON whitespace is these four bytes).
 _NEGATIVE_ZERO = (b"[-0", b",-0", b" -0", b"\n-0", b"\r-0", b"\t-0")
 
@@ -70,33 +74,41 @@ def decode_plain(data: bytes) -> dict[str, TensorEntry] | None:
         return None
     tensors = (0, len(data))
     body = data
-    if data.startswith(_METADATA_FIRST):
+    first = _METADATA_FIRST.match(data)
+    if first is not None:
         # The first "}" closes the metadata object: a JSON parser reading up to that byte is either
         # inside a string or a nested container (then the slice is malformed and the decode fails) or
-        # has just closed the object, and values are strings, so no "}" closed anything earlier.
-        end = data.find(b"}", len(_METADATA_FIRST))
-        metadata = memoryview(data)[len(_METADATA_FIRST) - 1:end + 1]
-        if end < 0 or data[end + 1:end + 3] != b',"' or not _is_metadata(metadata):
-            return None  # metadata only, spaced out or not a string map: parser.py
-        tensors = (end + 2, len(data))
-        body = b"".join((b"{", memoryview(data)[end + 2:]))  # one copy, ~0.05 ms per MB
+        # has just closed the object, and values are strings, so no "}" closed anything earlier. A
+        # tensor key must follow: '{' + the rest then holds every tensor member and nothing else.
+        end = data.find(b"}", first.end())
+        after = _NEXT_KEY.match(data, end + 1) if end >= 0 else None
+        if after is None or not _is_metadata(memoryview(data)[first.end():end + 1]):
+            return None
+        tensors = (after.end(), len(data))
+        body = b"".join((b"{", memoryview(data)[after.end():]))  # one copy, ~0.05 ms per MB
     else:
-        # Last, as writers that append it to a dict do: the tensor part is a valid object once the
-        # metadata member is cut, so the comma found is at the top level, and the metadata object
-        # runs to the document's closing "}" (only whitespace after it).
-        start = data.rfind(_METADATA_LAST, max(0, len(data) - _METADATA_LAST_WINDOW))
-        if start >= 0:
+        key = data.rfind(_METADATA_KEY, max(0, len(data) - _METADATA_LAST_WINDOW))
+        if key >= 0:
+            # Last: once the metadata member is cut, the tensor part must be a valid object with at
+            # least one member, so the comma before the key is at the top level after a whole member
+            # (``{,"__metadata__":...}`` would decode as ``{}``: hence the count check below), and the
+            # metadata object runs to the document's closing "}", with only whitespace after it.
+            before = data[max(0, key - 64):key]
+            kept = before.rstrip(_JSON_WHITESPACE)
+            value = _KEY_VALUE.match(data, key + len(_METADATA_KEY))
             close = data.rfind(b"}")
-            metadata = memoryview(data)[start + len(_METADATA_LAST) - 1:close]
-            if data[close + 1:].strip(_JSON_WHITESPACE) or not _is_metadata(metadata):
+            if (not kept.endswith(b",") or value is None or data[close + 1:].strip(_JSON_WHITESPACE)
+                    or not _is_metadata(memoryview(data)[value.end():close])):
                 return None
-            tensors = (0, start)
-            body = b"".join((memoryview(data)[:start], b"}"))
+            comma = key - len(before) + len(kept) - 1
+            tensors = (0, comma)
+            body = b"".join((memoryview(data)[:comma], b"}"))
     try:
         entries = _ENTRIES.decode(body)
     except msgspec.MsgspecError:
         return None
-    if "__metadata__" in entries or data.count(b":", *tensors) != 4 * len(entries):
+    if ("__metadata__" in entries or data.count(b":", *tensors) != 4 * len(entries)
+            or (not entries and tensors != (0, len(data)))):
         return None
     return entries
 
