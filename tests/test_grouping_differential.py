@@ -143,6 +143,8 @@ _ENTRY = st.tuples(_NAME, st.sampled_from(["BF16", "F32", "U8", "F8_E4M3"]),
 @example([("a.007.w", "BF16", []), ("a.008.w", "BF16", []), ("a.108.w", "BF16", [])])
 @example([("x.00", "F32", [1]), ("x.01", "F32", [1]), ("x.11", "F32", [1]), ("x.0", "F32", [1])])
 @example([("m.w1.3", "BF16", []), ("m.w2.3", "BF16", []), ("m.w1.03", "BF16", [])])
+@example([("a.1000000000000000000", "U8", [1]), ("a.2000000000000000000", "U8", [1])])  # 19 digits: text
+@example([("a.0.1000000000000000000", "U8", [1]), ("a.0.2000000000000000000", "U8", [1]), ("a.1.1000000000000000000", "U8", [1])])
 def test_fast_scan_equals_reference_on_generated_names(entries):
     data, header = header_bytes(entries)
     assert_agree(data, header)

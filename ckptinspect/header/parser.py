@@ -225,7 +225,7 @@ def _columns(obj: dict, fields: int | None = None) -> tuple[list, list, list, li
             if dims > 1 and ((fields is not None and dims > MAX_FAST_DIMS) or min(shape) < 0):
                 return None
             # JSON true / false decode to bools, which multiply as 1 / 0: False always makes numel 0
-            # and _zero_shape_ok types every dim; True matches "1 in shape" (cheaper than scanning the
+            # and zero_shape_fits types every dim; True matches "1 in shape" (cheaper than scanning the
             # text for "true"), and only then are the dims typed.
             if True in shape and any(type(d) is bool for d in shape):
                 return None
@@ -234,7 +234,7 @@ def _columns(obj: dict, fields: int | None = None) -> tuple[list, list, list, li
             size = end - begin
             if (bits is None or type(numel) is not int or type(begin) is not int or type(end) is not int
                     or type(shape) is not list or begin < 0 or size < 0 or numel * bits != size * 8
-                    or (fields is not None and len(info) != fields) or (numel == 0 and not _zero_shape_ok(shape))):
+                    or (fields is not None and len(info) != fields) or (numel == 0 and not zero_shape_fits(shape))):
                 return None
             add_dtype(dtype)
             add_shape(shape)
@@ -246,7 +246,7 @@ def _columns(obj: dict, fields: int | None = None) -> tuple[list, list, list, li
     return dtypes, shapes, sizes, numels, begins
 
 
-def _zero_shape_ok(shape: list) -> bool:
+def zero_shape_fits(shape: list) -> bool:
     """The reference multiplies dims left to right with overflow checks: [2**40, 2**40, 0] overflows."""
     product = 1
     for dim in shape:
