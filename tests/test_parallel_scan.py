@@ -1,0 +1,336 @@
+"""The optional scan worker process (inventory/parallel.py, scan_process.py, scan_worker.py): with it
+forced on, every report is byte-identical to the in-process scan's, local and through the test Hub
+server; a worker that cannot start, dies or answers garbage changes nothing but time; errors still
+name the first bad shard in index order; it is never started in a daemonic process, is used under the
+``spawn`` start method, leaves no process, thread or descriptor behind, and dies with its parent."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptinspect.errors import CkptInspectError, HeaderError
+from ckptinspect.inventory import scan_process
+from ckptinspect.inventory.scan_process import PARALLEL_ENV, ScanWorker
+from ckptinspect.pipeline import build_report
+from ckptinspect.render.json_out import dumps, report_to_json
+from fixtures.families_misc import llama_bf16
+from fixtures.generate import FIXTURES, write_fixture
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hub_repos import isolate_hf  # noqa: E402
+from hub_server import HubServer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def many_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fixture(llama_bf16("llama_many_shards", 16), tmp_path_factory.mktemp("parallel"))
+
+
+@pytest.fixture
+def worker_counts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Shards each report's worker answered (ScanWorker.results wrapped)."""
+    counts: list[int] = []
+    real = ScanWorker.results
+
+    def results(self, scan_here):
+        out = real(self, scan_here)
+        counts.append(self.worker_scanned)
+        return out
+
+    monkeypatch.setattr(ScanWorker, "results", results)
+    return counts
+
+
+def _json(ref: str) -> str:
+    """The report JSON less its timings, or the error's one line (fixtures of broken checkpoints)."""
+    try:
+        doc = report_to_json(build_report(ref, progress=False))
+    except CkptInspectError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    doc["source"].pop("stats", None)  # the Hub's request timings
+    return dumps(doc)
+
+
+def _worker_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker on for any volume and scanning every shard (the caller takes none from its backlog)."""
+    monkeypatch.setenv(PARALLEL_ENV, "1")
+    monkeypatch.setattr(scan_process, "SHARE_WITH_CALLER", False)
+
+
+def test_every_fixture_reports_the_same_with_the_worker_scanning_every_shard(make_fixture, monkeypatch,
+                                                                           worker_counts):
+    names = sorted(FIXTURES)
+    monkeypatch.setenv(PARALLEL_ENV, "0")
+    here = {name: _json(str(make_fixture(name))) for name in names}
+    _worker_only(monkeypatch)
+    worker_counts.clear()
+    there = {name: _json(str(make_fixture(name))) for name in names}
+    assert [n for n in names if here[n] != there[n]] == []
+    # the worker scanned the headers of every fixture that has any (a few broken ones fail before the scan)
+    assert len(worker_counts) >= len(names) - 10 and sum(c >= 1 for c in worker_counts) >= len(names) - 12
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_hub_reports_the_same_with_the_worker_fed_as_headers_arrive(make_fixture, many_shards, tmp_path,
+                                                                   monkeypatch, worker_counts, share):
+    isolate_hf(monkeypatch, tmp_path / "hf")
+    repos = {"org/many": many_shards, "org/moe": make_fixture("qwen3_5_moe_nvfp4"),
+             "org/dsv3": make_fixture("deepseek_v3_fp8")}
+    with HubServer() as server:
+        for repo, path in repos.items():
+            server.add_repo(repo, path)
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.setenv("CKPTINSPECT_HEADER_CACHE", "0")
+        monkeypatch.setenv(PARALLEL_ENV, "0")
+        server.reset_stats()
+        here = {repo: _json(repo) for repo in repos}
+        before = server.stats()
+        monkeypatch.setenv(PARALLEL_ENV, "1")
+        monkeypatch.setattr(scan_process, "SHARE_WITH_CALLER", share)
+        isolate_hf(monkeypatch, tmp_path / "hf-again")  # cold again: the same requests are due
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        server.reset_stats()
+        worker_counts.clear()
+        there = {repo: _json(repo) for repo in repos}
+        stats = server.stats()
+    assert there == here
+    assert len(worker_counts) == 3 and (share or min(worker_counts) >= 1)
+    # the same wire with the worker on: the same requests and bytes (tests/test_hub*.py hold the limits)
+    assert (stats["requests"], stats["bytes"]) == (before["requests"], before["bytes"])
+
+
+def test_the_first_bad_shard_in_index_order_is_named_whoever_scanned_it(many_shards, tmp_path, monkeypatch,
+                                                                        worker_counts):
+    broken = tmp_path / "two_broken"
+    shutil.copytree(many_shards, broken)
+    index = json.loads((broken / "model.safetensors.index.json").read_text())
+    shards = list(dict.fromkeys(index["weight_map"].values()))
+    for shard in (shards[3], shards[-1]):
+        data = bytearray((broken / shard).read_bytes())
+        at = data.index(b'"BF16"')
+        data[at:at + 6] = b'"XX16"'
+        (broken / shard).write_bytes(bytes(data))
+    _worker_only(monkeypatch)
+    with pytest.raises(HeaderError) as raised:
+        build_report(str(broken), progress=False)
+    assert shards[3] in str(raised.value) and "unknown dtype" in str(raised.value)
+    assert worker_counts == [len(shards) - 2]  # the worker answered the good ones, refused both bad ones
+
+
+@pytest.mark.parametrize("child", [
+    None,  # cannot start: no such interpreter
+    "import sys; sys.exit(3)",  # dies before reading anything
+    "import sys; sys.stdin.buffer.read(); sys.stdout.buffer.write(b'not a pickle')",  # answers garbage
+    "import sys; sys.stdin.buffer.read(); import pickle; pickle.dump([('x', None)], sys.stdout.buffer)",
+])
+def test_a_worker_that_fails_changes_nothing_but_time(many_shards, monkeypatch, worker_counts, child):
+    monkeypatch.setenv(PARALLEL_ENV, "0")
+    here = _json(str(many_shards))
+    _worker_only(monkeypatch)
+    if child is None:
+        monkeypatch.setattr(scan_process.sys, "executable", str(Path(sys.executable).parent / "no-such-python"))
+    else:
+        monkeypatch.setattr(scan_process, "_CHILD", child)
+    threads = threading.active_count()
+    assert _json(str(many_shards)) == here
+    assert worker_counts in ([], [0])  # nothing came from the worker: everything was scanned here
+    assert multiprocessing.active_children() == [] and threading.active_count() == threads
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts processes and descriptors through /proc")
+def test_twenty_reports_with_the_worker_leave_nothing_behind(many_shards, monkeypatch, worker_counts):
+    monkeypatch.setenv(PARALLEL_ENV, "1")
+    build_report(str(many_shards), progress=False)
+    threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
+    children = set(os.listdir("/proc/self/task"))
+    for _ in range(20):
+        build_report(str(many_shards), progress=False)
+    assert len(worker_counts) == 21  # a worker was started every time
+    assert threading.active_count() == threads and len(os.listdir("/proc/self/fd")) <= fds
+    assert set(os.listdir("/proc/self/task")) == children
+    assert _child_pids(os.getpid()) == []
+
+
+def _child_pids(pid: int) -> list[int]:
+    """Live (not zombie) children of ``pid``, from /proc."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry.name))
+    return out
+
+
+_EMBED = """
+import json, multiprocessing, os, sys
+os.environ["CKPTINSPECT_PARALLEL_SCAN"] = "1"
+
+def work(ref):
+    from ckptinspect.inventory import scan_process
+    from ckptinspect.pipeline import build_report
+    from ckptinspect.render.json_out import dumps, report_to_json
+    used = []
+    real = scan_process.ScanWorker.results
+    def results(self, scan_here):
+        out = real(self, scan_here)
+        used.append(self.worker_scanned)
+        return out
+    scan_process.ScanWorker.results = results
+    scan_process.SHARE_WITH_CALLER = False
+    doc = dumps(report_to_json(build_report(ref, progress=False)))
+    return doc, multiprocessing.current_process().daemon, used, len(multiprocessing.active_children())
+
+def in_process(ref, queue):
+    queue.put(work(ref))
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:  # daemonic workers
+        daemonic = pool.apply(work, (sys.argv[1],))
+    queue = ctx.Queue()
+    proc = ctx.Process(target=in_process, args=(sys.argv[1], queue))  # spawn-started, not daemonic
+    proc.start()
+    spawned = queue.get(timeout=120)
+    proc.join()
+    print(json.dumps([daemonic, spawned]))
+"""
+
+
+def test_never_in_a_daemonic_worker_and_used_under_spawn(many_shards, tmp_path, monkeypatch):
+    monkeypatch.setenv(PARALLEL_ENV, "0")
+    here = dumps(report_to_json(build_report(str(many_shards), progress=False)))
+    script = tmp_path / "embed.py"
+    script.write_text(_EMBED)
+    proc = subprocess.run([sys.executable, str(script), str(many_shards)], capture_output=True, text=True,
+                          timeout=240, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    daemonic, spawned = json.loads(proc.stdout)
+    assert daemonic == [here, True, [], 0]  # no worker started in the daemonic pool worker
+    assert spawned[:2] == [here, False] and spawned[2][0] >= 1 and spawned[3] == 0
+
+
+_PARENT = """
+import sys, time
+from ckptinspect.inventory.scan_process import ScanWorker
+worker = ScanWorker(min_bytes=0)
+worker.feed("a.safetensors", b"x" * 100, None)
+while worker.proc is None or not worker.sent:
+    time.sleep(0.01)
+print(worker.proc.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32" or not Path("/proc").is_dir(), reason="POSIX signals, /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_the_worker_dies_with_its_parent(tmp_path, sig):
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True, cwd=str(ROOT),
+                              env={**os.environ, "PYTHONPATH": str(ROOT), PARALLEL_ENV: "1"})
+    try:
+        child = int(parent.stdout.readline())
+        assert _alive(child)
+        parent.send_signal(sig)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_the_worker_starts_only_when_the_volume_and_a_spare_core_pay(monkeypatch):
+    monkeypatch.delenv(PARALLEL_ENV, raising=False)
+    monkeypatch.setattr(scan_process, "_spare_core", lambda: True)
+    worker = ScanWorker(min_bytes=1000)
+    worker.feed("a.safetensors", b"x" * 600, None)
+    assert not worker.started  # 600 bytes fed: below the volume
+    worker.feed("b.safetensors", b"x" * 600, None)
+    assert worker.started
+    worker.close()
+    assert multiprocessing.active_children() == [] and _child_pids(os.getpid()) == []
+    monkeypatch.setattr(scan_process, "_spare_core", lambda: False)
+    busy = ScanWorker(min_bytes=0)
+    busy.feed("a.safetensors", b"x" * 600, None)
+    assert not busy.started and busy.results(lambda *a: None) == {}
+    monkeypatch.setenv(PARALLEL_ENV, "1")
+    assert scan_process.worker_allowed()  # forced on, whatever the load
+    monkeypatch.setenv(PARALLEL_ENV, "0")
+    assert not scan_process.worker_allowed()
+
+
+@pytest.mark.skipif(not hasattr(os, "getloadavg") or not hasattr(os, "sched_getaffinity"), reason="POSIX load")
+def test_a_spare_core_means_two_cpus_and_a_load_under_one_and_a_half_per_cpu(monkeypatch):
+    monkeypatch.setattr(scan_process.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (1.2, 0.0, 0.0))
+    assert scan_process._spare_core()
+    monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (3.5, 0.0, 0.0))
+    assert not scan_process._spare_core()
+    monkeypatch.setattr(scan_process.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert not scan_process._spare_core()
+
+
+def test_by_default_only_the_hub_reader_feeds_a_worker(many_shards, tmp_path, monkeypatch, worker_counts):
+    """Local sources read every header before the scan: no worker there (it measured no faster); the Hub
+    reader feeds one as headers arrive, once the volume and a spare core say so."""
+    monkeypatch.delenv(PARALLEL_ENV, raising=False)
+    monkeypatch.setattr(scan_process, "_spare_core", lambda: True)
+    monkeypatch.setattr(scan_process, "MIN_WORKER_HEADER_BYTES", 1)
+    here = _json(str(many_shards))
+    assert worker_counts == []
+    isolate_hf(monkeypatch, tmp_path / "hf")
+    with HubServer() as server:
+        server.add_repo("org/many", many_shards)
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        there = _json("org/many")
+    assert len(worker_counts) == 1
+    local, hub = json.loads(here), json.loads(there)
+    assert [local[k] for k in ("totals", "components", "quantization")] == [hub[k] for k in ("totals", "components",
+                                                                                           "quantization")]
+
+
+def test_an_index_naming_other_tensors_is_found_alike_with_the_worker(many_shards, tmp_path, monkeypatch,
+                                                                      worker_counts):
+    """The cross-check by fingerprint: a same-count, same-length rename in the index (only the names'
+    fingerprint tells) is reported the same whichever process scanned the shard."""
+    renamed = tmp_path / "renamed"
+    shutil.copytree(many_shards, renamed)
+    path = renamed / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    name = next(n for n in index["weight_map"] if "q_proj" in n)
+    index["weight_map"][name.replace("q_proj", "k_qrox")] = index["weight_map"].pop(name)
+    path.write_text(json.dumps(index))
+    monkeypatch.setenv(PARALLEL_ENV, "0")
+    here = _json(str(renamed))
+    _worker_only(monkeypatch)
+    there = _json(str(renamed))
+    assert there == here and "index-header-mismatch" in here and worker_counts and worker_counts[0] >= 1
