@@ -55,7 +55,7 @@ def _open(ref: str, *, revision: str | None, token: str | None, progress: Progre
     ``worker``: fed each header as the source reads it (inventory/parallel.py); stopped here on failure."""
     try:
         return open_source(ref, revision=revision, token=token, progress=progress,
-                           scan=worker.feed if worker is not None else None)
+                           scan=worker)
     except BaseException:
         progress.end()
         if worker is not None:
@@ -96,7 +96,7 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), 
             worker.close()
         raise ConfigError("no config.json in the checkpoint", path=raw.location)
     # One scan for every source (inventory/parallel.py): scanning in this thread while the Hub's requests
-    # are in flight was measured slower (one GIL; BENCHMARKS.md "hub25"), so the Hub reader feeds a worker
+    # are in flight was measured slower (one GIL; BENCHMARKS.md, section 17), so the Hub reader feeds a worker
     # process instead, when the volume pays (BENCHMARKS.md, section 20).
     with start_scan(raw, progress, worker) as scan:
         from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules

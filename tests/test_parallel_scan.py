@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from ckptinspect.errors import CkptInspectError, HeaderError
-from ckptinspect.inventory import scan_process
+from ckptinspect.inventory import cpu_idle, scan_process
+from ckptinspect.header.fingerprint import name_fingerprint
+from ckptinspect.inventory.cpu_idle import CpuSample, parse_proc_stat, read_sample, worker_pays
 from ckptinspect.inventory.scan_process import PARALLEL_ENV, ScanWorker
 from ckptinspect.pipeline import build_report
 from ckptinspect.render.json_out import dumps, report_to_json
@@ -230,7 +232,7 @@ def test_never_in_a_daemonic_worker_and_used_under_spawn(many_shards, tmp_path, 
 _PARENT = """
 import sys, time
 from ckptinspect.inventory.scan_process import ScanWorker
-worker = ScanWorker(min_bytes=0)
+worker = ScanWorker()
 worker.feed("a.safetensors", b"x" * 100, None)
 while worker.proc is None or not worker.sent:
     time.sleep(0.01)
@@ -267,44 +269,141 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_the_worker_starts_only_when_the_volume_and_a_spare_core_pay(monkeypatch):
+def _sample(*cpus: tuple[int, int]) -> CpuSample:
+    """A CpuSample of (idle + iowait ticks, all ticks) for CPUs 0, 1, ..."""
+    return CpuSample(dict(enumerate(cpus)))
+
+
+def test_proc_stat_is_read_as_idle_plus_iowait_over_the_first_eight_fields():
+    text = ("cpu  10 0 10 100 5 0 0 0 0 0\n"
+            "cpu0 1 2 3 40 5 6 7 8 100 100\n"  # guest fields (100 100) are inside user / nice already
+            "cpu1 10 0 0 50 0 0 0 0\n"
+            "intr 1 2 3\nctxt 99\ncpufreq junk\n")
+    assert parse_proc_stat(text).ticks == {0: (45, 72), 1: (50, 60)}
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="Linux /proc/stat")
+def test_this_machines_proc_stat_covers_the_cpus_this_process_may_use():
+    sample = read_sample()
+    assert sample is not None and all(idle <= total for idle, total in sample.ticks.values())
+    cpus = cpu_idle.usable_cpus()
+    assert cpus is not None and cpus <= set(sample.ticks)
+    assert cpu_idle.process_ticks(os.getpid()) > 0 and cpu_idle.process_ticks(2 ** 30) == 0
+
+
+def test_the_worker_pays_only_when_most_of_a_cpu_stayed_idle_over_the_window():
+    first = _sample((0, 0), (0, 0))
+    # 100 ticks per CPU: one CPU idle throughout -> 1.0 idle
+    assert cpu_idle.idle_cpus(first, _sample((0, 100), (100, 100)), None) == (1.0, 100.0)
+    assert worker_pays(first, _sample((0, 100), (100, 100)), None) is True
+    assert worker_pays(first, _sample((30, 100), (30, 100)), None) is False  # 0.6 idle
+    assert worker_pays(first, _sample((35, 100), (35, 100)), None) is True  # 0.7 idle
+    # the worker's own start-up ran on the idle CPU: counted as idle
+    assert worker_pays(first, _sample((30, 100), (30, 100)), None, own_ticks=20) is True
+    # too short to tell (under 10 ticks per CPU)
+    assert worker_pays(first, _sample((0, 8), (8, 8)), None) is None
+    # only the CPUs this process may use count: the idle one is not among them
+    assert worker_pays(first, _sample((0, 100), (100, 100), (0, 100)), {0, 2}) is False
+    assert worker_pays(first, _sample((0, 100), (100, 100), (0, 100)), {0, 1}) is True
+    # one CPU to run on: never, however idle
+    assert worker_pays(first, _sample((100, 100), (100, 100)), {1}) is False
+    # a CPU gone between the samples is left out; no common CPU: no window
+    assert worker_pays(first, CpuSample({0: (0, 100)}), None) is False
+    assert cpu_idle.idle_cpus(first, CpuSample({}), None) == (0.0, 0.0)
+
+
+def test_without_proc_stat_the_cpu_count_and_load_average_decide():
+    assert cpu_idle.spare_core_without_proc_stat(2, 0.2)
+    assert not cpu_idle.spare_core_without_proc_stat(2, 0.5)  # 2 - 0.5 - this process < 0.7
+    assert cpu_idle.spare_core_without_proc_stat(8, 5.0)
+    assert not cpu_idle.spare_core_without_proc_stat(1, 0.0)
+    assert not cpu_idle.spare_core_without_proc_stat(None, 0.0)
+    assert not cpu_idle.spare_core_without_proc_stat(8, None)  # no load average (Windows): in-process
+
+
+class _Summary:
+    def __init__(self, tensors: int) -> None:
+        self.counts = {"a.safetensors": tensors}
+
+
+def _measured(monkeypatch: pytest.MonkeyPatch, verdict: bool | None) -> None:
+    """The CPU measurement's answer, whatever this machine is doing."""
     monkeypatch.delenv(PARALLEL_ENV, raising=False)
-    monkeypatch.setattr(scan_process, "_spare_core", lambda: True)
-    worker = ScanWorker(min_bytes=1000)
-    worker.feed("a.safetensors", b"x" * 600, None)
-    assert not worker.started  # 600 bytes fed: below the volume
-    worker.feed("b.safetensors", b"x" * 600, None)
+    monkeypatch.setattr(scan_process, "read_sample", lambda: _sample((0, 0), (0, 0)))
+    monkeypatch.setattr(scan_process, "usable_cpus", lambda: {0, 1})
+    monkeypatch.setattr(scan_process, "worker_pays", lambda *a: verdict)
+
+
+def test_the_worker_starts_with_the_read_and_is_fed_only_when_a_cpu_is_free(monkeypatch):
+    _measured(monkeypatch, True)
+    worker = ScanWorker()
+    worker.read_starts()
+    assert worker.started and worker.decision is None  # spawned before any header, not yet fed
+    worker.expect(_Summary(scan_process.MIN_WORKER_TENSORS))
+    monkeypatch.setattr(scan_process, "SHARE_WITH_CALLER", False)
+    header = b'{"w.weight":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+    worker.feed("a.safetensors", header, 8 + len(header) + 8)
+    assert worker.decision is True and worker.writer is not None
+    scans = worker.results(lambda *a: None)
+    assert worker.worker_scanned == 1 and scans["a.safetensors"].tensors == 1
+    assert scans["a.safetensors"].name_hash == name_fingerprint(["w.weight"])  # the same in every process
+    assert not worker.started and _child_pids(os.getpid()) == []
+
+
+@pytest.mark.parametrize("how", ["busy", "small", "never told"])
+def test_the_worker_is_stopped_as_soon_as_it_cannot_pay(monkeypatch, how):
+    _measured(monkeypatch, False if how == "busy" else None)
+    worker = ScanWorker()
+    worker.read_starts()
     assert worker.started
-    worker.close()
-    assert multiprocessing.active_children() == [] and _child_pids(os.getpid()) == []
-    monkeypatch.setattr(scan_process, "_spare_core", lambda: False)
-    busy = ScanWorker(min_bytes=0)
-    busy.feed("a.safetensors", b"x" * 600, None)
-    assert not busy.started and busy.results(lambda *a: None) == {}
-    monkeypatch.setenv(PARALLEL_ENV, "1")
-    assert scan_process.worker_allowed()  # forced on, whatever the load
+    worker.expect(_Summary(10 if how == "small" else scan_process.MIN_WORKER_TENSORS))
+    worker.feed("a.safetensors", b"x" * 600, None)
+    if how == "never told":  # the read ended before a window long enough to tell
+        assert worker.started and worker.held
+        assert not worker.settle()
+    assert not worker.started and worker.decision is False and worker.held == []
+    assert worker.results(lambda *a: None) == {} and _child_pids(os.getpid()) == []
+
+
+def test_no_worker_with_one_cpu_or_switched_off(monkeypatch):
+    _measured(monkeypatch, True)
+    monkeypatch.setattr(scan_process, "usable_cpus", lambda: {0})
+    one = ScanWorker()
+    one.read_starts()
+    assert not one.started
     monkeypatch.setenv(PARALLEL_ENV, "0")
     assert not scan_process.worker_allowed()
+    off = ScanWorker()
+    off.read_starts()
+    off.feed("a.safetensors", b"x", None)
+    assert not off.started
+    monkeypatch.setenv(PARALLEL_ENV, "1")
+    assert scan_process.worker_allowed()  # forced on, whatever the CPUs
 
 
-@pytest.mark.skipif(not hasattr(os, "getloadavg") or not hasattr(os, "sched_getaffinity"), reason="POSIX load")
-def test_a_spare_core_means_two_cpus_and_a_load_under_one_and_a_half_per_cpu(monkeypatch):
-    monkeypatch.setattr(scan_process.os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (1.2, 0.0, 0.0))
-    assert scan_process._spare_core()
-    monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (3.5, 0.0, 0.0))
-    assert not scan_process._spare_core()
-    monkeypatch.setattr(scan_process.os, "sched_getaffinity", lambda pid: {0})
-    monkeypatch.setattr(scan_process.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert not scan_process._spare_core()
+def test_a_failed_hub_read_stops_the_worker_it_started(tmp_path, monkeypatch):
+    _measured(monkeypatch, True)
+    isolate_hf(monkeypatch, tmp_path / "hf")
+    started = []
+    real = ScanWorker.read_starts
+
+    def read_starts(self):
+        real(self)
+        started.append(self.started)
+
+    monkeypatch.setattr(ScanWorker, "read_starts", read_starts)
+    with HubServer() as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        with pytest.raises(CkptInspectError):
+            build_report("org/no-such-repo", progress=False)
+    assert started == [True] and _child_pids(os.getpid()) == []
 
 
 def test_by_default_only_the_hub_reader_feeds_a_worker(many_shards, tmp_path, monkeypatch, worker_counts):
     """Local sources read every header before the scan: no worker there (it measured no faster); the Hub
     reader feeds one as headers arrive, once the volume and a spare core say so."""
-    monkeypatch.delenv(PARALLEL_ENV, raising=False)
-    monkeypatch.setattr(scan_process, "_spare_core", lambda: True)
-    monkeypatch.setattr(scan_process, "MIN_WORKER_HEADER_BYTES", 1)
+    _measured(monkeypatch, True)
+    monkeypatch.setattr(scan_process, "MIN_WORKER_TENSORS", 1)
     here = _json(str(many_shards))
     assert worker_counts == []
     isolate_hf(monkeypatch, tmp_path / "hf")
@@ -312,7 +411,7 @@ def test_by_default_only_the_hub_reader_feeds_a_worker(many_shards, tmp_path, mo
         server.add_repo("org/many", many_shards)
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         there = _json("org/many")
-    assert len(worker_counts) == 1
+    assert len(worker_counts) == 1 and worker_counts[0] >= 1
     local, hub = json.loads(here), json.loads(there)
     assert [local[k] for k in ("totals", "components", "quantization")] == [hub[k] for k in ("totals", "components",
                                                                                            "quantization")]

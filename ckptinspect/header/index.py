@@ -11,37 +11,16 @@ those names (to cross-check the headers).
 from __future__ import annotations
 
 import os
-import zlib
 from itertools import groupby
-from operator import methodcaller
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from ckptinspect.errors import ConfigError
+from ckptinspect.header.fingerprint import HASH_MASK, name_fingerprint, seeded_fingerprint
 from ckptinspect.records import IndexSummary
 
 INDEX = "model.safetensors.index.json"
-HASH_MASK = 0xFFFFFFFFFFFFFFFF
-_UTF8_SURROGATES = methodcaller("encode", "utf-8", "surrogatepass")
-
-
-def seeded_fingerprint(names: Iterable[str]) -> int:
-    """Order-independent fingerprint of a set of tensor names: the sum of ``hash(name)``, mod 2**64.
-
-    The cheapest (a string caches its hash), but ``hash(str)`` is seeded per process: comparable only
-    with fingerprints made in this process. The default of the index summary and of the scan."""
-    return sum(map(hash, names)) & HASH_MASK
-
-
-def name_fingerprint(names: Iterable[str]) -> int:
-    """Order-independent fingerprint of a set of tensor names: the sum of their CRC-32s, mod 2**64.
-
-    The same in every process: what a scan run in a worker process (inventory/parallel.py) is compared
-    with. ~0.06 CPU-s more than ``seeded_fingerprint`` for 371k names, so it is used only there."""
-    names = names if isinstance(names, list) else list(names)
-    try:
-        return sum(map(zlib.crc32, map(str.encode, names))) & HASH_MASK
-    except UnicodeEncodeError:  # a lone surrogate (kept by the exact JSON path): encode it as it is
-        return sum(map(zlib.crc32, map(_UTF8_SURROGATES, names))) & HASH_MASK
+__all__ = ["HASH_MASK", "INDEX", "name_fingerprint", "seeded_fingerprint", "shard_names_from_index",
+           "check_relative_name", "summarize_index"]
 
 
 def shard_names_from_index(index: Any, *, source: str = INDEX) -> tuple[str, ...]:

@@ -6,17 +6,19 @@ One scan for every source: the record is complete and eager (records.RawCheckpoi
 headers a source already scanned as they arrived (the Hub reader's optional ``scan``) are used as they are.
 
 The worker (``ScanWorker``, inventory/scan_process.py; its side in scan_worker.py) is an optional speed-up
-for the second core: the Hub reader's per-header hook feeds it each header as it arrives (``worker_feed``),
-so the scan runs while this process is still receiving (local sources: see ``start_scan``). It is a fresh
-interpreter started with ``subprocess`` (spawn semantics on every platform), and only when it pays: once
-the headers fed reach ``MIN_WORKER_HEADER_BYTES`` and with a spare core (two CPUs or more, the load
-average under 1.5 per CPU; both measured, BENCHMARKS.md "scan25"); never in a daemonic
-``multiprocessing`` process. ``CKPTINSPECT_PARALLEL_SCAN=0`` turns it off, ``=1`` forces it on for any
-volume, load and source (the tests' differential). Whatever it could not answer (it did not start, broke,
-or a shard raised there) is scanned here, in index order, so the result, errors included, is the
-in-process path's. No ``os.fork``, no ``gc.freeze``; the worker is gone when the scan returns or fails,
-and dies with this process (its stdin ends). ``hash(str)`` is seeded per process, so on the worker path
-the index cross-check's fingerprints are CRC-32 sums (header/index.py), made for the index here.
+for the second core. It is spawned when the Hub read starts (``read_starts``, so its interpreter start
+overlaps the network), and the Hub reader's per-header hook feeds it each header as it arrives, so the
+scan runs while this process is still receiving (local sources: see ``start_scan``). It is a fresh
+interpreter started with ``subprocess`` (spawn semantics on every platform), and it is used only when it
+pays: the index names ``MIN_WORKER_TENSORS`` or more, and a CPU stayed free while the read went on (measured
+from /proc/stat, not guessed from the load average: inventory/cpu_idle.py); otherwise it is stopped as soon
+as that is known. Never in a daemonic ``multiprocessing`` process. ``CKPTINSPECT_PARALLEL_SCAN=0`` turns it
+off, ``=1`` forces it on for any volume, load and source (the tests' differential). Whatever it could not
+answer (it did not start, broke, or a shard raised there) is scanned here, in index order, so the result,
+errors included, is the in-process path's. No ``os.fork``, no ``gc.freeze``; the worker is gone when the
+scan returns or fails, and dies with this process (its stdin ends). ``hash(str)`` is seeded per process, so
+on the worker path the index cross-check's fingerprints are CRC-32 sums (header/fingerprint.py), made for
+the index here while the worker scans.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from dataclasses import replace
 from functools import partial
 
 from ckptinspect.gc_pause import gc_paused
-from ckptinspect.header.index import INDEX, name_fingerprint, summarize_index
+from ckptinspect.header.fingerprint import name_fingerprint
+from ckptinspect.header.index import INDEX, summarize_index
 from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
 from ckptinspect.inventory.scan_process import ScanWorker, forced_on
 from ckptinspect.progress import SILENT, Progress
@@ -45,7 +48,7 @@ def start_scan(raw: RawCheckpoint, progress: Progress = SILENT, worker: ScanWork
 
     A source that read every header before returning (a local directory, the HF cache) gets no worker:
     there it would only split the scan after the read, and on the 397B replica that measured no faster
-    (BENCHMARKS.md "scan25", 1.03x wall at load ~1.9). ``CKPTINSPECT_PARALLEL_SCAN=1`` still feeds it
+    (BENCHMARKS.md section 20, 1.03x wall at load ~1.9). ``CKPTINSPECT_PARALLEL_SCAN=1`` still feeds it
     those headers, so the tests compare its scans with the in-process ones on every fixture."""
     if worker is None and forced_on():
         worker = ScanWorker()
@@ -58,8 +61,8 @@ def start_scan(raw: RawCheckpoint, progress: Progress = SILENT, worker: ScanWork
 
 
 def worker_feed() -> ScanWorker:
-    """A worker to hand to a source as its per-header ``scan`` hook (``open_source(..., scan=worker.feed)``),
-    then to ``start_scan``. It starts only if the headers fed reach the volume that pays."""
+    """A worker to hand to a source as its per-header ``scan`` hook (``open_source(..., scan=worker)``), then
+    to ``start_scan``. Only the ``hub`` source kind starts it (``read_starts``); it is used only if it pays."""
     return ScanWorker()
 
 
@@ -80,7 +83,7 @@ class Scan:
         summary, scan_one = raw.index_summary, scan_header_unpaused
         with gc_paused():  # the scans are acyclic: collections during the loop would find nothing
             index = raw.json_files.get(INDEX)
-            if self.worker is not None and self.worker.started and summary is not None and not isinstance(index, dict):
+            if self.worker is not None and self.worker.settle() and summary is not None and not isinstance(index, dict):
                 self.worker.close()  # no parsed index to fingerprint alike: scan here
             if self.worker is not None and self.worker.started:
                 # The worker's scans carry process-independent fingerprints: every scan and the index

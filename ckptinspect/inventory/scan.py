@@ -19,7 +19,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Callable, Mapping
 
-from ckptinspect.header.index import seeded_fingerprint
+from ckptinspect.header.fingerprint import seeded_fingerprint
 from ckptinspect.header.parser import parse_header
 
 # A numeric segment is a whole dot-delimited segment written as a canonical decimal: ASCII digits only

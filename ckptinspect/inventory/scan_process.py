@@ -1,13 +1,22 @@
-"""The parent's side of the optional scan worker process (inventory/parallel.py decides when; the child's
-side and the pipe protocol: inventory/scan_worker.py).
+"""The parent's side of the optional scan worker process (inventory/parallel.py; the child's side and the
+pipe protocol: inventory/scan_worker.py).
 
-``feed`` is called with each header as a source reads it; headers are held here until their bytes reach
-``MIN_WORKER_HEADER_BYTES``, then the worker starts and gets them, and every later one, through a
-writer thread (a pipe write blocks while the child is busy; the caller's thread must not). ``results``
-scans what the child has not taken yet here, ends the input and reads the child's answers; ``close``
-kills and reaps whatever is left. Any failure
-to start or to talk to the child leaves ``results`` empty for the shards it did not answer: the caller
-scans those itself, so a broken worker costs time, never a different result.
+A report's worker lives through one Hub read:
+
+1. ``read_starts`` (the ``hub`` source kind calls it as the read begins): the worker is spawned at once,
+   so its interpreter start and imports overlap the repo-info and index requests, and the CPUs are
+   sampled (inventory/cpu_idle.py).
+2. ``expect`` (the Hub reader, once the index is summarized): under ``MIN_WORKER_TENSORS`` the worker is
+   stopped: the scan is too short for a second process to pay.
+3. ``feed`` (the Hub reader's per-header hook): headers are held until the CPUs are sampled again over a
+   window long enough to tell; if a CPU stayed free (cpu_idle.worker_pays) the worker gets them, and
+   every later one, through a writer thread (a pipe write blocks while the child is busy; the caller's
+   thread must not); if not, the worker is stopped and the report scans in-process as without it.
+4. ``results`` scans what the child has not taken yet here, from the back, ends the input and reads the
+   child's answers; ``close`` kills and reaps whatever is left (a failed read closes it too: pipeline.py).
+
+Any failure to start or to talk to the child leaves ``results`` empty for the shards it did not answer:
+the caller scans those itself, so a broken worker costs time, never a different result.
 """
 
 from __future__ import annotations
@@ -23,17 +32,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ckptinspect.errors import CkptInspectError
+from ckptinspect.inventory.cpu_idle import (CpuSample, load_average, process_ticks, read_sample,
+                                            spare_core_without_proc_stat, usable_cpus, worker_pays)
 
-# Header bytes fed before a worker starts. The scan costs ~16 CPU-ms per MB of headers (0.79 CPU-s for the
-# 50 MB of the 371k-tensor replica) and the worker takes about half of it; its start (a fresh interpreter
-# importing the scanner: ~0.05 s) and the pipe cost ~0.1 s, so below ~16 MB (a ~0.25 s scan) the half it
-# moves is not worth it (BENCHMARKS.md "scan25").
-MIN_WORKER_HEADER_BYTES = 16_000_000
-# A second process pays only with a core to run on. Measured on 2 CPUs shared with other work (remote report
-# of the 397B replica, worker on / off, BENCHMARKS.md "scan25"): 0.80-0.83x wall at load 1.4-2.0, 0.95x at
-# load 3.5 (within the noise), so over 1.5 runnable tasks per CPU it is left off.
-MAX_LOAD_PER_CPU = 1.5
-PARALLEL_ENV = "CKPTINSPECT_PARALLEL_SCAN"  # "0": never; "1": for any volume; unset: when it pays
+# Tensors the index must name for the worker to run. The scan costs ~1.9 CPU-us per tensor (0.7 CPU-s for
+# the 371k of the Qwen3.5-397B replica) and the worker path costs this process a few CPU-ms (start, writer
+# thread, the answers) plus ~0.3 CPU-us per tensor (the index's process-independent fingerprints): below
+# ~50k tensors (a ~0.1 s scan) the share it moves is not worth a second interpreter.
+MIN_WORKER_TENSORS = 50_000
+PARALLEL_ENV = "CKPTINSPECT_PARALLEL_SCAN"  # "0": never; "1": for any volume, load and source; unset: when it pays
 # False: the caller never scans from the backlog, the worker scans every shard it was fed (the tests'
 # differential, so that it compares the worker's scans with the in-process ones, not the caller's).
 SHARE_WITH_CALLER = True
@@ -49,43 +56,27 @@ def forced_on() -> bool:
 
 def worker_allowed() -> bool:
     """Whether this process may start the worker at all (the issue's rules, and the switch)."""
-    switch = os.environ.get(PARALLEL_ENV, "").strip()
-    if switch == "0":
+    if os.environ.get(PARALLEL_ENV, "").strip() == "0":
         return False
     if multiprocessing.current_process().daemon:  # a daemonic pool worker: no children of its own
         return False
-    if not sys.executable:  # an embedding interpreter without one cannot start a Python child
-        return False
-    return switch == "1" or _spare_core()
-
-
-def _spare_core() -> bool:
-    """At least two CPUs for this process, and the load leaves one free (no load average: assume so)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # macOS, Windows
-        cpus = os.cpu_count() or 1
-    if cpus < 2:
-        return False
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # Windows
-        return True
-    return load < cpus * MAX_LOAD_PER_CPU
+    return bool(sys.executable)  # an embedding interpreter without one cannot start a Python child
 
 
 class ScanWorker:
-    """One report's scan worker: fed header by header, started when the volume pays.
+    """One report's scan worker: spawned when the read starts, used when a CPU is free and the volume pays.
 
     Fed headers wait in ``backlog``; the writer thread takes them from the front, and ``results``
     (called once the source has read everything) scans the rest here from the back until none is left,
     so both processes stay busy to the end and neither waits long for the other."""
 
-    def __init__(self, min_bytes: int | None = None) -> None:
-        self.min_bytes = 0 if forced_on() else (MIN_WORKER_HEADER_BYTES if min_bytes is None else min_bytes)
+    def __init__(self) -> None:
+        self.forced = forced_on()
         self.allowed = worker_allowed()
+        self.decision: bool | None = True if self.forced else None  # None: not measured yet
+        self.first: CpuSample | None = None
+        self.cpus: set[int] | None = None
         self.held: list[tuple[str, bytes, int | None]] = []
-        self.held_bytes = 0
         self.seen: set[str] = set()  # every shard fed
         self.sent: list[str] = []
         self.proc: subprocess.Popen | None = None
@@ -100,19 +91,77 @@ class ScanWorker:
     def started(self) -> bool:
         return self.proc is not None
 
+    def read_starts(self) -> None:
+        """The Hub read begins: sample the CPUs and spawn the worker now, unless it cannot pay."""
+        if not self.allowed or self.proc is not None:
+            return
+        if not self.forced:
+            self.first = read_sample()
+            self.cpus = usable_cpus()
+            if self.first is None:  # no /proc/stat: decide now, from the CPU count and the load average
+                self.decision = spare_core_without_proc_stat(os.cpu_count(), load_average())
+            elif self.cpus is not None and len(self.cpus) < 2:
+                self.decision = False
+            if self.decision is False:
+                self.allowed = False
+                return
+        self._start()
+
+    def expect(self, summary: Any) -> None:
+        """The index is in (an IndexSummary, or None without one): too few tensors stop the worker."""
+        tensors = sum(summary.counts.values()) if summary is not None else 0
+        if not self.forced and tensors < MIN_WORKER_TENSORS:
+            self._stop_unused()
+
+    def __call__(self, shard: str, header: bytes, file_size: int | None) -> None:
+        self.feed(shard, header, file_size)
+
     def feed(self, shard: str, header: bytes, file_size: int | None) -> None:
         """The source's per-header hook (returns None: the source keeps nothing for it)."""
         self.seen.add(shard)
         if not self.allowed or self.broken:
             return
-        if self.proc is None:
+        if self.proc is None and not (self.forced and self._start()):
+            return
+        if self.decision is None:
             self.held.append((shard, header, file_size))
-            self.held_bytes += len(header)
-            if self.held_bytes < self.min_bytes or not self._start():
-                return
-            items, self.held = self.held, []
-        else:
-            items = [(shard, header, file_size)]
+            self._decide(final=False)
+        elif self.decision:
+            self._push([(shard, header, file_size)])
+
+    def _decide(self, *, final: bool) -> None:
+        """Sample the CPUs again: a free CPU over the window starts the feed, a busy one stops the worker;
+        a window too short to tell waits for the next header, or (``final``) stops the worker."""
+        second = read_sample()
+        verdict = None
+        if self.first is not None and second is not None and self.proc is not None:
+            verdict = worker_pays(self.first, second, self.cpus, process_ticks(self.proc.pid))
+        if verdict is None and not final:
+            return
+        if not verdict:
+            self._stop_unused()
+            return
+        self.decision = True
+        items, self.held = self.held, []
+        self._push(items)
+
+    def settle(self) -> bool:
+        """Whether the worker takes part in this scan: decided now if the read ended before a window long
+        enough to tell (the caller, once the source has read everything)."""
+        if self.proc is not None and self.decision is None:
+            self._decide(final=True)
+        if self.proc is not None and not self.decision:
+            self._stop_unused()
+        return self.proc is not None
+
+    def _stop_unused(self) -> None:
+        self.decision, self.allowed, self.held = False, False, []
+        self.close()
+
+    def _push(self, items: list[tuple[str, bytes, int | None]]) -> None:
+        if self.writer is None:
+            self.writer = threading.Thread(target=self._write, name="ckptinspect-scan-feed", daemon=True)
+            self.writer.start()
         with self.ready:
             self.backlog.extend(items)
             self.ready.notify()
@@ -126,8 +175,6 @@ class ScanWorker:
             self.allowed = False
             self.held = []
             return False
-        self.writer = threading.Thread(target=self._write, name="ckptinspect-scan-feed", daemon=True)
-        self.writer.start()
         return True
 
     def _write(self) -> None:
@@ -163,10 +210,11 @@ class ScanWorker:
         """shard -> ShardScan for every shard scanned by the worker or, from the back of the backlog, by
         ``scan_here`` in this thread; {} when the worker never started. A shard whose scan raises is left
         out (the caller scans it again in order and raises there); so is all the worker's share if it broke."""
-        self.held = []
-        proc = self.proc
-        if proc is None:
+        if not self.settle():
             return {}
+        proc = self.proc
+        assert proc is not None
+        self._push([])  # the writer runs (it ends the child's input below), even if nothing was fed
         done: dict[str, Any] = {}
         while SHARE_WITH_CALLER and (item := self._take_last()) is not None:
             try:

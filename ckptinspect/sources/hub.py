@@ -142,6 +142,9 @@ class _HubRead:
         try:
             meta = self._next("meta")
             shards, sizes = meta["shards"], meta["sizes"]
+            expect = getattr(scan, "expect", None)  # the report's scan worker: the index says how much is coming
+            if expect is not None:
+                expect(meta["summary"])
             progress.phase("headers", 0, len(shards))
             for done, _ in enumerate(shards, 1):
                 shard, header = self._next("header")
