@@ -1,10 +1,12 @@
-"""The scan worker (inventory/parallel.py) forced on (CKPTINSPECT_PARALLEL_SCAN=1, whatever the load) against
-off (=0), paired and alternating: the remote report
+"""The scan worker (inventory/parallel.py) forced on (CKPTINSPECT_PARALLEL_SCAN=1, whatever the load), left
+to decide (unset: used only when a CPU stayed free and the volume pays) and off (=0), paired and
+alternating: the remote report
 through a test Hub server (cold HF cache and header cache per run) or a local directory, wall and CPU-s
 (the report process and its worker), the load average per round, and whether the two report JSONs are
 byte-identical (less ``source.stats``, which holds timings).
 
     python benchmarks/bench_parallel_scan.py --replica DIR [--runs 3] [--server keepalive|plain|local]
+        [--modes on,auto,off]
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from bench_hub_servers import REPO, _Served  # noqa: E402
 def _run(ref: str, url: str | None, parallel: str) -> tuple[float, float, str]:
     home = tempfile.mkdtemp(prefix="bench_hf_")
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_HUB_OFFLINE")}
-    env.update(HF_HOME=home, PYTHONPATH=str(ROOT), CKPTINSPECT_CACHE_DIR=str(Path(home) / "ckptinspect"),
-               CKPTINSPECT_PARALLEL_SCAN=parallel)
+    env.update(HF_HOME=home, PYTHONPATH=str(ROOT), CKPTINSPECT_CACHE_DIR=str(Path(home) / "ckptinspect"))
+    env.pop("CKPTINSPECT_PARALLEL_SCAN", None)
+    if parallel:
+        env["CKPTINSPECT_PARALLEL_SCAN"] = parallel
     if url:
         env["HF_ENDPOINT"] = url
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -53,7 +57,10 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--server", choices=("keepalive", "plain", "local"), default="keepalive")
     ap.add_argument("--latency-ms", type=float, default=20.0)
+    ap.add_argument("--modes", default="on,off", help="comma-separated: on (=1), auto (unset), off (=0)")
     args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    switch = {"on": "1", "auto": "", "off": "0"}
     served = None
     ref, url = str(args.replica), None
     if args.server != "local":
@@ -61,16 +68,16 @@ def main() -> int:
         served = _Served([sys.executable, str(ROOT / "tests" / script), "--latency-ms", str(args.latency_ms),
                           REPO, str(args.replica)])
         ref, url = REPO, served.url
-    times: dict[str, list[tuple[float, float]]] = {"on": [], "off": []}
+    times: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     docs: set[str] = set()
     try:
         _run(ref, url, "0")  # warm the page cache and the server
         for round_no in range(args.runs):
             load = os.getloadavg()[0]
-            order = ("on", "off") if round_no % 2 == 0 else ("off", "on")
+            order = modes if round_no % 2 == 0 else modes[::-1]
             parts = []
             for name in order:
-                wall, cpu, doc = _run(ref, url, "1" if name == "on" else "0")
+                wall, cpu, doc = _run(ref, url, switch[name])
                 times[name].append((wall, cpu))
                 docs.add(doc)
                 parts.append(f"{name} {wall:.2f} s / {cpu:.2f} CPU-s")
@@ -79,8 +86,9 @@ def main() -> int:
         if served is not None:
             served.close()
     med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in times.items()}
-    print(f"{args.server} medians: worker on {med['on'][0]:.3f} s / {med['on'][1]:.3f} CPU-s, off {med['off'][0]:.3f} s"
-          f" / {med['off'][1]:.3f} CPU-s; wall on/off {med['on'][0] / med['off'][0]:.2f}; same report JSON: {len(docs) == 1}")
+    parts = ", ".join(f"{m} {med[m][0]:.3f} s / {med[m][1]:.3f} CPU-s" for m in modes)
+    ratios = "".join(f"; wall {m}/off {med[m][0] / med['off'][0]:.2f}" for m in modes if m != "off" and "off" in med)
+    print(f"{args.server} medians: {parts}{ratios}; same report JSON: {len(docs) == 1}")
     return 0
 
 

@@ -230,7 +230,7 @@ class IndexSummary:
     shards: tuple[str, ...]  # unique shard files in first-seen order
     counts: Mapping[str, int]  # shard -> tensor names mapped to it
     name_bytes: Mapping[str, int]  # shard -> total length of those names (sizes the Hub header reads)
-    name_hashes: Mapping[str, int]  # shard -> fingerprint of its names (header/index.py; ShardScan.name_hash made alike)
+    name_hashes: Mapping[str, int]  # shard -> sum of hash(name) & 2**64-1 (same process family only)
     total_size: int | None  # metadata.total_size as written
 
 

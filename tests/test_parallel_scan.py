@@ -21,7 +21,8 @@ import pytest
 
 from ckptinspect.errors import CkptInspectError, HeaderError
 from ckptinspect.inventory import cpu_idle, scan_process
-from ckptinspect.header.fingerprint import name_fingerprint
+from ckptinspect.header.index import summarize_index
+from ckptinspect.inventory.scan import ShardScan
 from ckptinspect.inventory.cpu_idle import CpuSample, parse_proc_stat, read_sample, worker_pays
 from ckptinspect.inventory.scan_process import PARALLEL_ENV, ScanWorker
 from ckptinspect.pipeline import build_report
@@ -47,8 +48,8 @@ def worker_counts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     counts: list[int] = []
     real = ScanWorker.results
 
-    def results(self, scan_here):
-        out = real(self, scan_here)
+    def results(self, *args):
+        out = real(self, *args)
         counts.append(self.worker_scanned)
         return out
 
@@ -191,8 +192,8 @@ def work(ref):
     from ckptinspect.render.json_out import dumps, report_to_json
     used = []
     real = scan_process.ScanWorker.results
-    def results(self, scan_here):
-        out = real(self, scan_here)
+    def results(self, *args):
+        out = real(self, *args)
         used.append(self.worker_scanned)
         return out
     scan_process.ScanWorker.results = results
@@ -329,25 +330,41 @@ class _Summary:
 def _measured(monkeypatch: pytest.MonkeyPatch, verdict: bool | None) -> None:
     """The CPU measurement's answer, whatever this machine is doing."""
     monkeypatch.delenv(PARALLEL_ENV, raising=False)
-    monkeypatch.setattr(scan_process, "read_sample", lambda: _sample((0, 0), (0, 0)))
-    monkeypatch.setattr(scan_process, "usable_cpus", lambda: {0, 1})
-    monkeypatch.setattr(scan_process, "worker_pays", lambda *a: verdict)
+    monkeypatch.setattr(cpu_idle, "read_sample", lambda: _sample((0, 0), (0, 0)))
+    monkeypatch.setattr(cpu_idle, "usable_cpus", lambda: {0, 1})
+    monkeypatch.setattr(cpu_idle, "worker_pays", lambda *a: verdict)
 
 
 def test_the_worker_starts_with_the_read_and_is_fed_only_when_a_cpu_is_free(monkeypatch):
     _measured(monkeypatch, True)
-    worker = ScanWorker()
-    worker.read_starts()
-    assert worker.started and worker.decision is None  # spawned before any header, not yet fed
-    worker.expect(_Summary(scan_process.MIN_WORKER_TENSORS))
     monkeypatch.setattr(scan_process, "SHARE_WITH_CALLER", False)
     header = b'{"w.weight":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
-    worker.feed("a.safetensors", header, 8 + len(header) + 8)
-    assert worker.decision is True and worker.writer is not None
-    scans = worker.results(lambda *a: None)
-    assert worker.worker_scanned == 1 and scans["a.safetensors"].tensors == 1
-    assert scans["a.safetensors"].name_hash == name_fingerprint(["w.weight"])  # the same in every process
-    assert not worker.started and _child_pids(os.getpid()) == []
+    for index_names, same in ((["w.weight"], True), (["v.weight"], False)):
+        index = {"weight_map": {name: "a.safetensors" for name in index_names}}
+        summary = summarize_index(index, source="index")
+        worker = ScanWorker()
+        worker.read_starts()
+        assert worker.started and worker.decision is None  # spawned before any header, not yet fed
+        worker.index_arrives(json.dumps(index).encode())  # the Hub's bytes: the child parses them itself
+        assert worker.decision is True and worker.writer is not None
+        worker.expect(_Summary(scan_process.MIN_WORKER_TENSORS))
+        worker.feed("a.safetensors", header, 8 + len(header) + 8)
+        scans = worker.results(lambda *a: None, summary)
+        assert worker.worker_scanned == 1 and scans["a.safetensors"].tensors == 1
+        # the child compared the names with the index in its own process; this one's fingerprint stands in
+        assert (scans["a.safetensors"].name_hash == summary.name_hashes["a.safetensors"]) is same
+        assert not worker.started and _child_pids(os.getpid()) == []
+
+
+def test_answers_from_a_child_that_read_another_index_are_not_used():
+    summary = summarize_index({"weight_map": {"w": "a.safetensors", "v": "a.safetensors"}}, source="index")
+    scan = ShardScan("a.safetensors", 10, None, 2, 8, {}, 12345)  # the child's name_hash: its own seed
+    reply = (({"a.safetensors": 2}, {"a.safetensors": 2}), [("a.safetensors", scan, True)])
+    assert scan_process._trusted(reply, {"a.safetensors"}, summary)["a.safetensors"].name_hash == \
+        summary.name_hashes["a.safetensors"]
+    for check in (None, ({"a.safetensors": 1}, {"a.safetensors": 2}), ({"a.safetensors": 2}, {"a.safetensors": 3})):
+        assert scan_process._trusted((check, reply[1]), {"a.safetensors"}, summary) == {}
+    assert scan_process._trusted(reply, set(), summary) == {}  # never sent: not the child's to answer
 
 
 @pytest.mark.parametrize("how", ["busy", "small", "never told"])
@@ -357,17 +374,18 @@ def test_the_worker_is_stopped_as_soon_as_it_cannot_pay(monkeypatch, how):
     worker.read_starts()
     assert worker.started
     worker.expect(_Summary(10 if how == "small" else scan_process.MIN_WORKER_TENSORS))
+    worker.index_arrives(b'{"weight_map": {}}')
     worker.feed("a.safetensors", b"x" * 600, None)
     if how == "never told":  # the read ended before a window long enough to tell
         assert worker.started and worker.held
         assert not worker.settle()
     assert not worker.started and worker.decision is False and worker.held == []
-    assert worker.results(lambda *a: None) == {} and _child_pids(os.getpid()) == []
+    assert worker.results(lambda *a: None, None) == {} and _child_pids(os.getpid()) == []
 
 
 def test_no_worker_with_one_cpu_or_switched_off(monkeypatch):
     _measured(monkeypatch, True)
-    monkeypatch.setattr(scan_process, "usable_cpus", lambda: {0})
+    monkeypatch.setattr(cpu_idle, "usable_cpus", lambda: {0})
     one = ScanWorker()
     one.read_starts()
     assert not one.started

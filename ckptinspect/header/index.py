@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import os
 from itertools import groupby
-from typing import Any, Callable
+from typing import Any
 
 from ckptinspect.errors import ConfigError
-from ckptinspect.header.fingerprint import HASH_MASK, name_fingerprint, seeded_fingerprint
 from ckptinspect.records import IndexSummary
 
 INDEX = "model.safetensors.index.json"
-__all__ = ["HASH_MASK", "INDEX", "name_fingerprint", "seeded_fingerprint", "shard_names_from_index",
-           "check_relative_name", "summarize_index"]
+HASH_MASK = 0xFFFFFFFFFFFFFFFF
 
 
 def shard_names_from_index(index: Any, *, source: str = INDEX) -> tuple[str, ...]:
@@ -47,10 +45,8 @@ def check_relative_name(name: Any, *, source: str) -> None:
         raise ConfigError(f"weight_map entry '{name}' points outside the checkpoint directory", path=source)
 
 
-def summarize_index(index: Any, *, source: str,
-                    fingerprint: Callable[[list[str]], int] = seeded_fingerprint) -> IndexSummary:
-    """Summarize a parsed index (validates shard names: no paths escaping the checkpoint); ``fingerprint``
-    makes ``name_hashes`` (``name_fingerprint`` where the headers were scanned by another process)."""
+def summarize_index(index: Any, *, source: str) -> IndexSummary:
+    """Summarize a parsed index (validates shard names: no paths escaping the checkpoint)."""
     shards = shard_names_from_index(index, source=source)
     acc: dict[str, list[int]] = {shard: [0, 0, 0] for shard in shards}
     weight_map = index["weight_map"]
@@ -62,7 +58,7 @@ def summarize_index(index: Any, *, source: str,
             entry = acc[shard]
             entry[0] += 1
             entry[1] += len(name)  # names are ASCII in practice; JSON escapes are covered by the read margin
-            entry[2] += hash(name) if fingerprint is seeded_fingerprint else fingerprint([name])
+            entry[2] += hash(name)
     else:
         names = list(weight_map)
         start = 0
@@ -72,7 +68,7 @@ def summarize_index(index: Any, *, source: str,
             entry = acc[shard]
             entry[0] += count
             entry[1] += sum(map(len, chunk))
-            entry[2] += fingerprint(chunk)
+            entry[2] += sum(map(hash, chunk))
     metadata = index.get("metadata")
     total = metadata.get("total_size") if isinstance(metadata, dict) else None
     return IndexSummary(

@@ -17,18 +17,14 @@ off, ``=1`` forces it on for any volume, load and source (the tests' differentia
 answer (it did not start, broke, or a shard raised there) is scanned here, in index order, so the result,
 errors included, is the in-process path's. No ``os.fork``, no ``gc.freeze``; the worker is gone when the
 scan returns or fails, and dies with this process (its stdin ends). ``hash(str)`` is seeded per process, so
-on the worker path the index cross-check's fingerprints are CRC-32 sums (header/fingerprint.py), made for
-the index here while the worker scans.
+the worker gets the index too (the Hub's bytes, as they arrive) and does its side of the index cross-check
+itself (scan_worker.py); this process then spends nothing on it.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from functools import partial
-
 from ckptinspect.gc_pause import gc_paused
-from ckptinspect.header.fingerprint import name_fingerprint
-from ckptinspect.header.index import INDEX, summarize_index
+from ckptinspect.header.index import INDEX
 from ckptinspect.inventory.scan import ShardScan, scan_header_unpaused
 from ckptinspect.inventory.scan_process import ScanWorker, forced_on
 from ckptinspect.progress import SILENT, Progress
@@ -53,6 +49,8 @@ def start_scan(raw: RawCheckpoint, progress: Progress = SILENT, worker: ScanWork
     if worker is None and forced_on():
         worker = ScanWorker()
     if worker is not None and forced_on():
+        if isinstance(raw.json_files.get(INDEX), dict) and not worker.has_index:
+            worker.index_parsed(raw.json_files[INDEX])
         done = raw.scan_plan.scanned if raw.scan_plan is not None else {}
         for shard, header in raw.headers.items():
             if shard not in done and shard not in worker.seen:
@@ -80,27 +78,17 @@ class Scan:
         raw = self.raw
         scanned = dict(raw.scan_plan.scanned) if raw.scan_plan is not None else {}
         scanned = {s: v for s, v in scanned.items() if isinstance(v, ShardScan)}  # a worker's hook returns None
-        summary, scan_one = raw.index_summary, scan_header_unpaused
+        summary = raw.index_summary
         with gc_paused():  # the scans are acyclic: collections during the loop would find nothing
-            index = raw.json_files.get(INDEX)
-            if self.worker is not None and self.worker.settle() and summary is not None and not isinstance(index, dict):
-                self.worker.close()  # no parsed index to fingerprint alike: scan here
-            if self.worker is not None and self.worker.started:
-                # The worker's scans carry process-independent fingerprints: every scan and the index
-                # summary's are made the same way here (while the worker goes on with its backlog).
-                scan_one = partial(scan_header_unpaused, fingerprint=name_fingerprint)
-                scanned = {}
-                if summary is not None:
-                    summary = replace(summary, name_hashes=summarize_index(
-                        index, source=INDEX, fingerprint=name_fingerprint).name_hashes)
+            if self.worker is not None and self.worker.settle():
                 # the worker's share and, from the back of its backlog, this thread's (scan_process.py)
                 self.progress.phase("scanning headers")
-                scanned.update(self.worker.results(scan_one))
+                scanned.update(self.worker.results(scan_header_unpaused, summary))
             todo = [s for s in raw.headers if s not in scanned]
             try:
                 for done, shard in enumerate(todo):
                     self.progress.phase("scanning headers", done, len(todo))
-                    scanned[shard] = scan_one(shard, raw.headers[shard], raw.file_sizes.get(shard))
+                    scanned[shard] = scan_header_unpaused(shard, raw.headers[shard], raw.file_sizes.get(shard))
             finally:
                 self.progress.end()
         return [scanned[s] for s in raw.headers], summary

@@ -17,9 +17,8 @@ import re
 from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
-from typing import Callable, Mapping
+from typing import Mapping
 
-from ckptinspect.header.fingerprint import seeded_fingerprint
 from ckptinspect.header.parser import parse_header
 
 # A numeric segment is a whole dot-delimited segment written as a canonical decimal: ASCII digits only
@@ -82,7 +81,7 @@ class ShardScan:
     tensors: int
     data_bytes: int
     groups: Mapping[tuple[str, int | None], GroupTally]  # (pattern, first index) -> tally
-    name_hash: int  # order-independent fingerprint of the names (header/index.py): cross-checks the index
+    name_hash: int  # order-independent sum of hash(name): cross-checks the index without shipping names
 
 
 def _shape_of(name: str) -> tuple[str, tuple[tuple[int, int], ...]]:
@@ -94,10 +93,8 @@ def _shape_of(name: str) -> tuple[str, tuple[tuple[int, int], ...]]:
     return ".{}".join(text), spans
 
 
-def scan_header_unpaused(shard: str, data: bytes, file_size: int | None,
-                         fingerprint: Callable[[list[str]], int] = seeded_fingerprint) -> ShardScan:
-    """Validate one header and aggregate its tensors by (pattern, first index); ``fingerprint`` makes
-    ``name_hash`` (header/index.py: the index summary's must be made the same way).
+def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> ShardScan:
+    """Validate one header and aggregate its tensors by (pattern, first index).
 
     Callers pause the cyclic GC around it (sources.interface.gc_paused): the trees are acyclic and freed
     by refcounting, and the header is released before returning, so the collector never traverses it."""
@@ -131,7 +128,7 @@ def scan_header_unpaused(shard: str, data: bytes, file_size: int | None,
             positions = list(run)
             _add(groups, (pattern, first), list(map(members.__getitem__, positions)), header,
                  None if subs is None else list(map(subs.__getitem__, positions)))
-    name_hash = fingerprint(names)
+    name_hash = sum(map(hash, names)) & 0xFFFFFFFFFFFFFFFF
     scan = ShardScan(shard, header.length, file_size, len(names), header.data_bytes, groups, name_hash)
     del header
     return scan

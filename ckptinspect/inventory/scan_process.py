@@ -22,29 +22,29 @@ the caller scans those itself, so a broken worker costs time, never a different 
 from __future__ import annotations
 
 import collections
-import multiprocessing
 import os
-import pickle
-import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from ckptinspect.errors import CkptInspectError
-from ckptinspect.inventory.cpu_idle import (CpuSample, load_average, process_ticks, read_sample,
-                                            spare_core_without_proc_stat, usable_cpus, worker_pays)
+
+# subprocess, pickle and inventory/cpu_idle.py are imported when a Hub read starts a worker, not before: a local
+# report never needs them.
 
 # Tensors the index must name for the worker to run. The scan costs ~1.9 CPU-us per tensor (0.7 CPU-s for
 # the 371k of the Qwen3.5-397B replica) and the worker path costs this process a few CPU-ms (start, writer
 # thread, the answers) plus ~0.3 CPU-us per tensor (the index's process-independent fingerprints): below
 # ~50k tensors (a ~0.1 s scan) the share it moves is not worth a second interpreter.
 MIN_WORKER_TENSORS = 50_000
+PIPE_BYTES = 1 << 20  # the pipe to the child, where the platform lets it be set (_widen_pipe)
 PARALLEL_ENV = "CKPTINSPECT_PARALLEL_SCAN"  # "0": never; "1": for any volume, load and source; unset: when it pays
 # False: the caller never scans from the backlog, the worker scans every shard it was fed (the tests'
 # differential, so that it compares the worker's scans with the in-process ones, not the caller's).
 SHARE_WITH_CALLER = True
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the ckptinspect package
+# the child's command; argv[1] is the directory holding the ckptinspect package
 _CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
           "from ckptinspect.inventory.scan_worker import main; sys.exit(main())")
 
@@ -58,7 +58,9 @@ def worker_allowed() -> bool:
     """Whether this process may start the worker at all (the issue's rules, and the switch)."""
     if os.environ.get(PARALLEL_ENV, "").strip() == "0":
         return False
-    if multiprocessing.current_process().daemon:  # a daemonic pool worker: no children of its own
+    # A daemonic pool worker may have no children of its own (a multiprocessing child has imported it).
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None and process.current_process().daemon:
         return False
     return bool(sys.executable)  # an embedding interpreter without one cannot start a Python child
 
@@ -72,14 +74,17 @@ class ScanWorker:
 
     def __init__(self) -> None:
         self.forced = forced_on()
-        self.allowed = worker_allowed()
+        self.allowed = os.environ.get(PARALLEL_ENV, "").strip() != "0"  # the rest is asked when it would start
         self.decision: bool | None = True if self.forced else None  # None: not measured yet
-        self.first: CpuSample | None = None
+        self.first: Any = None  # cpu_idle.CpuSample when the read started
         self.cpus: set[int] | None = None
         self.held: list[tuple[str, bytes, int | None]] = []
+        self.index: tuple[str, Any] | None = None  # the index for the child, sent before any header
+        self.has_index = False
+        self.lock = threading.RLock()  # index_arrives runs in the Hub reader's thread
         self.seen: set[str] = set()  # every shard fed
         self.sent: list[str] = []
-        self.proc: subprocess.Popen | None = None
+        self.proc: Any = None  # the subprocess.Popen
         self.backlog: collections.deque = collections.deque()
         self.ready = threading.Condition()
         self.ending = False
@@ -96,10 +101,12 @@ class ScanWorker:
         if not self.allowed or self.proc is not None:
             return
         if not self.forced:
-            self.first = read_sample()
-            self.cpus = usable_cpus()
+            from ckptinspect.inventory import cpu_idle
+
+            self.first = cpu_idle.read_sample()
+            self.cpus = cpu_idle.usable_cpus()
             if self.first is None:  # no /proc/stat: decide now, from the CPU count and the load average
-                self.decision = spare_core_without_proc_stat(os.cpu_count(), load_average())
+                self.decision = cpu_idle.spare_core_without_proc_stat(os.cpu_count(), cpu_idle.load_average())
             elif self.cpus is not None and len(self.cpus) < 2:
                 self.decision = False
             if self.decision is False:
@@ -113,6 +120,25 @@ class ScanWorker:
         if not self.forced and tensors < MIN_WORKER_TENSORS:
             self._stop_unused()
 
+    def index_arrives(self, data: bytes) -> None:
+        """The Hub reader's index bytes, as they arrived (before this process parses them): the child
+        parses and summarizes the same bytes meanwhile, for its side of the index cross-check."""
+        self._give_index(("index-bytes", data))
+
+    def index_parsed(self, index: Any) -> None:
+        """A parsed index (a local source's, when forced on): pickled to the child."""
+        self._give_index(("index", index))
+
+    def _give_index(self, message: tuple[str, Any]) -> None:
+        with self.lock:
+            if not self.allowed or (self.proc is None and not (self.forced and self._start())):
+                return
+            self.index, self.has_index = message, True
+            if self.decision is None:
+                self._decide(final=False)
+            elif self.decision:
+                self._push([])
+
     def __call__(self, shard: str, header: bytes, file_size: int | None) -> None:
         self.feed(shard, header, file_size)
 
@@ -121,21 +147,24 @@ class ScanWorker:
         self.seen.add(shard)
         if not self.allowed or self.broken:
             return
-        if self.proc is None and not (self.forced and self._start()):
-            return
-        if self.decision is None:
-            self.held.append((shard, header, file_size))
-            self._decide(final=False)
-        elif self.decision:
-            self._push([(shard, header, file_size)])
+        with self.lock:
+            if self.proc is None and not (self.forced and self._start()):
+                return
+            if self.decision is None:
+                self.held.append((shard, header, file_size))
+                self._decide(final=False)
+            elif self.decision:
+                self._push([(shard, header, file_size)])
 
     def _decide(self, *, final: bool) -> None:
         """Sample the CPUs again: a free CPU over the window starts the feed, a busy one stops the worker;
         a window too short to tell waits for the next header, or (``final``) stops the worker."""
-        second = read_sample()
+        from ckptinspect.inventory import cpu_idle
+
+        second = cpu_idle.read_sample()
         verdict = None
         if self.first is not None and second is not None and self.proc is not None:
-            verdict = worker_pays(self.first, second, self.cpus, process_ticks(self.proc.pid))
+            verdict = cpu_idle.worker_pays(self.first, second, self.cpus, cpu_idle.process_ticks(self.proc.pid))
         if verdict is None and not final:
             return
         if not verdict:
@@ -148,14 +177,15 @@ class ScanWorker:
     def settle(self) -> bool:
         """Whether the worker takes part in this scan: decided now if the read ended before a window long
         enough to tell (the caller, once the source has read everything)."""
-        if self.proc is not None and self.decision is None:
-            self._decide(final=True)
-        if self.proc is not None and not self.decision:
-            self._stop_unused()
-        return self.proc is not None
+        with self.lock:
+            if self.proc is not None and self.decision is None:
+                self._decide(final=True)
+            if self.proc is not None and not self.decision:
+                self._stop_unused()
+            return self.proc is not None
 
     def _stop_unused(self) -> None:
-        self.decision, self.allowed, self.held = False, False, []
+        self.decision, self.allowed, self.held, self.index = False, False, [], None
         self.close()
 
     def _push(self, items: list[tuple[str, bytes, int | None]]) -> None:
@@ -167,21 +197,35 @@ class ScanWorker:
             self.ready.notify()
 
     def _start(self) -> bool:
+        import subprocess
+
+        if not worker_allowed():
+            self.allowed = False
+            return False
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD, _PACKAGE_ROOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [sys.executable, "-c", _CHILD, str(Path(__file__).resolve().parents[2])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, close_fds=True)
         except (OSError, ValueError, subprocess.SubprocessError):
             self.allowed = False
             self.held = []
             return False
+        _widen_pipe(self.proc.stdin)
         return True
 
     def _write(self) -> None:
         """The writer thread: pickle each header into the child's stdin (the write releases the GIL)."""
+        import pickle
+
         proc = self.proc
         assert proc is not None and proc.stdin is not None
         try:
+            with self.ready:
+                index, self.index = self.index, None
+            if index is not None:
+                pickle.dump(index, proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                proc.stdin.flush()
+                del index
             while True:
                 with self.ready:
                     while not self.backlog and not self.ending:
@@ -206,10 +250,15 @@ class ScanWorker:
         with self.ready:
             return self.backlog.pop() if self.backlog else None
 
-    def results(self, scan_here: Callable[[str, bytes, "int | None"], Any]) -> dict[str, Any]:
+    def results(self, scan_here: Callable[[str, bytes, "int | None"], Any], summary: Any) -> dict[str, Any]:
         """shard -> ShardScan for every shard scanned by the worker or, from the back of the backlog, by
-        ``scan_here`` in this thread; {} when the worker never started. A shard whose scan raises is left
-        out (the caller scans it again in order and raises there); so is all the worker's share if it broke."""
+        ``scan_here`` in this thread; {} when the worker is not used. A shard whose scan raises is left out
+        (the caller scans it again in order and raises there); so is all the worker's share if it broke or
+        read the index differently from ``summary`` (this process's IndexSummary, None without an index).
+        The worker's scans get ``summary``'s name fingerprint where the child found the names equal to the
+        index's, and a different one where not, so the cross-check reads them as the in-process scans."""
+        import pickle
+
         if not self.settle():
             return {}
         proc = self.proc
@@ -226,14 +275,14 @@ class ScanWorker:
             self.ready.notify()
         if self.writer is not None:
             self.writer.join()
+        answered: dict[str, Any] = {}
         try:
             assert proc.stdout is not None
-            answers = [] if self.broken else pickle.load(proc.stdout)
+            if not self.broken:
+                answered = _trusted(pickle.load(proc.stdout), set(self.sent), summary)
         except Exception:  # noqa: BLE001 - a child that died or wrote garbage: its share is scanned again
-            answers = []
+            answered = {}
         self.close()
-        sent = set(self.sent)
-        answered = {shard: scan for shard, scan in answers if scan is not None and shard in sent}
         self.worker_scanned = len(answered)
         done.update(answered)
         return done
@@ -261,3 +310,35 @@ class ScanWorker:
                     pipe.close()
                 except OSError:
                     pass
+
+
+def _widen_pipe(pipe: Any) -> None:
+    """Let the pipe to the child hold a header or two (Linux: F_SETPIPE_SZ, up to 1 MiB without privileges;
+    elsewhere it stays as it is). With the default 64 KiB every header write blocks until the child has
+    read it, and the writer thread then waits for the GIL (up to the 5 ms switch interval while this
+    process is busy) before it can send the next one, so the child would idle between headers."""
+    try:
+        import fcntl
+
+        command = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only (Python 3.10+); never a guessed number
+        if command is not None:
+            fcntl.fcntl(pipe.fileno(), command, PIPE_BYTES)
+    except (ImportError, OSError, ValueError):
+        pass
+
+
+def _trusted(reply: Any, sent: set[str], summary: Any) -> dict[str, Any]:
+    """The child's scans that can stand for this process's: only if it summarized the same index (counts
+    and name lengths per shard equal), each with this process's name fingerprint or a different one."""
+    check, answers = reply
+    if summary is not None and check != (dict(summary.counts), dict(summary.name_bytes)):
+        return {}
+    out = {}
+    for shard, scan, names_match in answers:
+        if scan is None or shard not in sent:
+            continue
+        if summary is not None:
+            want = summary.name_hashes.get(shard, 0)
+            scan = replace(scan, name_hash=want if names_match is True else want ^ 1)
+        out[shard] = scan
+    return out
