@@ -168,6 +168,27 @@ def test_twenty_reports_with_the_worker_leave_nothing_behind(many_shards, monkey
     assert _child_pids(os.getpid()) == []
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts processes and descriptors through /proc")
+def test_twenty_hub_reports_with_the_worker_started_by_the_read_leave_nothing_behind(many_shards, tmp_path,
+                                                                                    monkeypatch, worker_counts):
+    """The default path: spawned when the read starts, used (a CPU measured free) or stopped (too few
+    tensors) while the read goes on; either way nothing is left after the report."""
+    _measured(monkeypatch, True)
+    isolate_hf(monkeypatch, tmp_path / "hf")
+    monkeypatch.setenv("CKPTINSPECT_HEADER_CACHE", "0")
+    with HubServer() as server:
+        server.add_repo("org/many", many_shards)
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        first = _json("org/many")
+        threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
+        for i in range(20):
+            monkeypatch.setattr(scan_process, "MIN_WORKER_TENSORS", 1 if i % 2 else 10 ** 9)
+            assert _json("org/many") == first
+        assert threading.active_count() == threads and len(os.listdir("/proc/self/fd")) <= fds
+    assert len(worker_counts) == 10 and min(worker_counts) >= 1  # used in every other report
+    assert _child_pids(os.getpid()) == []
+
+
 def _child_pids(pid: int) -> list[int]:
     """Live (not zombie) children of ``pid``, from /proc."""
     out = []
