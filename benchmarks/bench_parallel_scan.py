@@ -6,7 +6,10 @@ through a test Hub server (cold HF cache and header cache per run) or a local di
 byte-identical (less ``source.stats``, which holds timings).
 
     python benchmarks/bench_parallel_scan.py --replica DIR [--runs 3] [--server keepalive|plain|local]
-        [--modes on,auto,off]
+        [--modes on,auto,off] [--wait-idle CPUS]
+
+``--wait-idle 1.7`` starts each round only once /proc/stat shows that many CPUs idle over a second
+(at most a minute's wait); every round prints the idle CPUs measured just before it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
-from bench_hub_servers import REPO, _Served  # noqa: E402
+from bench_hub_servers import REPO, _idle_cpus, _Served, _wait_idle  # noqa: E402
 
 
 def _run(ref: str, url: str | None, parallel: str) -> tuple[float, float, str]:
@@ -58,6 +61,7 @@ def main() -> int:
     ap.add_argument("--server", choices=("keepalive", "plain", "local"), default="keepalive")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--modes", default="on,off", help="comma-separated: on (=1), auto (unset), off (=0)")
+    ap.add_argument("--wait-idle", type=float, default=None, metavar="CPUS")
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     switch = {"on": "1", "auto": "", "off": "0"}
@@ -73,7 +77,9 @@ def main() -> int:
     try:
         _run(ref, url, "0")  # warm the page cache and the server
         for round_no in range(args.runs):
-            load = os.getloadavg()[0]
+            if args.wait_idle is not None:
+                _wait_idle(args.wait_idle)
+            load, idle = os.getloadavg()[0], _idle_cpus(0.5)
             order = modes if round_no % 2 == 0 else modes[::-1]
             parts = []
             for name in order:
@@ -81,7 +87,8 @@ def main() -> int:
                 times[name].append((wall, cpu))
                 docs.add(doc)
                 parts.append(f"{name} {wall:.2f} s / {cpu:.2f} CPU-s")
-            print(f"{args.server} round {round_no + 1} (load {load:.1f}): " + ", ".join(parts), flush=True)
+            print(f"{args.server} round {round_no + 1} (load {load:.1f}, idle {idle:.1f} CPUs before): "
+                  + ", ".join(parts), flush=True)
     finally:
         if served is not None:
             served.close()
