@@ -348,15 +348,16 @@ class _Summary:
         self.counts = {"a.safetensors": tensors}
 
 
-def _measured(monkeypatch: pytest.MonkeyPatch, verdict: bool | None) -> None:
-    """The CPU measurement's answer, whatever this machine is doing."""
+def _measured(monkeypatch: pytest.MonkeyPatch, decision: bool | None, spawn: bool | None = True) -> None:
+    """The CPU measurement's answers, whatever this machine is doing: ``spawn`` when the worker would be
+    spawned (no worker CPU time yet: three arguments), ``decision`` when it would be fed (four)."""
     monkeypatch.delenv(PARALLEL_ENV, raising=False)
     monkeypatch.setattr(cpu_idle, "read_sample", lambda: _sample((0, 0), (0, 0)))
     monkeypatch.setattr(cpu_idle, "usable_cpus", lambda: {0, 1})
-    monkeypatch.setattr(cpu_idle, "worker_pays", lambda *a: verdict)
+    monkeypatch.setattr(cpu_idle, "worker_pays", lambda *a: spawn if len(a) == 3 else decision)
 
 
-def test_the_worker_starts_with_the_read_and_is_fed_only_when_a_cpu_is_free(monkeypatch):
+def test_the_worker_is_spawned_during_the_read_and_fed_only_when_a_cpu_is_free(monkeypatch):
     _measured(monkeypatch, True)
     monkeypatch.setattr(scan_process, "SHARE_WITH_CALLER", False)
     header = b'{"w.weight":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
@@ -365,16 +366,29 @@ def test_the_worker_starts_with_the_read_and_is_fed_only_when_a_cpu_is_free(monk
         summary = summarize_index(index, source="index")
         worker = ScanWorker()
         worker.read_starts()
-        assert worker.started and worker.decision is None  # spawned before any header, not yet fed
+        assert not worker.started and worker.timer is not None  # spawned by the timer, once measured
         worker.index_arrives(json.dumps(index).encode())  # the Hub's bytes: the child parses them itself
-        assert worker.decision is True and worker.writer is not None
+        assert worker.started and worker.decision is True and worker.writer is not None
         worker.expect(_Summary(scan_process.MIN_WORKER_TENSORS))
         worker.feed("a.safetensors", header, 8 + len(header) + 8)
         scans = worker.results(lambda *a: None, summary)
         assert worker.worker_scanned == 1 and scans["a.safetensors"].tensors == 1
         # the child compared the names with the index in its own process; this one's fingerprint stands in
         assert (scans["a.safetensors"].name_hash == summary.name_hashes["a.safetensors"]) is same
-        assert not worker.started and _child_pids(os.getpid()) == []
+        assert not worker.started and worker.timer is None and _child_pids(os.getpid()) == []
+
+
+def test_the_timer_spawns_the_worker_before_the_index_arrives(monkeypatch):
+    _measured(monkeypatch, True)
+    threads = threading.active_count()
+    worker = ScanWorker()
+    worker.read_starts()
+    deadline = time.monotonic() + 30
+    while not worker.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert worker.started and worker.decision is None
+    worker.close()
+    assert _child_pids(os.getpid()) == [] and threading.active_count() == threads
 
 
 def test_answers_from_a_child_that_read_another_index_are_not_used():
@@ -388,14 +402,15 @@ def test_answers_from_a_child_that_read_another_index_are_not_used():
     assert scan_process._trusted(reply, set(), summary) == {}  # never sent: not the child's to answer
 
 
-@pytest.mark.parametrize("how", ["busy", "small", "never told"])
+@pytest.mark.parametrize("how", ["busy from the start", "busy by the index", "small", "never told"])
 def test_the_worker_is_stopped_as_soon_as_it_cannot_pay(monkeypatch, how):
-    _measured(monkeypatch, False if how == "busy" else None)
+    _measured(monkeypatch, {"busy by the index": False, "never told": None}.get(how, True),
+              spawn=how != "busy from the start")
     worker = ScanWorker()
     worker.read_starts()
-    assert worker.started
-    worker.expect(_Summary(10 if how == "small" else scan_process.MIN_WORKER_TENSORS))
     worker.index_arrives(b'{"weight_map": {}}')
+    assert worker.started is (how != "busy from the start" and how != "busy by the index")
+    worker.expect(_Summary(10 if how == "small" else scan_process.MIN_WORKER_TENSORS))
     worker.feed("a.safetensors", b"x" * 600, None)
     if how == "never told":  # the read ended before a window long enough to tell
         assert worker.started and worker.held
@@ -422,20 +437,25 @@ def test_no_worker_with_one_cpu_or_switched_off(monkeypatch):
 
 def test_a_failed_hub_read_stops_the_worker_it_started(tmp_path, monkeypatch):
     _measured(monkeypatch, True)
+    monkeypatch.setattr(scan_process, "SPAWN_CHECK_S", 0.0)  # spawned at once, before the read fails
     isolate_hf(monkeypatch, tmp_path / "hf")
-    started = []
-    real = ScanWorker.read_starts
+    spawned = []
+    real = ScanWorker._start
 
-    def read_starts(self):
-        real(self)
-        started.append(self.started)
+    def start(self):
+        spawned.append(real(self))
+        return spawned[-1]
 
-    monkeypatch.setattr(ScanWorker, "read_starts", read_starts)
+    monkeypatch.setattr(ScanWorker, "_start", start)
+    threads = threading.active_count()
     with HubServer() as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
-        with pytest.raises(CkptInspectError):
-            build_report("org/no-such-repo", progress=False)
-    assert started == [True] and _child_pids(os.getpid()) == []
+        for _ in range(10):  # until the timer's thread won the race with the failing request once
+            with pytest.raises(CkptInspectError):
+                build_report("org/no-such-repo", progress=False)
+            if True in spawned:
+                break
+    assert True in spawned and _child_pids(os.getpid()) == [] and threading.active_count() == threads
 
 
 def test_by_default_only_the_hub_reader_feeds_a_worker(many_shards, tmp_path, monkeypatch, worker_counts):

@@ -39,6 +39,10 @@ from ckptinspect.errors import CkptInspectError
 # thread, the answers) plus ~0.3 CPU-us per tensor (the index's process-independent fingerprints): below
 # ~50k tensors (a ~0.1 s scan) the share it moves is not worth a second interpreter.
 MIN_WORKER_TENSORS = 50_000
+# How long after the read starts the CPUs are sampled again to decide whether to spawn the worker: 15 ticks
+# per CPU (cpu_idle.MIN_WINDOW_TICKS is 10), and the index of a large checkpoint (41 MB for 371k tensors)
+# takes longer than this plus the worker's start-up (~0.07 s) to arrive, so the worker is ready for it.
+SPAWN_CHECK_S = 0.15
 PIPE_BYTES = 1 << 20  # the pipe to the child, where the platform lets it be set (_widen_pipe)
 PARALLEL_ENV = "CKPTINSPECT_PARALLEL_SCAN"  # "0": never; "1": for any volume, load and source; unset: when it pays
 # False: the caller never scans from the backlog, the worker scans every shard it was fed (the tests'
@@ -81,7 +85,8 @@ class ScanWorker:
         self.held: list[tuple[str, bytes, int | None]] = []
         self.index: tuple[str, Any] | None = None  # the index for the child, sent before any header
         self.has_index = False
-        self.lock = threading.RLock()  # index_arrives runs in the Hub reader's thread
+        self.lock = threading.RLock()  # index_arrives runs in the Hub reader's thread, the spawn in a timer's
+        self.timer: threading.Timer | None = None
         self.seen: set[str] = set()  # every shard fed
         self.sent: list[str] = []
         self.proc: Any = None  # the subprocess.Popen
@@ -97,7 +102,8 @@ class ScanWorker:
         return self.proc is not None
 
     def read_starts(self) -> None:
-        """The Hub read begins: sample the CPUs and spawn the worker now, unless it cannot pay."""
+        """The Hub read begins: sample the CPUs; the worker is spawned SPAWN_CHECK_S later if they were free
+        meanwhile (its start-up then overlaps the index download), else never (no cost on a busy machine)."""
         if not self.allowed or self.proc is not None:
             return
         if not self.forced:
@@ -112,7 +118,33 @@ class ScanWorker:
             if self.decision is False:
                 self.allowed = False
                 return
-        self._start()
+        if self.forced or self.decision:
+            self._start()
+            return
+        self.timer = threading.Timer(SPAWN_CHECK_S, self._spawn_check)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _spawn_check(self) -> None:
+        """The timer's thread. It never waits for the lock: whoever holds it checks again (index, header)."""
+        if self.lock.acquire(blocking=False):
+            try:
+                self._spawn_if_free()
+            finally:
+                self.lock.release()
+
+    def _spawn_if_free(self) -> None:
+        """Spawn the worker if the CPUs stayed free since the read started (called with the lock held)."""
+        if self.proc is not None or not self.allowed or self.first is None:
+            return
+        from ckptinspect.inventory import cpu_idle
+
+        second = cpu_idle.read_sample()
+        verdict = None if second is None else cpu_idle.worker_pays(self.first, second, self.cpus)
+        if verdict:
+            self._start()
+        elif verdict is False:
+            self._stop_unused()
 
     def expect(self, summary: Any) -> None:
         """The index is in (an IndexSummary, or None without one): too few tensors stop the worker."""
@@ -131,9 +163,12 @@ class ScanWorker:
 
     def _give_index(self, message: tuple[str, Any]) -> None:
         with self.lock:
-            if not self.allowed or (self.proc is None and not (self.forced and self._start())):
+            if not self.allowed:
                 return
             self.index, self.has_index = message, True
+            self._spawn_now()
+            if self.proc is None:
+                return
             if self.decision is None:
                 self._decide(final=False)
             elif self.decision:
@@ -148,13 +183,23 @@ class ScanWorker:
         if not self.allowed or self.broken:
             return
         with self.lock:
-            if self.proc is None and not (self.forced and self._start()):
+            self._spawn_now()
+            if not self.allowed:
                 return
-            if self.decision is None:
+            if self.decision is None:  # held until the CPUs are measured over a window that tells
                 self.held.append((shard, header, file_size))
-                self._decide(final=False)
-            elif self.decision:
+                if self.proc is not None:
+                    self._decide(final=False)
+            elif self.decision and self.proc is not None:
                 self._push([(shard, header, file_size)])
+
+    def _spawn_now(self) -> None:
+        """Forced on: start at once; else, if the timer has not spawned it yet, check now."""
+        if self.proc is None and self.allowed:
+            if self.forced:
+                self._start()
+            else:
+                self._spawn_if_free()
 
     def _decide(self, *, final: bool) -> None:
         """Sample the CPUs again: a free CPU over the window starts the feed, a busy one stops the worker;
@@ -180,7 +225,7 @@ class ScanWorker:
         with self.lock:
             if self.proc is not None and self.decision is None:
                 self._decide(final=True)
-            if self.proc is not None and not self.decision:
+            if not self.decision:  # never spawned (a busy CPU, a read too short), or measured busy
                 self._stop_unused()
             return self.proc is not None
 
@@ -290,7 +335,13 @@ class ScanWorker:
     def close(self) -> None:
         """Stop the child and reap it, join the writer (idempotent). After ``results`` the child has
         already exited; before (the caller failed first) it is killed: its work is not wanted."""
-        proc, self.proc = self.proc, None
+        with self.lock:  # the timer's thread spawns under it (and never waits for it: no deadlock below)
+            self.allowed = False
+            timer, self.timer = self.timer, None
+            proc, self.proc = self.proc, None
+        if timer is not None:
+            timer.cancel()
+            timer.join()
         if proc is None:
             return
         self.broken = True
