@@ -378,17 +378,19 @@ def test_the_worker_is_spawned_during_the_read_and_fed_only_when_a_cpu_is_free(m
         assert not worker.started and worker.timer is None and _child_pids(os.getpid()) == []
 
 
-def test_the_timer_spawns_the_worker_before_the_index_arrives(monkeypatch):
-    _measured(monkeypatch, True)
+@pytest.mark.parametrize("free", [True, False])
+def test_the_timer_spawns_the_worker_before_the_index_arrives_or_gives_up(monkeypatch, free):
+    _measured(monkeypatch, True, spawn=free)
+    failures = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
     threads = threading.active_count()
     worker = ScanWorker()
     worker.read_starts()
-    deadline = time.monotonic() + 30
-    while not worker.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert worker.started and worker.decision is None
+    timer = worker.timer
+    timer.join(30)
+    assert worker.started is free and worker.decision is (None if free else False)
     worker.close()
-    assert _child_pids(os.getpid()) == [] and threading.active_count() == threads
+    assert failures == [] and _child_pids(os.getpid()) == [] and threading.active_count() == threads
 
 
 def test_answers_from_a_child_that_read_another_index_are_not_used():

@@ -341,7 +341,8 @@ class ScanWorker:
             proc, self.proc = self.proc, None
         if timer is not None:
             timer.cancel()
-            timer.join()
+            if timer is not threading.current_thread():  # the timer itself found the CPUs busy
+                timer.join()
         if proc is None:
             return
         self.broken = True
