@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ckptinspect.errors import CkptInspectError, HeaderError
-from ckptinspect.inventory import cpu_idle, scan_process
+from ckptinspect.inventory import cpu_idle, scan_child, scan_process
 from ckptinspect.header.index import summarize_index
 from ckptinspect.inventory.scan import ShardScan
 from ckptinspect.inventory.cpu_idle import CpuSample, parse_proc_stat, read_sample, worker_pays
@@ -145,9 +145,9 @@ def test_a_worker_that_fails_changes_nothing_but_time(many_shards, monkeypatch, 
     here = _json(str(many_shards))
     _worker_only(monkeypatch)
     if child is None:
-        monkeypatch.setattr(scan_process.sys, "executable", str(Path(sys.executable).parent / "no-such-python"))
+        monkeypatch.setattr(scan_child.sys, "executable", str(Path(sys.executable).parent / "no-such-python"))
     else:
-        monkeypatch.setattr(scan_process, "_CHILD", child)
+        monkeypatch.setattr(scan_child, "CHILD_COMMAND", child)
     threads = threading.active_count()
     assert _json(str(many_shards)) == here
     assert worker_counts in ([], [0])  # nothing came from the worker: everything was scanned here
@@ -393,15 +393,29 @@ def test_the_timer_spawns_the_worker_before_the_index_arrives_or_gives_up(monkey
     assert failures == [] and _child_pids(os.getpid()) == [] and threading.active_count() == threads
 
 
+def test_a_hook_that_fails_stops_the_worker_and_never_the_read(monkeypatch):
+    _measured(monkeypatch, True)
+
+    def no_thread(self, items):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(ScanWorker, "_push", no_thread)
+    worker = ScanWorker()
+    worker.read_starts()
+    assert worker.index_arrives(b'{"weight_map": {}}') is None  # spawned, then the writer could not start
+    worker.feed("a.safetensors", b"{}", None)
+    assert not worker.started and worker.broken and not worker.settle() and _child_pids(os.getpid()) == []
+
+
 def test_answers_from_a_child_that_read_another_index_are_not_used():
     summary = summarize_index({"weight_map": {"w": "a.safetensors", "v": "a.safetensors"}}, source="index")
     scan = ShardScan("a.safetensors", 10, None, 2, 8, {}, 12345)  # the child's name_hash: its own seed
     reply = (({"a.safetensors": 2}, {"a.safetensors": 2}), [("a.safetensors", scan, True)])
-    assert scan_process._trusted(reply, {"a.safetensors"}, summary)["a.safetensors"].name_hash == \
+    assert scan_child.trusted_answers(reply, {"a.safetensors"}, summary)["a.safetensors"].name_hash == \
         summary.name_hashes["a.safetensors"]
     for check in (None, ({"a.safetensors": 1}, {"a.safetensors": 2}), ({"a.safetensors": 2}, {"a.safetensors": 3})):
-        assert scan_process._trusted((check, reply[1]), {"a.safetensors"}, summary) == {}
-    assert scan_process._trusted(reply, set(), summary) == {}  # never sent: not the child's to answer
+        assert scan_child.trusted_answers((check, reply[1]), {"a.safetensors"}, summary) == {}
+    assert scan_child.trusted_answers(reply, set(), summary) == {}  # never sent: not the child's to answer
 
 
 @pytest.mark.parametrize("how", ["busy from the start", "busy by the index", "small", "never told"])

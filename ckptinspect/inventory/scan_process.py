@@ -1,5 +1,5 @@
 """The parent's side of the optional scan worker process (inventory/parallel.py; the child's side and the
-pipe protocol: inventory/scan_worker.py).
+pipe protocol: inventory/scan_worker.py; starting it and trusting its answers: scan_child.py).
 
 A report's worker lives through one Hub read:
 
@@ -22,14 +22,14 @@ the caller scans those itself, so a broken worker costs time, never a different 
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import sys
 import threading
-from dataclasses import replace
-from pathlib import Path
 from typing import Any, Callable
 
 from ckptinspect.errors import CkptInspectError
+from ckptinspect.inventory.scan_child import spawn_child, trusted_answers
 
 # subprocess, pickle and inventory/cpu_idle.py are imported when a Hub read starts a worker, not before: a local
 # report never needs them.
@@ -43,15 +43,10 @@ MIN_WORKER_TENSORS = 50_000
 # per CPU (cpu_idle.MIN_WINDOW_TICKS is 10), and the index of a large checkpoint (41 MB for 371k tensors)
 # takes longer than this plus the worker's start-up (~0.07 s) to arrive, so the worker is ready for it.
 SPAWN_CHECK_S = 0.15
-PIPE_BYTES = 1 << 20  # the pipe to the child, where the platform lets it be set (_widen_pipe)
 PARALLEL_ENV = "CKPTINSPECT_PARALLEL_SCAN"  # "0": never; "1": for any volume, load and source; unset: when it pays
 # False: the caller never scans from the backlog, the worker scans every shard it was fed (the tests'
 # differential, so that it compares the worker's scans with the in-process ones, not the caller's).
 SHARE_WITH_CALLER = True
-# the child's command; argv[1] is the directory holding the ckptinspect package
-_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
-          "from ckptinspect.inventory.scan_worker import main; sys.exit(main())")
-
 
 def forced_on() -> bool:
     """CKPTINSPECT_PARALLEL_SCAN=1: the worker for any volume, load and source (tests, benchmarks)."""
@@ -67,6 +62,20 @@ def worker_allowed() -> bool:
     if process is not None and process.current_process().daemon:
         return False
     return bool(sys.executable)  # an embedding interpreter without one cannot start a Python child
+
+
+def _optional(method: Callable[..., Any]) -> Callable[..., Any]:
+    """The worker is an optional speed-up: whatever goes wrong in one of its hooks (a thread that cannot
+    start, a pipe that breaks) stops the worker and returns None, never fails the read or the scan."""
+    @functools.wraps(method)
+    def hook(self: "ScanWorker", *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        except Exception:  # noqa: BLE001 - see above; the caller scans in-process
+            self.broken = True
+            self.close()
+            return None
+    return hook
 
 
 class ScanWorker:
@@ -101,6 +110,7 @@ class ScanWorker:
     def started(self) -> bool:
         return self.proc is not None
 
+    @_optional
     def read_starts(self) -> None:
         """The Hub read begins: sample the CPUs; the worker is spawned SPAWN_CHECK_S later if they were free
         meanwhile (its start-up then overlaps the index download), else never (no cost on a busy machine)."""
@@ -125,6 +135,7 @@ class ScanWorker:
         self.timer.daemon = True
         self.timer.start()
 
+    @_optional
     def _spawn_check(self) -> None:
         """The timer's thread. It never waits for the lock: whoever holds it checks again (index, header)."""
         if self.lock.acquire(blocking=False):
@@ -146,17 +157,20 @@ class ScanWorker:
         elif verdict is False:
             self._stop_unused()
 
+    @_optional
     def expect(self, summary: Any) -> None:
         """The index is in (an IndexSummary, or None without one): too few tensors stop the worker."""
         tensors = sum(summary.counts.values()) if summary is not None else 0
         if not self.forced and tensors < MIN_WORKER_TENSORS:
             self._stop_unused()
 
+    @_optional
     def index_arrives(self, data: bytes) -> None:
         """The Hub reader's index bytes, as they arrived (before this process parses them): the child
         parses and summarizes the same bytes meanwhile, for its side of the index cross-check."""
         self._give_index(("index-bytes", data))
 
+    @_optional
     def index_parsed(self, index: Any) -> None:
         """A parsed index (a local source's, when forced on): pickled to the child."""
         self._give_index(("index", index))
@@ -177,6 +191,7 @@ class ScanWorker:
     def __call__(self, shard: str, header: bytes, file_size: int | None) -> None:
         self.feed(shard, header, file_size)
 
+    @_optional
     def feed(self, shard: str, header: bytes, file_size: int | None) -> None:
         """The source's per-header hook (returns None: the source keeps nothing for it)."""
         self.seen.add(shard)
@@ -219,6 +234,7 @@ class ScanWorker:
         items, self.held = self.held, []
         self._push(items)
 
+    @_optional
     def settle(self) -> bool:
         """Whether the worker takes part in this scan: decided now if the read ended before a window long
         enough to tell (the caller, once the source has read everything)."""
@@ -242,20 +258,11 @@ class ScanWorker:
             self.ready.notify()
 
     def _start(self) -> bool:
-        import subprocess
-
-        if not worker_allowed():
-            self.allowed = False
-            return False
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD, str(Path(__file__).resolve().parents[2])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, close_fds=True)
-        except (OSError, ValueError, subprocess.SubprocessError):
+        self.proc = spawn_child() if worker_allowed() else None
+        if self.proc is None:
             self.allowed = False
             self.held = []
             return False
-        _widen_pipe(self.proc.stdin)
         return True
 
     def _write(self) -> None:
@@ -324,7 +331,7 @@ class ScanWorker:
         try:
             assert proc.stdout is not None
             if not self.broken:
-                answered = _trusted(pickle.load(proc.stdout), set(self.sent), summary)
+                answered = trusted_answers(pickle.load(proc.stdout), set(self.sent), summary)
         except Exception:  # noqa: BLE001 - a child that died or wrote garbage: its share is scanned again
             answered = {}
         self.close()
@@ -363,34 +370,3 @@ class ScanWorker:
                 except OSError:
                     pass
 
-
-def _widen_pipe(pipe: Any) -> None:
-    """Let the pipe to the child hold a header or two (Linux: F_SETPIPE_SZ, up to 1 MiB without privileges;
-    elsewhere it stays as it is). With the default 64 KiB every header write blocks until the child has
-    read it, and the writer thread then waits for the GIL (up to the 5 ms switch interval while this
-    process is busy) before it can send the next one, so the child would idle between headers."""
-    try:
-        import fcntl
-
-        command = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only (Python 3.10+); never a guessed number
-        if command is not None:
-            fcntl.fcntl(pipe.fileno(), command, PIPE_BYTES)
-    except (ImportError, OSError, ValueError):
-        pass
-
-
-def _trusted(reply: Any, sent: set[str], summary: Any) -> dict[str, Any]:
-    """The child's scans that can stand for this process's: only if it summarized the same index (counts
-    and name lengths per shard equal), each with this process's name fingerprint or a different one."""
-    check, answers = reply
-    if summary is not None and check != (dict(summary.counts), dict(summary.name_bytes)):
-        return {}
-    out = {}
-    for shard, scan, names_match in answers:
-        if scan is None or shard not in sent:
-            continue
-        if summary is not None:
-            want = summary.name_hashes.get(shard, 0)
-            scan = replace(scan, name_hash=want if names_match is True else want ^ 1)
-        out[shard] = scan
-    return out
