@@ -3,16 +3,17 @@ pipe protocol: inventory/scan_worker.py; starting it and trusting its answers: s
 
 A report's worker lives through one Hub read:
 
-1. ``read_starts`` (the ``hub`` source kind calls it as the read begins): the worker is spawned at once,
-   so its interpreter start and imports overlap the repo-info and index requests, and the CPUs are
-   sampled (inventory/cpu_idle.py).
-2. ``expect`` (the Hub reader, once the index is summarized): under ``MIN_WORKER_TENSORS`` the worker is
-   stopped: the scan is too short for a second process to pay.
-3. ``feed`` (the Hub reader's per-header hook): headers are held until the CPUs are sampled again over a
-   window long enough to tell; if a CPU stayed free (cpu_idle.worker_pays) the worker gets them, and
-   every later one, through a writer thread (a pipe write blocks while the child is busy; the caller's
-   thread must not); if not, the worker is stopped and the report scans in-process as without it.
-4. ``results`` scans what the child has not taken yet here, from the back, ends the input and reads the
+1. ``read_starts`` (the ``hub`` source kind calls it as the read begins): the CPUs are sampled
+   (inventory/cpu_idle.py), and a timer spawns the worker ``SPAWN_CHECK_S`` later if they stayed free
+   meanwhile (its interpreter start and imports then overlap the index download), else never.
+2. ``index_arrives`` (the Hub reader, with the index bytes as they arrived): the CPUs are sampled again
+   over the whole read so far; if a CPU stayed free (cpu_idle.worker_pays) the child gets the index (it
+   parses it while this process does, for its side of the index cross-check: scan_worker.py) and every
+   header after it, through a writer thread (a pipe write blocks while the child is busy; the caller's
+   thread must not); if not, it is stopped and the report scans in-process as without it.
+3. ``expect`` (the Hub reader, once the index is summarized): under ``MIN_WORKER_TENSORS`` it is stopped.
+4. ``feed`` (the Hub reader's per-header hook) hands each header on (or holds it while undecided).
+5. ``results`` scans what the child has not taken yet here, from the back, ends the input and reads the
    child's answers; ``close`` kills and reaps whatever is left (a failed read closes it too: pipeline.py).
 
 Any failure to start or to talk to the child leaves ``results`` empty for the shards it did not answer:
