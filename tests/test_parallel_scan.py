@@ -393,6 +393,31 @@ def test_the_timer_spawns_the_worker_before_the_index_arrives_or_gives_up(monkey
     assert failures == [] and _child_pids(os.getpid()) == [] and threading.active_count() == threads
 
 
+def test_a_worker_that_finds_the_cpus_busy_while_fed_gets_no_more_and_answers_what_it_has(monkeypatch):
+    monkeypatch.delenv(PARALLEL_ENV, raising=False)
+    monkeypatch.setattr(scan_process, "SHARE_WITH_CALLER", False)
+    monkeypatch.setattr(cpu_idle, "read_sample", lambda: _sample((0, 0), (0, 0)))
+    monkeypatch.setattr(cpu_idle, "usable_cpus", lambda: {0, 1})
+    looks = iter([True, True, None, None, False])  # spawn; feed; a, b: too short to tell; c: busy
+    monkeypatch.setattr(cpu_idle, "worker_pays", lambda *a: next(looks, False))
+    shards = [f"{n}.safetensors" for n in "abcd"]
+    index = {"weight_map": {f"{n}.weight": shard for n, shard in zip("abcd", shards)}}
+    worker = ScanWorker()
+    worker.read_starts()
+    worker.index_arrives(json.dumps(index).encode())
+    assert worker.decision is True
+    for n, shard in zip("abcd", shards):
+        header = b'{"%s.weight":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}' % n.encode()
+        worker.feed(shard, header, None)
+        deadline = time.monotonic() + 30
+        while not worker.draining and shard not in worker.sent and time.monotonic() < deadline:
+            time.sleep(0.005)  # the writer thread took it
+    assert worker.draining and worker.sent == shards[:2]
+    scans = worker.results(lambda *a: None, summarize_index(index, source="index"))
+    assert sorted(scans) == shards[:2]  # fed before the busy look; c and d are scanned by the caller
+    assert worker.worker_scanned == 2 and _child_pids(os.getpid()) == []
+
+
 def test_a_hook_that_fails_stops_the_worker_and_never_the_read(monkeypatch):
     _measured(monkeypatch, True)
 

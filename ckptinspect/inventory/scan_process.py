@@ -97,6 +97,8 @@ class ScanWorker:
         self.has_index = False
         self.lock = threading.RLock()  # index_arrives runs in the Hub reader's thread, the spawn in a timer's
         self.timer: threading.Timer | None = None
+        self.mark: Any = None  # (cpu_idle.CpuSample, the worker's ticks) when last measured while fed
+        self.draining = False  # measured busy while fed: no more headers for it
         self.seen: set[str] = set()  # every shard fed
         self.sent: list[str] = []
         self.proc: Any = None  # the subprocess.Popen
@@ -207,7 +209,9 @@ class ScanWorker:
                 if self.proc is not None:
                     self._decide(final=False)
             elif self.decision and self.proc is not None:
-                self._push([(shard, header, file_size)])
+                self._recheck()
+                if not self.draining:
+                    self._push([(shard, header, file_size)])
 
     def _spawn_now(self) -> None:
         """Forced on: start at once; else, if the timer has not spawned it yet, check now."""
@@ -232,8 +236,31 @@ class ScanWorker:
             self._stop_unused()
             return
         self.decision = True
+        self.mark = (second, cpu_idle.process_ticks(self.proc.pid))
         items, self.held = self.held, []
         self._push(items)
+
+    def _recheck(self) -> None:
+        """While it is fed: if since the last look the CPUs were no longer free (the worker's own ticks
+        count as free: they are what it got), it gets nothing more; it answers what it has, and this
+        process scans the rest. A worker that competes with other work for a core slows this process too."""
+        if self.forced or self.draining or self.mark is None or self.proc is None:
+            return
+        from ckptinspect.inventory import cpu_idle
+
+        now, own = cpu_idle.read_sample(), cpu_idle.process_ticks(self.proc.pid)
+        if now is None:
+            return
+        verdict = cpu_idle.worker_pays(self.mark[0], now, self.cpus, own - self.mark[1])
+        if verdict is None:  # too short a window yet
+            return
+        self.mark = (now, own)
+        if not verdict:
+            self.draining = True
+            with self.ready:
+                self.backlog.clear()  # never sent: scanned here (parallel.Scan.finish)
+                self.ending = True
+                self.ready.notify()
 
     @_optional
     def settle(self) -> bool:
@@ -244,6 +271,7 @@ class ScanWorker:
                 self._decide(final=True)
             if not self.decision:  # never spawned (a busy CPU, a read too short), or measured busy
                 self._stop_unused()
+            self._recheck()
             return self.proc is not None
 
     def _stop_unused(self) -> None:
