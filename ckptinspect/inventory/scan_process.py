@@ -249,9 +249,7 @@ class ScanWorker:
         from ckptinspect.inventory import cpu_idle
 
         now, own = cpu_idle.read_sample(), cpu_idle.process_ticks(self.proc.pid)
-        if now is None:
-            return
-        verdict = cpu_idle.worker_pays(self.mark[0], now, self.cpus, own - self.mark[1])
+        verdict = None if now is None else cpu_idle.worker_pays(self.mark[0], now, self.cpus, own - self.mark[1])
         if verdict is None:  # too short a window yet
             return
         self.mark = (now, own)
@@ -289,10 +287,8 @@ class ScanWorker:
     def _start(self) -> bool:
         self.proc = spawn_child() if worker_allowed() else None
         if self.proc is None:
-            self.allowed = False
-            self.held = []
-            return False
-        return True
+            self.allowed, self.held = False, []
+        return self.proc is not None
 
     def _write(self) -> None:
         """The writer thread: pickle each header into the child's stdin (the write releases the GIL)."""
