@@ -418,6 +418,25 @@ def test_a_worker_that_finds_the_cpus_busy_while_fed_gets_no_more_and_answers_wh
     assert worker.worker_scanned == 2 and _child_pids(os.getpid()) == []
 
 
+def test_one_measured_worker_per_process_at_a_time(monkeypatch):
+    """Reports in threads (an audit) would each measure the same free CPU: only the first gets a worker."""
+    _measured(monkeypatch, True)
+    first, second = ScanWorker(), ScanWorker()
+    for worker in (first, second):
+        worker.read_starts()
+        worker.index_arrives(b'{"weight_map": {}}')
+    try:
+        assert first.started and not second.started and not second.allowed and not second.settle()
+    finally:
+        first.close()
+    third = ScanWorker()
+    third.read_starts()
+    third.index_arrives(b'{"weight_map": {}}')
+    assert third.started  # the slot came back with the first one's close
+    third.close()
+    assert scan_child._live == 0 and _child_pids(os.getpid()) == []
+
+
 def test_a_hook_that_fails_stops_the_worker_and_never_the_read(monkeypatch):
     _measured(monkeypatch, True)
 

@@ -1,17 +1,59 @@
 """Talking to the scan worker process (inventory/scan_process.py drives it; its side: scan_worker.py):
-how it is started, the pipe it is fed through, and which of its answers may stand for this process's."""
+whether and how it is started, the pipe it is fed through, and which of its answers may stand for this
+process's."""
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+PARALLEL_ENV = "CKPTINSPECT_PARALLEL_SCAN"  # "0": never; "1": for any volume, load and source; unset: when it pays
 PIPE_BYTES = 1 << 20  # the pipe to the child, where the platform lets it be set (widen_pipe)
 # The child's command: argv[1] is the directory holding the ckptinspect package.
 CHILD_COMMAND = ("import sys; sys.path.insert(0, sys.argv[1]); "
                  "from ckptinspect.inventory.scan_worker import main; sys.exit(main())")
+
+
+def forced_on() -> bool:
+    """CKPTINSPECT_PARALLEL_SCAN=1: the worker for any volume, load and source (tests, benchmarks)."""
+    return os.environ.get(PARALLEL_ENV, "").strip() == "1"
+
+
+def worker_allowed() -> bool:
+    """Whether this process may start the worker at all (the issue's rules, and the switch)."""
+    if os.environ.get(PARALLEL_ENV, "").strip() == "0":
+        return False
+    # A daemonic pool worker may have no children of its own (a multiprocessing child has imported it).
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None and process.current_process().daemon:
+        return False
+    return bool(sys.executable)  # an embedding interpreter without one cannot start a Python child
+
+
+# Workers alive at once in one process (forced ones aside): reports run in threads (an audit) would each
+# measure the same free CPU and start one; the first takes it, the others scan in-process.
+MAX_LIVE_WORKERS = 1
+_SLOTS_LOCK = threading.Lock()
+_live = 0
+
+
+def claim_slot() -> bool:
+    global _live
+    with _SLOTS_LOCK:
+        if _live >= MAX_LIVE_WORKERS:
+            return False
+        _live += 1
+        return True
+
+
+def release_slot() -> None:
+    global _live
+    with _SLOTS_LOCK:
+        _live -= 1
 
 
 def spawn_child() -> Any:

@@ -11,10 +11,10 @@ A report's worker lives through one Hub read:
    parses it while this process does, for its side of the index cross-check: scan_worker.py) and every
    header after it, through a writer thread (a pipe write blocks while the child is busy; the caller's
    thread must not); if not, it is stopped and the report scans in-process as without it.
-3. ``expect`` (the Hub reader, once the index is summarized): under ``MIN_WORKER_TENSORS`` it is stopped.
-4. ``feed`` (the Hub reader's per-header hook) hands each header on (or holds it while undecided).
-5. ``results`` scans what the child has not taken yet here, from the back, ends the input and reads the
-   child's answers; ``close`` kills and reaps whatever is left (a failed read closes it too: pipeline.py).
+3. ``expect`` (the Hub reader, the index summarized): under ``MIN_WORKER_TENSORS`` it is stopped. ``feed``
+   (the per-header hook) hands each header on, measuring again: a CPU taken since stops the feed.
+4. ``results`` scans what the child has not taken yet here, from the back, and reads the child's answers;
+   ``close`` kills and reaps whatever is left (a failed read closes it too: pipeline.py).
 
 Any failure to start or to talk to the child leaves ``results`` empty for the shards it did not answer:
 the caller scans those itself, so a broken worker costs time, never a different result.
@@ -25,44 +25,28 @@ from __future__ import annotations
 import collections
 import functools
 import os
-import sys
 import threading
 from typing import Any, Callable
 
 from ckptinspect.errors import CkptInspectError
-from ckptinspect.inventory.scan_child import spawn_child, trusted_answers
+from ckptinspect.inventory.scan_child import (PARALLEL_ENV, claim_slot, forced_on, release_slot, spawn_child,
+                                              trusted_answers, worker_allowed)
 
 # subprocess, pickle and inventory/cpu_idle.py are imported when a Hub read starts a worker, not before: a local
 # report never needs them.
 
 # Tensors the index must name for the worker to run. The scan costs ~1.9 CPU-us per tensor (0.7 CPU-s for
-# the 371k of the Qwen3.5-397B replica) and the worker path costs this process a few CPU-ms (start, writer
-# thread, the answers) plus ~0.3 CPU-us per tensor (the index's process-independent fingerprints): below
+# the 371k of the Qwen3.5-397B replica); the worker path costs this process a few CPU-ms (the spawn, the
+# writer thread, the answers) and the child ~0.07 CPU-s to start plus its own parse of the index: below
 # ~50k tensors (a ~0.1 s scan) the share it moves is not worth a second interpreter.
 MIN_WORKER_TENSORS = 50_000
 # How long after the read starts the CPUs are sampled again to decide whether to spawn the worker: 15 ticks
 # per CPU (cpu_idle.MIN_WINDOW_TICKS is 10), and the index of a large checkpoint (41 MB for 371k tensors)
 # takes longer than this plus the worker's start-up (~0.07 s) to arrive, so the worker is ready for it.
 SPAWN_CHECK_S = 0.15
-PARALLEL_ENV = "CKPTINSPECT_PARALLEL_SCAN"  # "0": never; "1": for any volume, load and source; unset: when it pays
 # False: the caller never scans from the backlog, the worker scans every shard it was fed (the tests'
 # differential, so that it compares the worker's scans with the in-process ones, not the caller's).
 SHARE_WITH_CALLER = True
-
-def forced_on() -> bool:
-    """CKPTINSPECT_PARALLEL_SCAN=1: the worker for any volume, load and source (tests, benchmarks)."""
-    return os.environ.get(PARALLEL_ENV, "").strip() == "1"
-
-
-def worker_allowed() -> bool:
-    """Whether this process may start the worker at all (the issue's rules, and the switch)."""
-    if os.environ.get(PARALLEL_ENV, "").strip() == "0":
-        return False
-    # A daemonic pool worker may have no children of its own (a multiprocessing child has imported it).
-    process = sys.modules.get("multiprocessing.process")
-    if process is not None and process.current_process().daemon:
-        return False
-    return bool(sys.executable)  # an embedding interpreter without one cannot start a Python child
 
 
 def _optional(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,6 +83,7 @@ class ScanWorker:
         self.timer: threading.Timer | None = None
         self.mark: Any = None  # (cpu_idle.CpuSample, the worker's ticks) when last measured while fed
         self.draining = False  # measured busy while fed: no more headers for it
+        self.counted = False  # holds one of MAX_LIVE_WORKERS
         self.seen: set[str] = set()  # every shard fed
         self.sent: list[str] = []
         self.proc: Any = None  # the subprocess.Popen
@@ -109,9 +94,7 @@ class ScanWorker:
         self.broken = False
         self.worker_scanned = 0  # shards the worker answered (set by results)
 
-    @property
-    def started(self) -> bool:
-        return self.proc is not None
+    started = property(lambda self: self.proc is not None)
 
     @_optional
     def read_starts(self) -> None:
@@ -153,8 +136,8 @@ class ScanWorker:
             return
         from ckptinspect.inventory import cpu_idle
 
-        second = cpu_idle.read_sample()
-        verdict = None if second is None else cpu_idle.worker_pays(self.first, second, self.cpus)
+        now = cpu_idle.read_sample()
+        verdict = None if now is None else cpu_idle.worker_pays(self.first, now, self.cpus)
         if verdict:
             self._start()
         elif verdict is False:
@@ -174,8 +157,7 @@ class ScanWorker:
         self._give_index(("index-bytes", data))
 
     @_optional
-    def index_parsed(self, index: Any) -> None:
-        """A parsed index (a local source's, when forced on): pickled to the child."""
+    def index_parsed(self, index: Any) -> None:  # a local source's, when forced on: pickled to the child
         self._give_index(("index", index))
 
     def _give_index(self, message: tuple[str, Any]) -> None:
@@ -191,7 +173,7 @@ class ScanWorker:
             elif self.decision:
                 self._push([])
 
-    def __call__(self, shard: str, header: bytes, file_size: int | None) -> None:
+    def __call__(self, shard: str, header: bytes, file_size: int | None) -> None:  # the per-header hook
         self.feed(shard, header, file_size)
 
     @_optional
@@ -285,9 +267,13 @@ class ScanWorker:
             self.ready.notify()
 
     def _start(self) -> bool:
-        self.proc = spawn_child() if worker_allowed() else None
+        counted = not self.forced and claim_slot()  # one worker per process (scan_child.MAX_LIVE_WORKERS)
+        self.proc = spawn_child() if (counted or self.forced) and worker_allowed() else None
         if self.proc is None:
             self.allowed, self.held = False, []
+            if counted:
+                release_slot()
+        self.counted = counted and self.proc is not None
         return self.proc is not None
 
     def _write(self) -> None:
@@ -371,6 +357,9 @@ class ScanWorker:
             self.allowed = False
             timer, self.timer = self.timer, None
             proc, self.proc = self.proc, None
+            if self.counted:
+                self.counted = False
+                release_slot()
         if timer is not None:
             timer.cancel()
             if timer is not threading.current_thread():  # the timer itself found the CPUs busy
