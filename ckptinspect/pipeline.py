@@ -15,7 +15,7 @@ from ckptinspect.errors import ConfigError
 from ckptinspect.header.parser import parse_header
 from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
-from ckptinspect.inventory.parallel import start_scan
+from ckptinspect.inventory.parallel import ScanWorker, start_scan, worker_feed
 from ckptinspect.inventory.scan import ShardScan
 from ckptinspect.progress import SILENT, Progress, as_progress
 from ckptinspect.quant.crosscheck import crosscheck
@@ -49,12 +49,17 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
     return checkpoint
 
 
-def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress) -> Any:
-    """open_source, with the progress line ended when the source fails (a scan that runs ends it itself)."""
+def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress,
+          worker: ScanWorker | None = None) -> Any:
+    """open_source, with the progress line ended when the source fails (a scan that runs ends it itself).
+    ``worker``: fed each header as the source reads it (inventory/parallel.py); stopped here on failure."""
     try:
-        return open_source(ref, revision=revision, token=token, progress=progress)
+        return open_source(ref, revision=revision, token=token, progress=progress,
+                           scan=worker)
     except BaseException:
         progress.end()
+        if worker is not None:
+            worker.close()
         raise
 
 
@@ -62,31 +67,38 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
                  token: str | None = None, progress: Progress | bool = True) -> Report:
     """Checkpoint plus its MTP assessment."""
     progress = as_progress(progress, label=ref)
-    raw = _open(ref, revision=revision, token=token, progress=progress)
+    worker = worker_feed()
+    raw = _open(ref, revision=revision, token=token, progress=progress, worker=worker)
     if getattr(raw, "format", None) == "gguf":
+        worker.close()
         from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf
 
         checkpoint = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
         return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
-    return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
+    return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, worker=worker)
 
 
-def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT) -> Report:
-    checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
+def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,
+                    worker: ScanWorker | None = None) -> Report:
+    checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress,
+                                                        worker=worker)
     from ckptinspect.readiness import assess_mtp
 
     return Report(checkpoint=checkpoint, mtp=assess_mtp(checkpoint, family, ruleset))
 
 
-def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (),
-                        progress: Progress = SILENT) -> tuple[Checkpoint, tuple]:
-    """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage."""
+def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,
+                        worker: ScanWorker | None = None) -> tuple[Checkpoint, tuple]:
+    """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage.
+    ``worker``: the scan worker the source fed while reading (build_report), if any."""
     if CONFIG not in raw.json_files:
+        if worker is not None:
+            worker.close()
         raise ConfigError("no config.json in the checkpoint", path=raw.location)
-    # One scan for every source (inventory/parallel.py): the Hub source only fetches; scanning while
-    # its requests are in flight was measured slower again (more CPU, the two threads share one GIL;
-    # BENCHMARKS.md, section 17).
-    with start_scan(raw, progress) as scan:
+    # One scan for every source (inventory/parallel.py): scanning in this thread while the Hub's requests
+    # are in flight was measured slower (one GIL; BENCHMARKS.md, section 17), so the Hub reader feeds a worker
+    # process instead, when the volume pays (BENCHMARKS.md, section 20).
+    with start_scan(raw, progress, worker) as scan:
         from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 
         config = normalize_config(raw.json_files[CONFIG], source=f"{raw.location}/config.json")

@@ -50,6 +50,9 @@ class SourceKind:
     name: str
     claims: Callable[[str, Path], bool]
     open: Callable[..., Any]
+    # True: ``open`` also takes ``scan=``, a per-header hook called as each header is read (the report's
+    # scan worker, inventory/parallel.py); other kinds are opened without it.
+    takes_scan: bool = False
 
 
 _REGISTERED: list[Source] = []
@@ -63,8 +66,10 @@ def register_source(kind: Source) -> None:
 
 
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
-                progress: bool = True) -> "RawCheckpoint | RawGguf":
-    """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``).
+                progress: bool = True, scan: Callable[[str, bytes, "int | None"], Any] | None = None,
+                ) -> "RawCheckpoint | RawGguf":
+    """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``);
+    ``scan``: handed to a kind that reads headers one by one (``takes_scan``: the Hub), else unused.
 
     Raises:
         NotFoundError: nothing matches the reference.
@@ -73,7 +78,8 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
     path = Path(ref).expanduser()
     for kind in source_kinds():
         if kind.claims(ref, path):
-            opened = kind.open(ref, path, revision=revision, token=token, progress=progress)
+            hook = {"scan": scan} if scan is not None and getattr(kind, "takes_scan", False) else {}
+            opened = kind.open(ref, path, revision=revision, token=token, progress=progress, **hook)
             if opened is not None:
                 return opened
     if path.exists():
@@ -146,11 +152,15 @@ def _open_hf_cache(ref: str, path: Path, *, revision: str | None, token: str | N
     return open_hf_cache(repo_id, revision=revision)  # None: not (fully) cached, ask the Hub
 
 
-def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> RawCheckpoint:
+def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
+              scan: Callable[[str, bytes, "int | None"], Any] | None = None) -> RawCheckpoint:
     from ckptinspect.sources.hub import open_hub
 
     repo_id, revision = _repo_and_revision(ref, revision)
-    return open_hub(repo_id, revision=revision, token=token, progress=progress)
+    starts = getattr(scan, "read_starts", None)  # the report's scan worker starts with the read (inventory/scan_process.py)
+    if starts is not None:
+        starts()
+    return open_hub(repo_id, revision=revision, token=token, progress=progress, scan=scan)
 
 
 BUILT_IN: tuple[Source, ...] = (
@@ -159,5 +169,5 @@ BUILT_IN: tuple[Source, ...] = (
     SourceKind("snapshot", _claims_snapshot, _open_snapshot),
     SourceKind("gguf-hub", _claims_gguf_repo, _open_gguf),
     SourceKind("hf-cache", _claims_repo_id, _open_hf_cache),
-    SourceKind("hub", _claims_repo_id, _open_hub),
+    SourceKind("hub", _claims_repo_id, _open_hub, takes_scan=True),
 )

@@ -130,11 +130,13 @@ class _HubRead:
         self.cache = cache
         self.from_cache = 0
         self.progress: Progress = SILENT
+        self.index_hook: Callable[[bytes], None] | None = None
 
     # -- the caller's thread -------------------------------------------------------------------------
     def run(self, *, progress: Progress, on_header: Callable[[str, bytes], None] | None, scan: ScanFn | None,
             started: float) -> RawCheckpoint:
         self.progress = progress
+        self.index_hook = getattr(scan, "index_arrives", None)  # the report's scan worker reads the index too
         thread = threading.Thread(target=self._thread_main, name="ckptinspect-hub", daemon=True)
         thread.start()
         header_bytes: dict[str, bytes] = {}
@@ -142,6 +144,9 @@ class _HubRead:
         try:
             meta = self._next("meta")
             shards, sizes = meta["shards"], meta["sizes"]
+            expect = getattr(scan, "expect", None)  # the report's scan worker: the index says how much is coming
+            if expect is not None:
+                expect(meta["summary"])
             progress.phase("headers", 0, len(shards))
             for done, _ in enumerate(shards, 1):
                 shard, header = self._next("header")
@@ -290,7 +295,10 @@ class _HubRead:
         cap = json_file_cap(name)  # the local files' caps (16 MiB, 512 MiB for the index): sources/interface.py
         where = f"{self.repo_id}/{name}"
         if local is not None:
-            return parse_json_bytes(read_file_bytes(local), source=where), 1
+            data = read_file_bytes(local)
+            if name == INDEX_FILE and self.index_hook is not None:
+                self.index_hook(data)
+            return parse_json_bytes(data, source=where), 1
         size = sibling.size
         if size is not None and size > cap:
             raise ConfigError(f"is {size:,} bytes, over the {cap:,}-byte cap for this file", path=where)
@@ -299,6 +307,8 @@ class _HubRead:
         if size is not None and len(data) < size:
             data += await hub.rest(url, name, len(data), size)
         etag = _etag(sibling)
+        if name == INDEX_FILE and self.index_hook is not None:
+            self.index_hook(data)
         # Stored and parsed off the event loop, at once: the store's write (GIL released) overlaps the
         # parse, and the other files' requests go on meanwhile.
         _, parsed = await asyncio.gather(
