@@ -552,3 +552,26 @@ def test_an_index_naming_other_tensors_is_found_alike_with_the_worker(many_shard
     _worker_only(monkeypatch)
     there = _json(str(renamed))
     assert there == here and "index-header-mismatch" in here and worker_counts and worker_counts[0] >= 1
+
+
+def test_the_pipes_resolve_no_class_but_the_scan_records():
+    """Both ends unpickle with an allow-list: the parent only ShardScan / GroupTally, the child nothing."""
+    import io
+    import os
+    import pickle
+
+    from ckptinspect.inventory.scan import scan_header_unpaused
+    from ckptinspect.inventory.scan_child import read_answers
+    from ckptinspect.inventory.scan_worker import _Plain
+
+    header = b'{"a.0.w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}'
+    scan = scan_header_unpaused("s.safetensors", header, None)
+    reply = (({"s.safetensors": 1}, {"s.safetensors": 5}), [("s.safetensors", scan, True)])
+    assert read_answers(io.BytesIO(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))) == reply
+    for hostile in (os.getcwd, (None, [("s", os.system, True)])):
+        with pytest.raises(pickle.UnpicklingError, match="is not a scan record"):
+            read_answers(io.BytesIO(pickle.dumps(hostile)))
+    item = ("s.safetensors", header, 123)
+    assert _Plain(io.BytesIO(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))).load() == item
+    with pytest.raises(pickle.UnpicklingError, match="is not plain data"):
+        _Plain(io.BytesIO(pickle.dumps(scan))).load()

@@ -86,6 +86,21 @@ def widen_pipe(pipe: Any) -> None:
         pass
 
 
+def read_answers(stream: Any) -> Any:
+    """The child's one reply, unpickled with only the scan's two record classes allowed: the stream comes
+    from our own child, but a pickle may name any importable callable, so nothing else is resolved
+    (inventory/scan.py's ShardScan and GroupTally are all that ``(index_check, answers)`` holds)."""
+    import pickle
+
+    class ScanRecords(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if module == "ckptinspect.inventory.scan" and name in ("ShardScan", "GroupTally"):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"{module}.{name} is not a scan record")
+
+    return ScanRecords(stream).load()
+
+
 def trusted_answers(reply: Any, sent: set[str], summary: Any) -> dict[str, Any]:
     """The child's scans that can stand for this process's: only if it summarized the same index (counts
     and name lengths per shard equal), each with this process's name fingerprint or a different one."""

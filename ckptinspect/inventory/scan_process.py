@@ -29,8 +29,8 @@ import threading
 from typing import Any, Callable
 
 from ckptinspect.errors import CkptInspectError
-from ckptinspect.inventory.scan_child import (PARALLEL_ENV, claim_slot, forced_on, release_slot, spawn_child,
-                                              trusted_answers, worker_allowed)
+from ckptinspect.inventory.scan_child import (PARALLEL_ENV, claim_slot, forced_on, read_answers, release_slot,
+                                              spawn_child, trusted_answers, worker_allowed)
 
 # subprocess, pickle and inventory/cpu_idle.py are imported when a Hub read starts a worker, not before: a local
 # report never needs them.
@@ -320,8 +320,6 @@ class ScanWorker:
         read the index differently from ``summary`` (this process's IndexSummary, None without an index).
         The worker's scans get ``summary``'s name fingerprint where the child found the names equal to the
         index's, and a different one where not, so the cross-check reads them as the in-process scans."""
-        import pickle
-
         if not self.settle():
             return {}
         proc = self.proc
@@ -342,7 +340,7 @@ class ScanWorker:
         try:
             assert proc.stdout is not None
             if not self.broken:
-                answered = trusted_answers(pickle.load(proc.stdout), set(self.sent), summary)
+                answered = trusted_answers(read_answers(proc.stdout), set(self.sent), summary)
         except Exception:  # noqa: BLE001 - a child that died or wrote garbage: its share is scanned again
             answered = {}
         self.close()

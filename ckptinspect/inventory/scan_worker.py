@@ -20,7 +20,8 @@ The parent checks that ``index_check`` equals its own summary before it trusts a
 The worker dies with its parent: when the parent exits, is killed or closes the pipe, stdin ends (the
 parent holds the only write end) and the worker exits without scanning further; a parent that is gone
 when the results are written makes the write fail, which ends the worker too. Only the parent writes
-into this pipe, so unpickling its data is unpickling our own process's objects.
+into this pipe, and both ends unpickle with a ``find_class`` that resolves nothing here and only the
+scan's two record classes in the parent (scan_child.read_answers): no pickle names a callable to run.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def _summarize(message: tuple[str, Any]) -> Any:
     return summarize_index(index, source=INDEX_SOURCE)
 
 
+class _Plain(pickle.Unpickler):
+    """The parent's items hold only strings, bytes, numbers and containers: no class is resolved."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
 def main() -> int:
     from ckptinspect.errors import CkptInspectError
     from ckptinspect.header.index import summarize_index  # noqa: F401 - loaded while the index is on the wire
@@ -52,7 +60,7 @@ def main() -> int:
     summary, answers = None, []
     while True:
         try:
-            item = pickle.load(source)
+            item = _Plain(source).load()  # one unpickler per item: its memo would keep every header alive
         except (EOFError, OSError, pickle.UnpicklingError):
             return 0  # the parent is gone or stopped the scan: nothing to report to
         if item is None:
