@@ -189,7 +189,24 @@ def test_twenty_hub_reports_with_the_worker_started_by_the_read_leave_nothing_be
     assert _child_pids(os.getpid()) == []
 
 
+_BEFORE: set[int] = set()  # this process's children when the current test started
+
+
+@pytest.fixture(autouse=True)
+def _children_before_the_test():
+    """Other tests' long-lived helpers (a session's servers under the same xdist worker) are not this
+    test's: _child_pids counts only the children a test leaves behind."""
+    _BEFORE.clear()
+    _BEFORE.update(_all_children(os.getpid()))
+    yield
+
+
 def _child_pids(pid: int) -> list[int]:
+    """Live (not zombie) children of ``pid`` that were not there when the test started."""
+    return [child for child in _all_children(pid) if pid != os.getpid() or child not in _BEFORE]
+
+
+def _all_children(pid: int) -> list[int]:
     """Live (not zombie) children of ``pid``, from /proc."""
     out = []
     for entry in Path("/proc").iterdir():
