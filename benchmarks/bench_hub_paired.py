@@ -6,7 +6,7 @@ CPU is the subprocess's user + system time, children included, so it stays compa
 machine is busy (wall time then mostly measures the wait for a core).
 
     python benchmarks/bench_hub_paired.py --replica DIR --base /path/to/other/checkout [--runs 3]
-        [--server keepalive|plain] [--latency-ms 20]
+        [--server keepalive|plain] [--latency-ms 20] [--format json|text|markdown]
 """
 
 from __future__ import annotations
@@ -51,9 +51,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_replica_server_options(ap)
     ap.add_argument("--base", type=Path, required=True)
+    ap.add_argument("--format", default="json", help="report's --format (text: what a terminal shows)")
     args = ap.parse_args()
     served = serve_replica(args)
-    report = [sys.executable, "-m", "ckptinspect", "report", REPO, "--format", "json", "--quiet"]
+    report = [sys.executable, "-m", "ckptinspect", "report", REPO, "--format", args.format, "--quiet"]
     tools = {"ours": lambda: _run(report, ROOT, served.url),
              "base": lambda: _run(report, args.base.resolve(), served.url),
              "theirs": lambda: _run([sys.executable, "-c", THEIRS, served.url, REPO], ROOT, served.url)}
