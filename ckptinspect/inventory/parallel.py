@@ -77,7 +77,6 @@ class Scan:
         The first bad shard in that order raises, whoever met it first."""
         raw = self.raw
         scanned = dict(raw.scan_plan.scanned) if raw.scan_plan is not None else {}
-        scanned = {s: v for s, v in scanned.items() if isinstance(v, ShardScan)}  # a worker's hook returns None
         summary = raw.index_summary
         with gc_paused():  # the scans are acyclic: collections during the loop would find nothing
             if self.worker is not None and self.worker.settle():

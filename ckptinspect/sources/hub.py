@@ -79,7 +79,7 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         on_header: called in the calling thread with (shard, header bytes) as each header arrives.
         scan: the report's per-shard scan, ``scan(shard, header bytes, file size)``: run in the calling
             thread on each header as it arrives (later headers are still on the wire), the results
-            returned in ``scan_plan.scanned``. A shard whose scan raises is left out (the report scans
+            returned in ``scan_plan.scanned``. A shard whose scan raises or answers None is left out (the report scans
             it again, in index order, and reports the first error). None: headers only.
         header_cache: reuse headers stored by an earlier read of the same commit and file etag
             (sources/header_cache.py); default on unless CKPTINSPECT_HEADER_CACHE=0.
@@ -155,9 +155,11 @@ class _HubRead:
                     on_header(shard, header)
                 if scan is not None:
                     try:
-                        scanned[shard] = scan(shard, header, sizes[shard])
+                        answer = scan(shard, header, sizes[shard])
                     except CkptInspectError:
-                        pass  # scanned again by the report, in index order, which reports the error
+                        answer = None  # scanned again by the report, in index order, which reports the error
+                    if answer is not None:  # a hook that only takes the header (the scan worker) answers None
+                        scanned[shard] = answer
                 progress.phase("headers", done, len(shards))
             self._next("done")
         finally:
@@ -269,7 +271,7 @@ class _HubRead:
                                "shards": shards, "sizes": sizes, "summary": summary,
                                "cached": sum(cached for _, cached in answers)}))
         # Headers pinned by the commit and the file's etag come from the header cache, the rest from the Hub.
-        keys = {s: entry_key(self.endpoint, self.repo_id, info.sha or "", s, _etag(siblings[s]), sizes[s])
+        keys = {s: entry_key(self.endpoint, self.repo_id, info.sha or "", s, siblings[s].etag, sizes[s])
                 for s in shards}
         cached = await asyncio.to_thread(lambda: {s: self.cache.get(keys[s]) for s in shards})
         for shard in shards:
@@ -290,7 +292,7 @@ class _HubRead:
                 await asyncio.to_thread(self.cache.evict)
         self.phases["headers_s"] = time.perf_counter() - t0 - self.phases["info_s"] - self.phases["json_s"]
 
-    async def _json_file(self, hub: HubClient, commit: str, name: str, sibling: Any, url: str) -> tuple[Any, int]:
+    async def _json_file(self, hub: HubClient, commit: str, name: str, sibling: RepoFile, url: str) -> tuple[Any, int]:
         local = cached_file(self.repo_id, commit, name)
         cap = json_file_cap(name)  # the local files' caps (16 MiB, 512 MiB for the index): sources/interface.py
         where = f"{self.repo_id}/{name}"
@@ -306,7 +308,7 @@ class _HubRead:
         data = await hub.get_range(url, name, 0, end) if end >= 0 else b""
         if size is not None and len(data) < size:
             data += await hub.rest(url, name, len(data), size)
-        etag = _etag(sibling)
+        etag = sibling.etag
         if name == INDEX_FILE and self.index_hook is not None:
             self.index_hook(data)
         # Stored and parsed off the event loop, at once: the store's write (GIL released) overlaps the
@@ -357,11 +359,6 @@ async def _read_header(hub: HubClient, sizer: RangeSizer, shard: str, url: str, 
         body += await hub.rest(url, shard, len(body), 8 + n)
     sizer.learn(shard, n)
     return body[8:8 + n]
-
-
-def _etag(sibling: RepoFile) -> str | None:
-    """The file's etag as huggingface_hub names blobs: the LFS sha256, else the git blob id."""
-    return sibling.etag
 
 
 def _shard_plan(repo_id: str, summary: IndexSummary | None, siblings: Mapping[str, Any]) -> list[str]:
