@@ -52,14 +52,11 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
 def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress,
           worker: ScanWorker | None = None) -> Any:
     """open_source, with the progress line ended when the source fails (a scan that runs ends it itself).
-    ``worker``: fed each header as the source reads it (inventory/parallel.py); stopped here on failure."""
+    ``worker``: fed each header as the source reads it (inventory/parallel.py)."""
     try:
-        return open_source(ref, revision=revision, token=token, progress=progress,
-                           scan=worker)
+        return open_source(ref, revision=revision, token=token, progress=progress, scan=worker)
     except BaseException:
         progress.end()
-        if worker is not None:
-            worker.close()
         raise
 
 
@@ -68,14 +65,16 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
     """Checkpoint plus its MTP assessment."""
     progress = as_progress(progress, label=ref)
     worker = worker_feed()
-    raw = _open(ref, revision=revision, token=token, progress=progress, worker=worker)
-    if getattr(raw, "format", None) == "gguf":
-        worker.close()
-        from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf
+    try:  # the worker is stopped and reaped however the report ends (close is idempotent)
+        raw = _open(ref, revision=revision, token=token, progress=progress, worker=worker)
+        if getattr(raw, "format", None) == "gguf":
+            from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf
 
-        checkpoint = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
-        return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
-    return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, worker=worker)
+            checkpoint = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
+            return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
+        return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, worker=worker)
+    finally:
+        worker.close()
 
 
 def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,
@@ -92,8 +91,6 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), 
     """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage.
     ``worker``: the scan worker the source fed while reading (build_report), if any."""
     if CONFIG not in raw.json_files:
-        if worker is not None:
-            worker.close()
         raise ConfigError("no config.json in the checkpoint", path=raw.location)
     # One scan for every source (inventory/parallel.py): scanning in this thread while the Hub's requests
     # are in flight was measured slower (one GIL; BENCHMARKS.md, section 17), so the Hub reader feeds a worker
