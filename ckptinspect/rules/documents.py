@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ckptinspect.errors import RuleError
+from ckptinspect.rules.mirror import builtin_rule_document
 from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
 
 _PACKAGE = Path(__file__).resolve().parent.parent
@@ -64,8 +65,6 @@ def validate_document(doc: Any, path: str, schema: str = FAMILY_SCHEMA) -> None:
 def load_validated(path: Path, schema: str) -> Any:
     """Read one rule file through the safe loader (a built-in one through its JSON mirror while unchanged:
     ckptinspect/rules/mirror.py) and validate it against ``schema``."""
-    from ckptinspect.rules.mirror import builtin_rule_document
-
     doc = builtin_rule_document(path, rules_root())
     validate_document(doc, str(path), schema)
     return doc

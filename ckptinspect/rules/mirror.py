@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from ckptinspect.errors import RuleError
 from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
 
 MIRROR = "mirror.jsonl"
@@ -48,7 +49,7 @@ def _entries(root: Path) -> dict[str, tuple[str, bytes]]:
     path = root / MIRROR
     try:
         data = read_rule_bytes(path, max_bytes=MAX_MIRROR_BYTES)
-    except Exception:  # noqa: BLE001 - no usable mirror: the YAML files answer, as without one
+    except RuleError:  # missing, not a regular file or oversized: the YAML files answer, as without one
         return {}
     entries: dict[str, tuple[str, bytes]] = {}
     for line in data.splitlines():
