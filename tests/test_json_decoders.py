@@ -77,6 +77,12 @@ def _outcome(fn, *args, **kwargs):
         return ("error", str(exc))
 
 
+def _assert_same_outcome(got, want, label=None) -> None:
+    """The same outcome: equal values (``_same``) when both decoded, else the same error line."""
+    assert got[0] == want[0], label
+    assert _same(got[1], want[1]) if got[0] == "ok" else got == want, label
+
+
 def _header(data: bytes, monkeypatch, compiled: bool):
     monkeypatch.setattr(parser, "_loads", parser._loads if compiled else None)
     out = _outcome(parser.parse_header, data, source="x.safetensors")
@@ -93,8 +99,7 @@ def test_header_parser_answers_the_same_with_and_without_orjson(name, header, da
     with_orjson = _header(data, monkeypatch, True)
     monkeypatch.setattr(parser, "_loads", compiled)
     without = _header(data, monkeypatch, False)
-    assert with_orjson[0] == without[0]
-    assert _same(with_orjson[1], without[1]) if with_orjson[0] == "ok" else with_orjson == without
+    _assert_same_outcome(with_orjson, without)
 
 
 HOSTILE = [
@@ -113,8 +118,7 @@ def test_decode_json_answers_the_same_with_and_without_the_compiled_decoder(text
     with _Using(decoder):
         compiled = _outcome(json_text.decode_json, text.encode(), source="f.json")
     without = _reference_decode(text.encode())
-    assert compiled[0] == without[0]
-    assert _same(compiled[1], without[1]) if compiled[0] == "ok" else compiled == without
+    _assert_same_outcome(compiled, without)
 
 
 _json = st.recursive(
@@ -134,8 +138,7 @@ def test_generated_documents_decode_the_same(value):
     for decoder in DECODERS:
         with _Using(decoder):
             compiled = _outcome(json_text.decode_json, text, source="f.json")
-        assert compiled[0] == without[0], decoder
-        assert _same(compiled[1], without[1]) if compiled[0] == "ok" else compiled == without
+        _assert_same_outcome(compiled, without, decoder)
 
 
 def _reference_decode(data, **kwargs):
@@ -175,8 +178,7 @@ def test_arbitrary_bytes_decode_the_same(raw, frame):
     for decoder in DECODERS:
         with _Using(decoder):
             compiled = _outcome(json_text.decode_json, data, source="f.json")
-        assert compiled[0] == without[0], decoder
-        assert _same(compiled[1], without[1]) if compiled[0] == "ok" else compiled == without
+        _assert_same_outcome(compiled, without, decoder)
 
 
 @settings(max_examples=200, deadline=None)
@@ -193,8 +195,7 @@ def test_value_cap_refuses_exactly_what_the_byte_count_bounds(text, cap):
             assert compiled == ("error", f"f.json: would build up to {bound:,} JSON values, over the {cap:,} cap")
         else:
             assert "would build" not in str(compiled[1])
-        assert compiled[0] == without[0]
-        assert _same(compiled[1], without[1]) if compiled[0] == "ok" else compiled == without
+        _assert_same_outcome(compiled, without, decoder)
 
 
 @settings(max_examples=300, deadline=None)
