@@ -41,14 +41,17 @@ def check(doc: Any, path: str) -> None:
     def fail(where: str, why: str) -> None:
         raise RuleError(f"{where}: {why}", path=path)
 
+    def require(mapping: dict, keys: tuple[str, ...], where: str) -> None:
+        for key in keys:
+            if key not in mapping:
+                fail(where, f"missing '{key}'")
+
     if not isinstance(doc, dict):
         fail("$", "must be a mapping")
     extra = set(doc) - _TOP
     if extra:
         fail("$", f"unknown key(s) {', '.join(sorted(map(str, extra)))}")
-    for key in ("kind", "schema_version", "engine", "packed", "methods"):
-        if key not in doc:
-            fail("$", f"missing '{key}'")
+    require(doc, ("kind", "schema_version", "engine", "packed", "methods"), "$")
     if doc["kind"] != "module_quant" or doc["schema_version"] != 1 or doc["engine"] not in ("sglang", "vllm"):
         fail("$", "kind must be module_quant, schema_version 1, engine sglang or vllm")
     if not isinstance(doc["packed"], dict) or not all(_strings(v) for v in doc["packed"].values()):
@@ -64,9 +67,7 @@ def check(doc: Any, path: str) -> None:
         extra = set(entry) - _ENTRY
         if extra:
             fail(where, f"unknown key(s) {', '.join(sorted(map(str, extra)))}")
-        for key in ("methods", "procedure", "lists", "source"):
-            if key not in entry:
-                fail(where, f"missing '{key}'")
+        require(entry, ("methods", "procedure", "lists", "source"), where)
         if not _strings(entry["methods"]) or not entry["methods"]:
             fail(f"{where}.methods", "must be a non-empty list of strings")
         if entry["procedure"] not in PROCEDURES:
@@ -82,9 +83,7 @@ def check(doc: Any, path: str) -> None:
         where = f"$.known_methods[{i}]"
         if not isinstance(entry, dict) or set(entry) - _KNOWN:
             fail(where, f"must be a mapping with keys among {', '.join(sorted(_KNOWN))}")
-        for key in ("versions", "methods", "refusal", "source"):
-            if key not in entry:
-                fail(where, f"missing '{key}'")
+        require(entry, ("versions", "methods", "refusal", "source"), where)
         if not _strings(entry["methods"]) or not entry["methods"]:
             fail(f"{where}.methods", "must be a non-empty list of strings")
         for key in ("aliases", "unread"):
