@@ -46,7 +46,10 @@ warnings.simplefilter("ignore")
 import transformers.utils.import_utils as iu
 iu.is_torchvision_available()
 import transformers.models.auto.image_processing_auto  # noqa: F401  (caches "no torchvision")
-STUBBED = set(sys.argv[1].split(","))
+# A third-party package is stood in for only where this environment lacks it (an installed one is imported
+# for real, so the API SGLang meets is the installed version's); a named SGLang submodule always is.
+STUBBED = {name for name in sys.argv[1].split(",")
+           if "." in name or importlib.machinery.PathFinder.find_spec(name) is None}
 
 class _Any(types.ModuleType):
     __path__ = []
