@@ -157,9 +157,6 @@ def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, 
     from ckptinspect.sources.hub import open_hub
 
     repo_id, revision = _repo_and_revision(ref, revision)
-    starts = getattr(scan, "read_starts", None)  # the report's scan worker starts with the read (inventory/scan_process.py)
-    if starts is not None:
-        starts()
     return open_hub(repo_id, revision=revision, token=token, progress=progress, scan=scan)
 
 

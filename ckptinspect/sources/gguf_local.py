@@ -109,7 +109,7 @@ def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | Non
         return None
     if hub_offline():
         raise NotFoundError("HF_HUB_OFFLINE=1 and the GGUF repo is not in the local Hugging Face cache", path=ref)
-    from ckptinspect.sources.gguf_hub import open_gguf_hub
+    from ckptinspect.sources.hub_gguf import open_gguf_hub
 
     return open_gguf_hub(repo_id, ref=ref, tag=tag, revision=rev, token=token)
 
