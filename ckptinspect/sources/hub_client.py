@@ -371,11 +371,14 @@ class HubClient:
         return 0
 
     def _root_cause(self, exc: BaseException) -> str:
-        """The innermost error under httpx's ("ConnectionRefusedError: ..." rather than "All connection
-        attempts failed"), named by its type."""
-        inner, seen = exc, 0
-        while (inner.__cause__ or inner.__context__) is not None and seen < 10:
-            inner, seen = inner.__cause__ or inner.__context__, seen + 1
+        """The innermost socket error under httpx's ("ConnectionRefusedError: ..." rather than "All
+        connection attempts failed"), named by its type; an unrelated error that was being handled when it
+        happened (its ``__context__``) is not it."""
+        chain, inner = [exc], exc
+        while (inner.__cause__ or inner.__context__) is not None and len(chain) < 10:
+            inner = inner.__cause__ or inner.__context__
+            chain.append(inner)
+        inner = next((e for e in reversed(chain) if isinstance(e, OSError)), chain[-1])
         return f"{type(inner).__name__}: {self._short(inner)}"
 
     def _short(self, exc: BaseException) -> str:

@@ -23,6 +23,10 @@ def run_sync(make: Callable[[], Awaitable[T]]) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        in_loop = False
+    else:
+        in_loop = True
+    if not in_loop:  # outside the except block: its RuntimeError must not become every error's context
         return asyncio.run(_wrap(make))
     out: dict[str, Any] = {}
 
