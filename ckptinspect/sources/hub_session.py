@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 from urllib.parse import unquote, urlsplit
 
-from ckptinspect.errors import CkptInspectError
+from ckptinspect.errors import CkptInspectError, NetworkError
 from ckptinspect.sources.hub_client import FetchStats, HubClient, make_client
 from ckptinspect.sources.net_limits import Budget, NetLimits
-from ckptinspect.sources.redact import scrub
+from ckptinspect.sources.redact import redact_url, scrub
 
 
 def hub_endpoint(endpoint: str | None = None) -> str:
@@ -83,13 +84,61 @@ def hub_session(endpoint: str | None, token: str | None, *, timeout: float | Non
     return HubSession(endpoint, dict(headers), secrets, _budget(timeout, ends_at))
 
 
-def server_session(url: str, *, started: float | None = None) -> HubSession:
-    """An inference server's session: no Hub headers; the deadline counts from ``started`` (a
-    ``time.monotonic()`` value, default now)."""
-    budget = _budget(None, None)
-    if started is not None:
-        budget.ends_at = started + budget.limits.deadline_s
-    return HubSession(url.rstrip("/"), {"Content-Type": "application/json"}, url_secrets(url), budget, hub=False)
+def server_session(url: str) -> HubSession:
+    """An inference server's session: no Hub headers; the command's deadline counts from now."""
+    return HubSession(url.rstrip("/"), {"Content-Type": "application/json"}, url_secrets(url), _budget(None, None),
+                      hub=False)
 
 
-__all__ = ["HubSession", "hub_endpoint", "hub_session", "server_session", "url_secrets"]
+
+
+class ServerClient:
+    """Requests to an inference server (the probe's ``--engine`` and ``--main-url``) from synchronous code,
+    each through the bounded client (sources/net_edge.py runs it): one deadline for all of them (the
+    command's, from the first request's session), the byte budget, a cap on each answer, JSON answers
+    decoded by sources/net_json.py. Every error is one NetworkError line naming the server by its redacted
+    URL (``what`` says which server it is)."""
+
+    def __init__(self, url: str, what: str) -> None:
+        self.base = url.rstrip("/")
+        self.shown = redact_url(self.base)
+        self.what = what
+        self.session = server_session(self.base)
+
+    def get(self, path: str, limit: int) -> bytes:
+        return self._call("GET", path, None, limit)
+
+    def get_json(self, path: str, limit: int, *, max_items: int | None = None) -> Any:
+        return self._decode(path, self._call("GET", path, None, limit), max_items)
+
+    def post_json(self, path: str, payload: Any, limit: int, *, max_items: int | None = None) -> Any:
+        body = json.dumps(payload).encode()
+        return self._decode(path, self._call("POST", path, body, limit), max_items)
+
+    def _decode(self, path: str, body: bytes, max_items: int | None) -> Any:
+        from ckptinspect.sources.net_json import MAX_ANSWER_VALUES, decode_answer
+
+        return decode_answer(body, source=f"{self.shown}{path}", max_items=max_items or MAX_ANSWER_VALUES)
+
+    def _call(self, method: str, path: str, content: bytes | None, limit: int) -> bytes:
+        from ckptinspect.sources.net_edge import run_sync
+
+        where = f"{self.shown}{path}"
+
+        async def call() -> bytes:
+            try:
+                async with self.session.open(self.shown) as client:
+                    status, _, body = await client.get_document(
+                        self.base + path, path.lstrip("/"), {"Accept": "application/json"}, limit, method=method,
+                        content=content, retry=method == "GET")
+            except CkptInspectError as exc:
+                raise self.session.scrubbed(exc) from None
+            if status != 200:
+                shown = scrub(body[:200].decode("utf-8", "replace"), self.session.secrets)
+                raise NetworkError(f"the {self.what} answered HTTP {status}: {shown!r}", path=where)
+            return body
+
+        return run_sync(call)
+
+
+__all__ = ["HubSession", "ServerClient", "hub_endpoint", "hub_session", "server_session", "url_secrets"]
