@@ -162,13 +162,14 @@ def _listed(page: Any, what: str, *, start: int) -> list[RepoRef]:
     for n, entry in enumerate(page, start + 1):
         repo_id = entry.get("id") if isinstance(entry, dict) else None
         sha = entry.get("sha") if isinstance(entry, dict) else None
-        try:
-            if not isinstance(repo_id, str) or "/" not in repo_id:
-                raise HFValidationError("not an org/name id")
-            validate_repo_id(repo_id)
-        except HFValidationError:
-            raise NetworkError(f"the Hub listing's entry {n} is not a repo id: {str(repo_id)[:80]!r}",
-                               path=what) from None
+        valid = isinstance(repo_id, str) and "/" in repo_id
+        if valid:
+            try:
+                validate_repo_id(repo_id)
+            except HFValidationError:
+                valid = False
+        if not valid:  # raised outside the except block: the validator's text (the raw id) is no cause of it
+            raise NetworkError(f"the Hub listing's entry {n} is not a repo id: {str(repo_id)[:80]!r}", path=what)
         refs.append(RepoRef(repo_id, sha if isinstance(sha, str) and sha.isalnum() else None))
     return refs
 
