@@ -23,10 +23,11 @@ from ckptinspect.probe.evaluate import Sequence, score_batch
 from ckptinspect.probe.metrics import Tally
 
 
-# A reply holds the prompt's hidden-state rows: prompt length x hidden size floats as JSON text (2,000
-# tokens x 7,168 = 14M values, ~150 MB). Above these caps it is not an answer this probe can use.
-MAX_REPLY_BYTES = 256 << 20
-MAX_REPLY_VALUES = 48_000_000
+# A reply holds the hidden-state rows of prompt and answer: tokens x hidden size floats as JSON text, ~10
+# bytes each (600 tokens x 7,168 = 4.3M values, ~45 MB). The caps allow ~1,800 rows of a 7,168-wide model
+# and keep the probe's memory bounded whatever a server sends.
+MAX_REPLY_BYTES = 128 << 20
+MAX_REPLY_VALUES = 16_000_000
 
 
 def post_json(url: str, payload: dict[str, Any], client: Any = None) -> dict[str, Any]:

@@ -328,7 +328,7 @@ class HubClient:
 
     async def _read(self, resp: Any, amount: int, name: str) -> bytes:
         """Up to ``amount`` body bytes, each piece counted (``--verbose``, the byte budget) as it arrives."""
-        parts, have = [], 0
+        have = 0
         where = f"{self.repo_id}/{name}"
         try:  # huggingface_hub's response hook reads error bodies under 1 MB itself
             read = resp.content
@@ -339,14 +339,20 @@ class HubClient:
             self.budget.take(len(read), where)
             return read[:amount]
         async for part in resp.aiter_raw():
-            parts.append(part)
+            if not have:
+                buf = bytearray(part)  # one buffer grown in place: a large answer is held once, not twice
+            else:
+                buf += part
             have += len(part)
             self.stats.bytes_fetched += len(part)
             self.budget.take(len(part), where)
             if have > amount:  # more than asked (a 200 with the whole file): stop, dropping the connection
                 break
         # Exactly what was asked is read to the end of the answer, so the connection stays reusable.
-        return b"".join(parts)[:amount]
+        if not have:
+            return b""
+        del buf[amount:]
+        return bytes(buf)
 
     def _raise_for(self, status: int, resp: Any, name: str) -> None:
         where = f"{self.repo_id}/{name}"
