@@ -23,7 +23,7 @@ from ckptinspect.errors import ConfigError
 from ckptinspect.header.parser import parse_header
 from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
-from ckptinspect.inventory.parallel import ScanWorker, start_scan, worker_feed
+from ckptinspect.inventory.parallel import ScanWorker, start_scan
 from ckptinspect.inventory.scan import ShardScan
 from ckptinspect.progress import SILENT, Progress, as_progress
 from ckptinspect.quant.crosscheck import crosscheck
@@ -68,16 +68,13 @@ def _open(ref: str, *, revision: str | None, token: str | None, progress: Progre
 
 def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                  token: str | None = None, progress: Progress | bool = True) -> Report:
-    """Checkpoint plus its MTP assessment."""
+    """Checkpoint plus its MTP assessment. The Hub reader feeds no scan worker: its headers are scanned
+    here after the read (inventory/parallel.py; CKPTINSPECT_PARALLEL_SCAN=1 still forces the worker)."""
     progress = as_progress(progress, label=ref)
-    worker = worker_feed()
-    try:  # the worker is stopped and reaped however the report ends (close is idempotent)
-        raw = _open(ref, revision=revision, token=token, progress=progress, worker=worker)
-        if getattr(raw, "format", None) == "gguf":
-            return gguf_report(raw)
-        return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, worker=worker)
-    finally:
-        worker.close()
+    raw = _open(ref, revision=revision, token=token, progress=progress)
+    if getattr(raw, "format", None) == "gguf":
+        return gguf_report(raw)
+    return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
 
 
 async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
