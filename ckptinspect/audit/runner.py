@@ -75,7 +75,8 @@ def run_audit(refs: Sequence[RepoRef], options: AuditOptions, report_fn: ReportF
     with asyncio.Runner() as runner:
         audit = _Audit(options, cache, ends_at, report_fn)
         pending: list[RepoRef] = []
-        for ref, doc in runner.run(audit.cached(refs)):
+        runner.run(audit.cached(refs))
+        for ref, doc in audit.looked:
             if doc is not None:
                 yield row_from_report(ref.repo_id, doc, cached=True)
             else:
@@ -84,12 +85,13 @@ def run_audit(refs: Sequence[RepoRef], options: AuditOptions, report_fn: ReportF
             return
         runner.run(audit.start(pending))
         while audit.left:
-            for row in runner.run(audit.next_rows()):
-                yield row
+            runner.run(audit.next_rows())
+            yield from audit.rows
 
 
 class _Audit:
-    """The audit's state on its loop: the one request bound, the rows as repos finish."""
+    """The audit's state on its loop: the one request bound, the rows as repos finish. Each step's answer
+    is kept here rather than returned by its coroutine (sources/net_edge.py ``_into`` says why)."""
 
     def __init__(self, options: AuditOptions, cache: AuditCache, ends_at: float, report_fn: ReportFn) -> None:
         self.options, self.cache, self.ends_at, self.report_fn = options, cache, ends_at, report_fn
@@ -97,13 +99,16 @@ class _Audit:
         self.done: asyncio.Queue | None = None
         self.left: dict[str, RepoRef] = {}
         self.workers: list[asyncio.Task] = []
+        self.looked: list[tuple[RepoRef, dict | None]] = []
+        self.rows: list[AuditRow] = []
 
-    async def cached(self, refs: Sequence[RepoRef]) -> list[tuple[RepoRef, dict | None]]:
+    async def cached(self, refs: Sequence[RepoRef]) -> None:
         """Each ref with its cached report, if any; an explicit id whose repo is in the cache is asked for
         its current commit first (its report is not read again when the commit is unchanged)."""
         self.limiter = asyncio.Semaphore(self.options.max_requests)
         if self.cache.root is None:
-            return [(ref, None) for ref in refs]
+            self.looked = [(ref, None) for ref in refs]
+            return
 
         async def look(ref: RepoRef) -> tuple[RepoRef, dict | None]:
             sha = ref.sha
@@ -113,7 +118,7 @@ class _Audit:
                 ref = RepoRef(ref.repo_id, sha)
             return ref, self.cache.get(ref.repo_id, sha)
 
-        return list(await asyncio.gather(*(look(ref) for ref in refs)))
+        self.looked = list(await asyncio.gather(*(look(ref) for ref in refs)))
 
     async def start(self, refs: list[RepoRef]) -> None:
         options = self.options
@@ -132,7 +137,7 @@ class _Audit:
 
         self.workers = [asyncio.ensure_future(worker()) for _ in range(min(max(1, options.jobs), len(refs)))]
 
-    async def next_rows(self) -> list[AuditRow]:
+    async def next_rows(self) -> None:
         """The next finished repo's row; once the deadline (plus grace) passes, a row for each repo left."""
         assert self.done is not None
         try:
@@ -148,9 +153,10 @@ class _Audit:
                 rows.append(error_row(ref.repo_id, ref.sha, RepoError(
                     "NetworkError", f"{ref.repo_id}: not finished within the audit's deadline (raise it with "
                                     "--deadline or CKPTINSPECT_DEADLINE_S)")))
-            return rows
+            self.rows = rows
+            return
         self.left.pop(ref.repo_id, None)
-        return [_row(ref, out, self.cache)]
+        self.rows = [_row(ref, out, self.cache)]
 
     async def _report(self, repo_id: str, task: dict[str, Any]) -> tuple:
         """`report REPO --format json` on the audit's loop: ("ok", JSON text) or ("error", kind, one line)."""

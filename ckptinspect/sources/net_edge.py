@@ -26,13 +26,15 @@ def run_sync(make: Callable[[], Awaitable[T]]) -> T:
         in_loop = False
     else:
         in_loop = True
+    box: dict[str, Any] = {}
     if not in_loop:  # outside the except block: its RuntimeError must not become every error's context
-        return asyncio.run(_wrap(make))
+        asyncio.run(_into(box, make))
+        return box["value"]
     out: dict[str, Any] = {}
 
     def main() -> None:
         try:
-            out["value"] = asyncio.run(_wrap(make))
+            asyncio.run(_into(box, make))
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             out["error"] = exc
 
@@ -41,8 +43,11 @@ def run_sync(make: Callable[[], Awaitable[T]]) -> T:
     thread.join()
     if "error" in out:
         raise out["error"]
-    return out["value"]
+    return box["value"]
 
 
-async def _wrap(make: Callable[[], Awaitable[T]]) -> T:
-    return await make()
+async def _into(box: dict[str, Any], make: Callable[[], Awaitable[T]]) -> None:
+    """The answer goes into ``box``, not into the task's result: asyncio.Runner.run checks its SIGINT
+    handler with ``signal.getsignal``, which formats the handler (a partial holding the main task) with
+    ``%r`` on 3.11, and a task's repr shows its result: a report's 50 MB of headers took seconds."""
+    box["value"] = await make()
