@@ -380,7 +380,8 @@ async def _audit_report(repo_id: str, options: dict) -> str:
     with _not_found_context(ref):
         report = await build_report_async(ref, rules_dirs=tuple(Path(d) for d in options["rules_dirs"]),
                                           revision=revision, token=options["token"],
-                                          limiter=options.get("limiter"), ends_at=options.get("ends_at"))
+                                          limiter=options.get("limiter"), ends_at=options.get("ends_at"),
+                                          hub_only=options.get("listed", False))
     return render_report(_with_sections(report, ref, tp=None, ep=None, gpu=options["gpu"], gpus=options["gpus"],
                                         context=options["context"], engine=options["engine"]), "json")
 

@@ -78,11 +78,13 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
 
 
 async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
-                             token: str | None = None, limiter: Any = None, ends_at: float | None = None) -> Report:
+                             token: str | None = None, limiter: Any = None, ends_at: float | None = None,
+                             hub_only: bool = False) -> Report:
     """``build_report`` on the caller's event loop (no progress line): the source's network reads are
     awaited there under ``limiter`` and ``ends_at`` (sources.open_source_async); the stages after it run
     as they do in ``build_report``."""
-    raw = await open_source_async(ref, revision=revision, token=token, limiter=limiter, ends_at=ends_at)
+    raw = await open_source_async(ref, revision=revision, token=token, limiter=limiter, ends_at=ends_at,
+                                  hub_only=hub_only)
     if getattr(raw, "format", None) == "gguf":
         return gguf_report(raw)
     return report_from_raw(raw, rules_dirs=rules_dirs)

@@ -115,7 +115,7 @@ class _Audit:
             if sha is None and self.cache.has_repo(ref.repo_id):
                 sha = await current_sha_async(ref.repo_id, token=self.options.token, endpoint=self.options.endpoint,
                                               limiter=self.limiter, ends_at=self.ends_at)
-                ref = RepoRef(ref.repo_id, sha)
+                ref = RepoRef(ref.repo_id, sha, ref.listed)
             return ref, self.cache.get(ref.repo_id, sha)
 
         self.looked = list(await asyncio.gather(*(look(ref) for ref in refs)))
@@ -132,7 +132,7 @@ class _Audit:
         async def worker() -> None:
             while queue:
                 ref = queue.pop()
-                out = await self._report(ref.repo_id, task)
+                out = await self._report(ref.repo_id, {**task, "listed": ref.listed})
                 self.done.put_nowait((ref, out))
 
         self.workers = [asyncio.ensure_future(worker()) for _ in range(min(max(1, options.jobs), len(refs)))]

@@ -37,10 +37,12 @@ _NEXT = re.compile(r'<([^>]{1,8192})>\s*;\s*rel="?next"?', re.IGNORECASE)
 
 @dataclass(frozen=True)
 class RepoRef:
-    """A repo to audit; ``sha`` is its current commit when a listing said so (else None)."""
+    """A repo to audit; ``sha`` is its current commit when a listing said so (else None). ``listed``: a
+    Hub listing named it, so it is read from the HF cache or the Hub only, never as a local path."""
 
     repo_id: str
     sha: str | None = None
+    listed: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,7 @@ def _listed(page: Any, what: str, *, start: int) -> list[RepoRef]:
                 valid = False
         if not valid:  # raised outside the except block: the validator's text (the raw id) is no cause of it
             raise NetworkError(f"the Hub listing's entry {n} is not a repo id: {str(repo_id)[:80]!r}", path=what)
-        refs.append(RepoRef(repo_id, sha if isinstance(sha, str) and sha.isalnum() else None))
+        refs.append(RepoRef(repo_id, sha if isinstance(sha, str) and sha.isalnum() else None, listed=True))
     return refs
 
 

@@ -93,17 +93,21 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
 
 
 async def open_source_async(ref: str, *, revision: str | None = None, token: str | None = None,
-                            progress: bool = False, limiter: Any = None,
-                            ends_at: float | None = None) -> "RawCheckpoint | RawGguf":
+                            progress: bool = False, limiter: Any = None, ends_at: float | None = None,
+                            hub_only: bool = False) -> "RawCheckpoint | RawGguf":
     """``open_source`` for a caller on an event loop: the Hub kinds' reads are awaited on it, under
-    ``limiter`` (an ``asyncio.Semaphore`` bounding requests in flight) and ``ends_at`` (a deadline)."""
-    path = Path(ref).expanduser()
+    ``limiter`` (an ``asyncio.Semaphore`` bounding requests in flight) and ``ends_at`` (a deadline).
+    ``hub_only``: ``ref`` is a Hub repo id (one a listing named), never a local path, whatever the
+    current directory holds: only the kinds in ``HUB_KINDS`` are asked, as if no such path existed."""
+    path = Path(ref).expanduser() if not hub_only else Path("/dev/null") / ref  # the latter never exists
     for kind in source_kinds():
+        if hub_only and kind.name not in HUB_KINDS:
+            continue
         if kind.claims(ref, path):
             opener = getattr(kind, "open_async", None)
             if opener is not None:
                 opened = await opener(ref, path, revision=revision, token=token, progress=progress,
-                                      limiter=limiter, ends_at=ends_at)
+                                      limiter=limiter, ends_at=ends_at, hub_only=hub_only)
             else:
                 opened = kind.open(ref, path, revision=revision, token=token, progress=progress)
             if opened is not None:
@@ -131,10 +135,11 @@ def _open_gguf(ref: str, path: Path, *, revision: str | None, token: str | None,
 
 
 async def _open_gguf_async(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
-                           limiter: Any = None, ends_at: float | None = None) -> "RawGguf | None":
+                           limiter: Any = None, ends_at: float | None = None,
+                           hub_only: bool = False) -> "RawGguf | None":
     from ckptinspect.sources.gguf_local import GgufHubRead, open_gguf_if_gguf
 
-    found = open_gguf_if_gguf(ref, revision=revision, token=token)
+    found = open_gguf_if_gguf(ref, revision=revision, token=token, local=not hub_only)
     if not isinstance(found, GgufHubRead):
         return found
     from ckptinspect.sources.hub_gguf import read_gguf_hub
@@ -205,7 +210,7 @@ def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, 
 
 
 async def _open_hub_async(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
-                          limiter: Any = None, ends_at: float | None = None) -> RawCheckpoint:
+                          limiter: Any = None, ends_at: float | None = None, hub_only: bool = False) -> RawCheckpoint:
     from ckptinspect.sources.hub import read_hub
 
     repo_id, revision = _repo_and_revision(ref, revision)
@@ -213,6 +218,7 @@ async def _open_hub_async(ref: str, path: Path, *, revision: str | None, token: 
                           ends_at=ends_at)
 
 
+HUB_KINDS = ("gguf-hub", "hf-cache", "hub")  # the kinds that read a repo id, from the HF cache or the Hub
 BUILT_IN: tuple[Source, ...] = (
     SourceKind("gguf-local", _claims_local_gguf, _open_gguf, open_async=_open_gguf_async),
     SourceKind("local", lambda ref, path: path.is_dir(), _open_local),

@@ -76,10 +76,12 @@ def open_gguf_dir(directory: Path, *, ref: str, tag: str | None = None, kind: st
                    stats={"files_read": len(parts) + len(heads)})
 
 
-def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | None = None) -> Any:
+def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | None = None,
+                      local: bool = True) -> Any:
     """A RawGguf when ``ref`` names a local or cached GGUF model, a ``GgufHubRead`` when it names a GGUF
-    repo to read from the Hub, else None (the caller tries the other sources)."""
-    path = Path(ref).expanduser()
+    repo to read from the Hub, else None (the caller tries the other sources). ``local=False``: ``ref``
+    is a repo id whatever the current directory holds (an id a Hub listing named)."""
+    path = Path(ref).expanduser() if local else Path("/dev/null") / ref  # the latter never exists
     if path.is_file() and is_gguf(path.name):
         return open_gguf_dir(path.parent, ref=ref, only=path.name)
     if path.is_dir():
@@ -87,7 +89,7 @@ def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | Non
             return open_gguf_dir(path, ref=ref)
         return None
     base, sep, tag = ref.rpartition(":")
-    if sep and "/" not in tag and Path(base).expanduser().is_dir() and _is_gguf_dir(Path(base).expanduser()):
+    if local and sep and "/" not in tag and Path(base).expanduser().is_dir() and _is_gguf_dir(Path(base).expanduser()):
         return open_gguf_dir(Path(base).expanduser(), ref=ref, tag=tag)
     if path.exists():
         return None
@@ -133,7 +135,7 @@ def claims_local_gguf(ref: str, path: Path) -> bool:
     if path.is_dir():
         return _is_gguf_dir(path)
     base, sep, tag = ref.rpartition(":")
-    if sep and "/" not in tag and Path(base).expanduser().is_dir() and _is_gguf_dir(Path(base).expanduser()):
+    if local and sep and "/" not in tag and Path(base).expanduser().is_dir() and _is_gguf_dir(Path(base).expanduser()):
         return True
     return not path.exists() and is_gguf(ref)
 
