@@ -135,7 +135,7 @@ def claims_local_gguf(ref: str, path: Path) -> bool:
     if path.is_dir():
         return _is_gguf_dir(path)
     base, sep, tag = ref.rpartition(":")
-    if local and sep and "/" not in tag and Path(base).expanduser().is_dir() and _is_gguf_dir(Path(base).expanduser()):
+    if sep and "/" not in tag and Path(base).expanduser().is_dir() and _is_gguf_dir(Path(base).expanduser()):
         return True
     return not path.exists() and is_gguf(ref)
 
