@@ -29,7 +29,6 @@ if TYPE_CHECKING:  # the return types, named without importing their stages at i
     from ckptinspect.readiness.validate import RuleFileCheck
     from ckptinspect.audit import AuditRow, RepoRef
     from ckptinspect.probe.result import ProbeResult
-    from ckptinspect.readiness.cost import MtpCost
     from ckptinspect.records import RawCheckpoint
 
 # `--fail-on LEVEL`: the verdict rank at and above which a gate trips.
@@ -81,20 +80,21 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
     ref, revision = normalize_ref(ref, revision)
     with _not_found_context(ref):
         report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+    return _with_sections(report, ref, tp=tp, ep=ep, gpu=gpu, gpus=gpus, context=context, engine=engine)
+
+
+def _with_sections(report: "Report", ref: str, *, tp: int | None, ep: int | None, gpu: "str | GpuSpec | None",
+                   gpus: int | None, context: int | None, engine: str) -> "Report":  # MTP cost, plan
     if report.checkpoint.format == "gguf" and (tp is not None or gpu is not None):
         raise PlanError("--tp / --gpu describe SGLang / vLLM deployments; for a GGUF run "
                         "`ckptinspect plan MODEL --gpu GPU --gpus N` (a llama-server command)", path=ref)
     if tp is not None:
-        report = replace(report, mtp_costs=(_mtp_cost(report, tp, ep),))
+        from ckptinspect.readiness.cost import mtp_cost
+
+        report = replace(report, mtp_costs=(mtp_cost(report.checkpoint, report.mtp, tp, ep or tp),))
     if gpu is not None and gpus is not None:
         report = replace(report, plan=_plan_section(report, gpu=gpu, gpus=gpus, context=context, engine=engine))
     return report
-
-
-def _mtp_cost(report: "Report", tp: int, ep: int | None) -> "MtpCost":
-    from ckptinspect.readiness.cost import mtp_cost
-
-    return mtp_cost(report.checkpoint, report.mtp, tp, ep or tp)
 
 
 def _plan_section(report: "Report", *, gpu: "str | GpuSpec", gpus: int, context: int | None,
@@ -370,14 +370,20 @@ def audit(refs: "Sequence[str | RepoRef]", *, gpu: str | None = None, gpus: int 
     return run_audit(wanted, options, _audit_report)
 
 
-def _audit_report(repo_id: str, options: dict) -> str:
-    """One audit row's report, in an audit thread: exactly `report REPO --format json`."""
+async def _audit_report(repo_id: str, options: dict) -> str:
+    """One audit row's `report REPO --format json`, on the audit's loop (``inspect``'s stages; network
+    reads under the audit's ``limiter`` and ``ends_at``)."""
+    from ckptinspect.pipeline import build_report_async
     from ckptinspect.render.report import render_report
 
-    report = inspect(repo_id, rules_dirs=tuple(Path(d) for d in options["rules_dirs"]), token=options["token"],
-                     progress=False, gpu=options["gpu"], gpus=options["gpus"], context=options["context"],
-                     engine=options["engine"])
-    return render_report(report, "json")
+    ref, revision = normalize_ref(check_ref(repo_id), None)
+    with _not_found_context(ref):
+        report = await build_report_async(ref, rules_dirs=tuple(Path(d) for d in options["rules_dirs"]),
+                                          revision=revision, token=options["token"],
+                                          limiter=options.get("limiter"), ends_at=options.get("ends_at"),
+                                          hub_only=options.get("listed", False))
+    return render_report(_with_sections(report, ref, tp=None, ep=None, gpu=options["gpu"], gpus=options["gpus"],
+                                        context=options["context"], engine=options["engine"]), "json")
 
 
 def audit_sort(rows: "Sequence[AuditRow]", engine: str = "both") -> "list[AuditRow]":

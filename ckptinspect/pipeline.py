@@ -1,4 +1,12 @@
-"""The report pipeline: source -> headers -> inventory -> quantization -> rules -> (plan).
+"""The report pipeline: source -> headers -> inventory -> quantization -> rules -> (plan), for every
+format: a safetensors checkpoint and a GGUF model take the same stages into the same records (GGUF
+metadata stands in for config.json: config/gguf_config.py; its tensor infos for safetensors headers:
+inventory/gguf_inventory.py; ``general.file_type`` for the declared quantization), and only the MTP
+verdict differs: rules/engines/llamacpp.yaml (readiness/gguf_mtp.py) instead of the family rules, which
+describe safetensors layouts.
+
+``build_report`` opens the source from synchronous code; ``build_report_async`` is the same report for a
+caller on an event loop (the audit: its repos' reads share that loop).
 
 Never imports torch or transformers: ``tests/test_report.py`` (test_report_never_imports_torch_or_transformers) proves it.
 """
@@ -15,14 +23,14 @@ from ckptinspect.errors import ConfigError
 from ckptinspect.header.parser import parse_header
 from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
-from ckptinspect.inventory.parallel import ScanWorker, start_scan, worker_feed
+from ckptinspect.inventory.parallel import ScanWorker, start_scan
 from ckptinspect.inventory.scan import ShardScan
 from ckptinspect.progress import SILENT, Progress, as_progress
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
 from ckptinspect.records import (Checkpoint, Finding, IndexSummary, Inventory, ModelConfig, MtpAssessment,
                                  RawCheckpoint)
-from ckptinspect.sources import open_source
+from ckptinspect.sources import open_source, open_source_async
 from ckptinspect.sources.interface import CONFIG, HF_QUANT_CONFIG, INDEX, PICKLE_SUFFIXES, QUANT_MODEL_DESCRIPTION
 
 
@@ -42,9 +50,7 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
     progress = as_progress(progress, label=ref)
     raw = _open(ref, revision=revision, token=token, progress=progress)
     if getattr(raw, "format", None) == "gguf":
-        from ckptinspect.pipeline_gguf import checkpoint_from_gguf
-
-        return checkpoint_from_gguf(raw, expert_findings=_expert_findings)
+        return checkpoint_from_gguf(raw)
     checkpoint, _ = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
     return checkpoint
 
@@ -62,19 +68,31 @@ def _open(ref: str, *, revision: str | None, token: str | None, progress: Progre
 
 def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                  token: str | None = None, progress: Progress | bool = True) -> Report:
-    """Checkpoint plus its MTP assessment."""
+    """Checkpoint plus its MTP assessment. The Hub reader feeds no scan worker: its headers are scanned
+    here after the read (inventory/parallel.py; CKPTINSPECT_PARALLEL_SCAN=1 still forces the worker)."""
     progress = as_progress(progress, label=ref)
-    worker = worker_feed()
-    try:  # the worker is stopped and reaped however the report ends (close is idempotent)
-        raw = _open(ref, revision=revision, token=token, progress=progress, worker=worker)
-        if getattr(raw, "format", None) == "gguf":
-            from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf
+    raw = _open(ref, revision=revision, token=token, progress=progress)
+    if getattr(raw, "format", None) == "gguf":
+        return gguf_report(raw)
+    return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
 
-            checkpoint = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
-            return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
-        return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, worker=worker)
-    finally:
-        worker.close()
+
+async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
+                             token: str | None = None, limiter: Any = None, ends_at: float | None = None,
+                             hub_only: bool = False) -> Report:
+    """``build_report`` on the caller's event loop (no progress line): the source's network reads are
+    awaited there under ``limiter`` and ``ends_at`` (sources.open_source_async); the stages after it run
+    as they do in ``build_report``."""
+    raw = await open_source_async(ref, revision=revision, token=token, limiter=limiter, ends_at=ends_at,
+                                  hub_only=hub_only)
+    if getattr(raw, "format", None) == "gguf":
+        return gguf_report(raw)
+    return report_from_raw(raw, rules_dirs=rules_dirs)
+
+
+def gguf_report(raw: Any) -> Report:
+    checkpoint = checkpoint_from_gguf(raw)
+    return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
 
 
 def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,
@@ -204,3 +222,34 @@ def _file_findings(raw: RawCheckpoint, shards: set[str]) -> list[Finding]:
             f"{len(unindexed)} safetensors file(s) not referenced by the index, ignored by engines "
             f"({', '.join(unindexed[:3])})", subject=unindexed[0]))
     return findings
+
+
+# -- GGUF: RawGguf -> Checkpoint (format "gguf") -> llama.cpp MTP verdict ---------------------------------
+def checkpoint_from_gguf(raw: Any) -> Checkpoint:
+    """The Checkpoint of a RawGguf (sources/gguf_files.py): the same record a safetensors source gives."""
+    from ckptinspect.config.gguf_config import gguf_declared, gguf_model_config
+    from ckptinspect.inventory.gguf_inventory import build_gguf_inventory
+
+    first_name, first = raw.parts[0]
+    names = {t.name for _, h in raw.parts for t in h.tensors}
+    config = gguf_model_config(first, names, source=f"{raw.location}/{first_name}")
+    inventory = build_gguf_inventory(raw.parts, config.num_hidden_layers)
+    findings: list[Finding] = list(_expert_findings(inventory, config))
+    projectors = [f for f in raw.files if f.rsplit("/", 1)[-1].lower().startswith("mmproj")]
+    if projectors:
+        findings.append(Finding("gguf-projector-present", "info",
+                                f"vision projector file(s) next to the model ({', '.join(projectors[:3])}), "
+                                "loaded with llama-server --mmproj; not part of this report", subject=projectors[0]))
+    stats: dict[str, Any] = dict(raw.stats)
+    stats["model_set"] = raw.model
+    if raw.revision:
+        stats["revision"] = raw.revision
+    return Checkpoint(ref=raw.ref, kind=raw.kind, location=raw.location, files=raw.files, config=config,
+                      declared=gguf_declared(first), inventory=inventory, findings=tuple(findings), family=None,
+                      stats=stats, format="gguf")
+
+
+def assess_gguf(checkpoint: Checkpoint, raw: Any, *, engine_version: str | None = None) -> MtpAssessment:
+    from ckptinspect.readiness.gguf_mtp import assess_gguf_mtp
+
+    return assess_gguf_mtp(checkpoint, raw.parts, raw.companions, version=engine_version)

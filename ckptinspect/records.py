@@ -280,7 +280,7 @@ class Checkpoint:
     findings: tuple[Finding, ...]  # findings of the parse / inventory / quantization stages
     family: str | None = None  # matched rule family id
     stats: Mapping[str, Any] = field(default_factory=dict)
-    format: str = "safetensors"  # "gguf" for GGUF files (pipeline_gguf.py; schemes are then ggml type names)
+    format: str = "safetensors"  # "gguf" for GGUF files (pipeline.py checkpoint_from_gguf; schemes are then ggml type names)
 
 
 @dataclass(frozen=True)

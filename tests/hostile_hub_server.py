@@ -8,6 +8,8 @@ Modes, each for requests whose path contains a substring, a number of times (``N
 - ``endless``: ``200`` with no Content-Length (the server ignores ``Range``) and JSON-looking bytes,
   1 MiB at a time, until the client hangs up.
 - ``retry_after``: ``429`` with ``Retry-After: seconds``.
+- ``link_loop``: a listing page (one repo) whose ``Link: rel="next"`` names the page itself.
+- ``listing_ids``: a listing page naming the ids in ``HostileHub.listed_ids`` (paths, terminal control).
 
 ``python tests/hostile_hub_server.py [--drip SUB:INTERVAL:TIMES] [--endless SUB:TIMES]
 [--retry-after SUB:SECONDS:TIMES] ORG/NAME DIR ...`` serves in its own process (so a client there can be
@@ -17,6 +19,7 @@ single-threaded and fork its index reader), prints its URL, and stops when stdin
 from __future__ import annotations
 
 import argparse
+import json
 import struct
 import sys
 import threading
@@ -32,7 +35,7 @@ from hub_server_process import ServedProcess  # noqa: E402
 
 @dataclass
 class Misbehaviour:
-    kind: str  # drip | endless | retry_after
+    kind: str  # drip | endless | retry_after | link_loop | listing_ids
     path_contains: str
     value: float = 1.0  # drip: seconds per byte; retry_after: the Retry-After seconds
     times: int | None = None
@@ -56,6 +59,10 @@ class _Drip:
     def flush(self) -> None:
         self.raw.flush()
 
+    @property
+    def closed(self) -> bool:  # asked by socketserver when the answer ends
+        return self.raw.closed
+
 
 class HostileHub(HubServer):
     """HubServer plus slow and endless answers; ``sent`` counts the bytes the misbehaving answers wrote."""
@@ -64,6 +71,8 @@ class HostileHub(HubServer):
         super().__init__(**kwargs)
         self.misbehaviours: list[Misbehaviour] = []
         self.sent = [0]
+        self.listed_ids: list[str] = []
+        self.pages_served = 0
 
     def add(self, kind: str, path_contains: str, value: float = 1.0, times: int | None = None) -> Misbehaviour:
         rule = Misbehaviour(kind, path_contains, value, times)
@@ -100,9 +109,21 @@ class _HostileHandler(_Handler):
                 return super()._route(method)
             if rule.kind == "retry_after":
                 return self._send(429, b"slow down", {"Retry-After": f"{rule.value:g}"}, method)
+            if rule.kind in ("link_loop", "listing_ids"):
+                return self._listing(rule.kind, method)
             self._endless()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _listing(self, kind: str, method: str) -> None:
+        with self.hub._lock:
+            self.hub.pages_served += 1
+        ids = ["org/looped"] if kind == "link_loop" else self.hub.listed_ids
+        body = json.dumps([{"_id": "0" * 24, "id": i, "sha": "0" * 40} for i in ids]).encode()
+        headers = {"Content-Type": "application/json"}
+        if kind == "link_loop":
+            headers["Link"] = f'<{self.hub.url}{self.path}>; rel="next"'
+        self._send(200, body, headers, method)
 
     def _endless(self) -> None:
         self.send_response(200)

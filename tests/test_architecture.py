@@ -45,7 +45,7 @@ def test_import_contracts_hold():
 
 # What may import ckptinspect.sources: the sources themselves and what opens a reference (the pipeline,
 # the library API and its helpers, the audit's shared network limits, the probe's local reader, the CLI).
-ABOVE_THE_SOURCES = {"sources", "pipeline", "pipeline_gguf", "api", "refs", "audit", "probe", "cli",
+ABOVE_THE_SOURCES = {"sources", "pipeline", "api", "refs", "audit", "probe", "cli",
                      "__init__", "__main__"}
 
 

@@ -105,10 +105,9 @@ def test_version_ranges_and_drafted_architectures(models):
     assert version_in("b10795", ">=b9180,<b11058") and not version_in("b11058", ">=b9180,<b11058")
     assert not version_in("b9000", ">=b9180")
     raw = open_source(str(models["GLM-4.5-Air-Q4_K_M"]), progress=False)
-    from ckptinspect.pipeline import _expert_findings
-    from ckptinspect.pipeline_gguf import checkpoint_from_gguf
+    from ckptinspect.pipeline import checkpoint_from_gguf
 
-    ck = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
+    ck = checkpoint_from_gguf(raw)
     # before MTP landed (PR #22673, b9180) llama.cpp drafts with no architecture's head
     old = assess_gguf_mtp(ck, raw.parts, raw.companions, version="b9000").verdicts["llamacpp"]
     assert (old.verdict, old.reasons) == ("unusable", ("llamacpp-arch-not-drafted",))

@@ -168,30 +168,6 @@ def test_twenty_reports_with_the_worker_leave_nothing_behind(many_shards, monkey
     assert _child_pids(os.getpid()) == []
 
 
-@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts processes and descriptors through /proc")
-def test_twenty_hub_reports_with_the_worker_started_by_the_read_leave_nothing_behind(many_shards, tmp_path,
-                                                                                    monkeypatch, worker_counts):
-    """The default path: spawned when the read starts, used (a CPU measured free) or stopped (too few
-    tensors) while the read goes on; either way nothing is left after the report."""
-    _measured(monkeypatch, True)
-    isolate_hf(monkeypatch, tmp_path / "hf")
-    monkeypatch.setenv("CKPTINSPECT_HEADER_CACHE", "0")
-    with HubServer() as server:
-        server.add_repo("org/many", many_shards)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        first = _json("org/many")
-        threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
-        for i in range(20):
-            monkeypatch.setattr(scan_process, "MIN_WORKER_TENSORS", 1 if i % 2 else 10 ** 9)
-            assert _json("org/many") == first
-        assert threading.active_count() == threads and len(os.listdir("/proc/self/fd")) <= fds
-    assert len(worker_counts) == 10 and min(worker_counts) >= 1  # used in every other report
-    assert _child_pids(os.getpid()) == []
-
-
-_BEFORE: set[int] = set()  # this process's children when the current test started
-
-
 @pytest.fixture(autouse=True)
 def _children_before_the_test():
     """Other tests' long-lived helpers (a session's servers under the same xdist worker) are not this
@@ -510,47 +486,6 @@ def test_no_worker_with_one_cpu_or_switched_off(monkeypatch):
     assert not off.started
     monkeypatch.setenv(PARALLEL_ENV, "1")
     assert scan_process.worker_allowed()  # forced on, whatever the CPUs
-
-
-def test_a_failed_hub_read_stops_the_worker_it_started(tmp_path, monkeypatch):
-    _measured(monkeypatch, True)
-    monkeypatch.setattr(scan_process, "SPAWN_CHECK_S", 0.0)  # spawned at once, before the read fails
-    isolate_hf(monkeypatch, tmp_path / "hf")
-    spawned = []
-    real = ScanWorker._start
-
-    def start(self):
-        spawned.append(real(self))
-        return spawned[-1]
-
-    monkeypatch.setattr(ScanWorker, "_start", start)
-    threads = threading.active_count()
-    with HubServer() as server:
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        for _ in range(10):  # until the timer's thread won the race with the failing request once
-            with pytest.raises(CkptInspectError):
-                build_report("org/no-such-repo", progress=False)
-            if True in spawned:
-                break
-    assert True in spawned and _child_pids(os.getpid()) == [] and threading.active_count() == threads
-
-
-def test_by_default_only_the_hub_reader_feeds_a_worker(many_shards, tmp_path, monkeypatch, worker_counts):
-    """Local sources read every header before the scan: no worker there (it measured no faster); the Hub
-    reader feeds one as headers arrive, once the volume and a spare core say so."""
-    _measured(monkeypatch, True)
-    monkeypatch.setattr(scan_process, "MIN_WORKER_TENSORS", 1)
-    here = _json(str(many_shards))
-    assert worker_counts == []
-    isolate_hf(monkeypatch, tmp_path / "hf")
-    with HubServer() as server:
-        server.add_repo("org/many", many_shards)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        there = _json("org/many")
-    assert len(worker_counts) == 1 and worker_counts[0] >= 1
-    local, hub = json.loads(here), json.loads(there)
-    assert [local[k] for k in ("totals", "components", "quantization")] == [hub[k] for k in ("totals", "components",
-                                                                                           "quantization")]
 
 
 def test_an_index_naming_other_tensors_is_found_alike_with_the_worker(many_shards, tmp_path, monkeypatch,

@@ -1,32 +1,31 @@
-"""Run many repos' reports at once: ``jobs`` threads, each running exactly `report`'s code on one repo
-at a time (so a row is that repo's report by construction), under one deadline and one bound on the
-requests in flight, each repo's read with the byte budget `report` has.
+"""Run many repos' reports at once, on one event loop: ``jobs`` coroutines, each running exactly
+`report`'s code on one repo at a time (so a row is that repo's report by construction), under one
+deadline and one ``asyncio.Semaphore`` bounding the requests in flight of every repo together, each
+repo's read with the byte budget `report` has.
 
-Why threads: a Hub read is ``asyncio`` I/O in a helper thread of its own (sources/hub.py), so while one
-repo waits on the network the others parse; the per-repo CPU work takes turns on the GIL. Threads start
-no process (the library must work inside daemonic pool workers, under ``spawn``, on Windows: issue 25),
-share the imports and the rule cache, and a repo's failure is an exception caught in its thread.
-
-Requests in flight: every Hub request of every repo holds a slot of one ``RequestLimiter`` of
-``max_requests`` slots (sources/shared_limits.py, honoured by sources/hub_client.py); tests/test_audit.py
-measures the peak on the test Hub server. The deadline is the command's: every read's budget ends at it
-at the latest; a repo still running when it passes (plus a grace for its own deadline error) becomes a
-row saying so, and closing the iterator (Ctrl-C) closes the limiter, so running reads stop at their
-next request.
+Why one loop: a Hub read is ``asyncio`` I/O (sources/hub.py ``read_hub``), so while one repo waits on the
+network the others' answers arrive; the per-repo CPU work (the stages after the source) runs between
+awaits. No thread or process is started for a repo, every repo's requests draw from one semaphore
+(sources/hub_client.py holds a slot per request; tests/test_audit.py measures the peak on the test Hub
+server), and a repo's failure is an exception caught in its coroutine. The deadline is the command's:
+every read's budget ends at it at the latest; a repo still running when it passes (plus a grace for its
+own deadline error) becomes a row saying so. Closing the iterator (Ctrl-C) cancels every running read
+at once: the loop's tasks are cancelled and awaited before the iterator returns.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ckptinspect.audit.cache import AuditCache, cache_root, code_fingerprint
 from ckptinspect.audit.row import AuditRow, RepoError, error_row, row_from_report
-from ckptinspect.audit.select import RepoRef, current_sha
+from ckptinspect.audit.select import RepoRef, current_sha_async
 
 DEFAULT_JOBS = 8
 DEFAULT_MAX_REQUESTS = 64
@@ -54,14 +53,15 @@ class AuditOptions:
         return {"gpu": self.gpu, "gpus": self.gpus, "context": self.context, "engine": self.engine}
 
 
-# report_fn(repo_id, options) -> the repo's `report --format json` text: ckptinspect.api passes its own,
-# so a row is `report`'s answer. Called in the audit's threads.
-ReportFn = Callable[[str, dict], str]
+# report_fn(repo_id, options) -> the repo's `report --format json` text, or a coroutine giving it:
+# ckptinspect.api passes its own, so a row is `report`'s answer. ``options`` holds the report's options and
+# the audit's ``limiter`` and ``ends_at``, for the report's network reads.
+ReportFn = Callable[[str, dict], Any]
 
 
 def run_audit(refs: Sequence[RepoRef], options: AuditOptions, report_fn: ReportFn) -> Iterator[AuditRow]:
     """Yield one row per ref as it finishes (cached ones first). Closing the iterator (or Ctrl-C)
-    stops the running reads at their next request; rows already yielded stay valid."""
+    cancels the running reads; rows already yielded stay valid."""
     from ckptinspect.sources.net_limits import NetLimits
 
     deadline = options.deadline_s if options.deadline_s is not None else NetLimits.from_env().deadline_s
@@ -70,78 +70,109 @@ def run_audit(refs: Sequence[RepoRef], options: AuditOptions, report_fn: ReportF
                        options.report_options())
     if options.max_requests < 1:
         raise ValueError("max_requests must be at least 1")
-    jobs = max(1, options.jobs)
-    pending: list[RepoRef] = []
-    for ref, doc in _cached(refs, cache, options, jobs):
-        if doc is not None:
-            yield row_from_report(ref.repo_id, doc, cached=True)
-        else:
-            pending.append(ref)
-    if not pending:
-        return
-    yield from _run_threads(pending, options, cache, jobs, ends_at, report_fn)
+    # One loop for the whole audit; between rows it is stopped (the caller holds the row), and closing
+    # the Runner cancels and awaits whatever still runs.
+    with asyncio.Runner() as runner:
+        audit = _Audit(options, cache, ends_at, report_fn)
+        pending: list[RepoRef] = []
+        runner.run(audit.cached(refs))
+        for ref, doc in audit.looked:
+            if doc is not None:
+                yield row_from_report(ref.repo_id, doc, cached=True)
+            else:
+                pending.append(ref)
+        if not pending:
+            return
+        runner.run(audit.start(pending))
+        while audit.left:
+            runner.run(audit.next_rows())
+            yield from audit.rows
 
 
-def _cached(refs: Sequence[RepoRef], cache: AuditCache, options: AuditOptions,
-            jobs: int) -> list[tuple[RepoRef, dict | None]]:
-    """Each ref with its cached report, if any; an explicit id whose repo is in the cache is asked for
-    its current commit first (its report is not read again when the commit is unchanged)."""
-    if cache.root is None:
-        return [(ref, None) for ref in refs]
+class _Audit:
+    """The audit's state on its loop: the one request bound, the rows as repos finish. Each step's answer
+    is kept here rather than returned by its coroutine (sources/net_edge.py ``_into`` says why)."""
 
-    def look(ref: RepoRef) -> tuple[RepoRef, dict | None]:
-        sha = ref.sha
-        if sha is None and cache.has_repo(ref.repo_id):
-            sha = current_sha(ref.repo_id, token=options.token, endpoint=options.endpoint)
-            ref = RepoRef(ref.repo_id, sha)
-        return ref, cache.get(ref.repo_id, sha)
+    def __init__(self, options: AuditOptions, cache: AuditCache, ends_at: float, report_fn: ReportFn) -> None:
+        self.options, self.cache, self.ends_at, self.report_fn = options, cache, ends_at, report_fn
+        self.limiter: asyncio.Semaphore | None = None
+        self.done: asyncio.Queue | None = None
+        self.left: dict[str, RepoRef] = {}
+        self.workers: list[asyncio.Task] = []
+        self.looked: list[tuple[RepoRef, dict | None]] = []
+        self.rows: list[AuditRow] = []
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(look, refs))
+    async def cached(self, refs: Sequence[RepoRef]) -> None:
+        """Each ref with its cached report, if any; an explicit id whose repo is in the cache is asked for
+        its current commit first (its report is not read again when the commit is unchanged)."""
+        self.limiter = asyncio.Semaphore(self.options.max_requests)
+        if self.cache.root is None:
+            self.looked = [(ref, None) for ref in refs]
+            return
 
+        async def look(ref: RepoRef) -> tuple[RepoRef, dict | None]:
+            sha = ref.sha
+            if sha is None and self.cache.has_repo(ref.repo_id):
+                sha = await current_sha_async(ref.repo_id, token=self.options.token, endpoint=self.options.endpoint,
+                                              limiter=self.limiter, ends_at=self.ends_at)
+                ref = RepoRef(ref.repo_id, sha, ref.listed)
+            return ref, self.cache.get(ref.repo_id, sha)
 
-def _run_threads(refs: list[RepoRef], options: AuditOptions, cache: AuditCache, jobs: int, ends_at: float,
-                 report_fn: ReportFn) -> Iterator[AuditRow]:
-    from ckptinspect.sources.shared_limits import RequestLimiter, SharedLimits
+        self.looked = list(await asyncio.gather(*(look(ref) for ref in refs)))
 
-    task = {"gpu": options.gpu, "gpus": options.gpus, "context": options.context, "engine": options.engine,
-            "rules_dirs": [str(d) for d in options.rules_dirs], "token": options.token}
-    limits = SharedLimits(RequestLimiter(options.max_requests), ends_at)
-    _warm_up(report_fn, task)
-    pool = ThreadPoolExecutor(max_workers=min(jobs, len(refs)), thread_name_prefix="ckptinspect-audit")
-    futures: dict[Future, RepoRef] = {pool.submit(_report_task, ref.repo_id, task, limits, report_fn): ref
-                                      for ref in refs}
-    try:
-        left = set(futures)
-        while left:
-            wait_s = ends_at + GRACE_S - time.monotonic()
-            if wait_s <= 0:
-                break
-            # In slices: a wait without a timeout would not see Ctrl-C until a repo finished.
-            done, left = wait(left, timeout=min(wait_s, 0.5), return_when=FIRST_COMPLETED)
-            for future in done:
-                yield _row(futures[future], future.result(), cache)
-        for future in sorted(left, key=lambda f: futures[f].repo_id):
-            ref = futures[future]
-            yield error_row(ref.repo_id, ref.sha, RepoError(
-                "NetworkError", f"{ref.repo_id}: not finished within the audit's deadline (raise it with "
-                                "--deadline or CKPTINSPECT_DEADLINE_S)"))
-    finally:
-        limits.limiter.close()  # running Hub reads end at their next request
-        pool.shutdown(wait=False, cancel_futures=True)
+    async def start(self, refs: list[RepoRef]) -> None:
+        options = self.options
+        task = {"gpu": options.gpu, "gpus": options.gpus, "context": options.context, "engine": options.engine,
+                "rules_dirs": [str(d) for d in options.rules_dirs], "token": options.token,
+                "limiter": self.limiter, "ends_at": self.ends_at}
+        self.done = asyncio.Queue()
+        self.left = {ref.repo_id: ref for ref in refs}
+        queue = list(reversed(refs))
 
+        async def worker() -> None:
+            while queue:
+                ref = queue.pop()
+                out = await self._report(ref.repo_id, {**task, "listed": ref.listed})
+                self.done.put_nowait((ref, out))
 
-def _warm_up(report_fn: ReportFn, task: dict[str, Any]) -> None:
-    """One report of the bundled example with the audit's options, before the threads start: the report
-    path's lazy imports and the rule files' validation happen once, in one thread, rather than in every
-    thread at once. Only code and file-derived caches are warmed; no answer depends on it."""
-    from ckptinspect.errors import CkptInspectError
-    from ckptinspect.examples import EXAMPLE_DIR
+        self.workers = [asyncio.ensure_future(worker()) for _ in range(min(max(1, options.jobs), len(refs)))]
 
-    try:
-        report_fn(str(EXAMPLE_DIR), task)
-    except CkptInspectError:
-        pass
+    async def next_rows(self) -> None:
+        """The next finished repo's row; once the deadline (plus grace) passes, a row for each repo left."""
+        assert self.done is not None
+        try:
+            async with asyncio.timeout(max(0.0, self.ends_at + GRACE_S - time.monotonic())):
+                ref, out = await self.done.get()
+        except TimeoutError:
+            for task in self.workers:
+                task.cancel()
+            await asyncio.gather(*self.workers, return_exceptions=True)
+            rows = []
+            for repo_id in sorted(self.left):
+                ref = self.left.pop(repo_id)
+                rows.append(error_row(ref.repo_id, ref.sha, RepoError(
+                    "NetworkError", f"{ref.repo_id}: not finished within the audit's deadline (raise it with "
+                                    "--deadline or CKPTINSPECT_DEADLINE_S)")))
+            self.rows = rows
+            return
+        self.left.pop(ref.repo_id, None)
+        self.rows = [_row(ref, out, self.cache)]
+
+    async def _report(self, repo_id: str, task: dict[str, Any]) -> tuple:
+        """`report REPO --format json` on the audit's loop: ("ok", JSON text) or ("error", kind, one line)."""
+        from ckptinspect.errors import CkptInspectError
+
+        if time.monotonic() >= self.ends_at:
+            return ("error", "NetworkError", f"{repo_id}: the audit's deadline passed before this repo started")
+        try:
+            out = self.report_fn(repo_id, task)
+            if inspect.isawaitable(out):
+                out = await out
+            return ("ok", out)
+        except CkptInspectError as exc:
+            return ("error", type(exc).__name__, " ".join(str(exc).split()))
+        except Exception as exc:  # noqa: BLE001 - a bug on one repo is that repo's row, never the audit's end
+            return ("error", type(exc).__name__, f"{repo_id}: internal error: {' '.join(str(exc).split())[:300]}")
 
 
 def _row(ref: RepoRef, out: tuple, cache: AuditCache) -> AuditRow:
@@ -151,21 +182,3 @@ def _row(ref: RepoRef, out: tuple, cache: AuditCache) -> AuditRow:
         cache.put(ref.repo_id, doc)
         return row_from_report(ref.repo_id, doc)
     return error_row(ref.repo_id, ref.sha, RepoError(out[1], out[2]))
-
-
-def _report_task(repo_id: str, task: dict[str, Any], limits: Any, report_fn: ReportFn) -> tuple:
-    """`report REPO --format json` in an audit thread: ("ok", JSON text) or ("error", kind, one line)."""
-    from ckptinspect.errors import CkptInspectError
-    from ckptinspect.sources.shared_limits import shared_limits
-
-    if time.monotonic() >= limits.ends_at:
-        return ("error", "NetworkError", f"{repo_id}: the audit's deadline passed before this repo started")
-    if limits.limiter.closed:
-        return ("error", "NetworkError", f"{repo_id}: the audit was stopped before this repo started")
-    try:
-        with shared_limits(limits):  # this thread's Hub reads: the shared bound and deadline
-            return ("ok", report_fn(repo_id, task))
-    except CkptInspectError as exc:
-        return ("error", type(exc).__name__, " ".join(str(exc).split()))
-    except Exception as exc:  # noqa: BLE001 - a bug on one repo is that repo's row, never the audit's end
-        return ("error", type(exc).__name__, f"{repo_id}: internal error: {' '.join(str(exc).split())[:300]}")

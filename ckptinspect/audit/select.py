@@ -1,31 +1,48 @@
 """Which repos an audit reads: explicit ids, a file of ids, and one Hub listing.
 
-The listing is huggingface_hub's own ``HfApi.list_models`` (its query parameters, its ``Link``-header
-pagination, its error mapping), never a hand-written query: ``--quantized-from BASE`` is the Hub's
-``base_model:quantized:BASE`` tag filter, ``--author`` and ``--search`` its ``author`` and ``search``
-parameters; given together they narrow one listing, as on the Hub. ``expand=["sha", "siblings"]``
-returns each repo's commit and file list in the same call, so the audit cache can tell an unchanged repo
-without asking again. An explicit id's commit is asked for (``HfApi.model_info(expand=["sha"])``) only
-when the cache holds a report of that repo: otherwise the report's own repo-info call says it.
+The listing is the request ``HfApi.list_models`` makes (hf_api.py: ``GET /api/models`` with ``filter``,
+``author``, ``search``, ``limit`` and ``expand`` repeated; utils/_pagination.py: the next page is the
+``Link`` header's ``rel="next"`` URL, and the listing ends when there is none), made by the one bounded
+client (sources/hub_client.py), so the command's deadline, byte budget, Retry-After and body caps hold for
+it as for every other Hub request. ``--quantized-from BASE`` is the Hub's ``base_model:quantized:BASE``
+tag filter, ``--author`` and ``--search`` its ``author`` and ``search`` parameters; given together they
+narrow one listing, as on the Hub. ``expand=sha`` returns each repo's commit in the same call, so the
+audit cache can tell an unchanged repo without asking again. An explicit id's commit is asked for
+(``/api/models/{id}?expand=sha``, ``HfApi.model_info(expand=["sha"])``'s request) only when the cache holds
+a report of that repo: otherwise the report's own repo-info call says it.
+
+A listing is a server's answer, so it is checked like one: every listed id must be a Hub repo id
+(huggingface_hub's ``validate_repo_id``; ``../../x``, ``/etc``, ``./dir`` or an id holding ESC, CR or a
+newline is refused, never read as a local path or printed raw); a ``Link`` to a page already read, or to
+another host (which would get the token), ends the listing with an error; a listing of more than
+``MAX_LISTED`` repos is refused.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode, urljoin, urlsplit
 
 from ckptinspect.errors import AccessError, CkptInspectError, NetworkError, NotFoundError
 
-LIST_EXPAND = ["sha", "siblings"]
+LIST_EXPAND = ["sha"]
+MAX_LISTED = 100_000  # repos one listing may name (the Hub's largest bases have a few thousand quants)
+MAX_PAGE_BYTES = 64 * 1024 * 1024  # one page of 1,000 entries with their commits is ~100 KB
+LISTING = "model listing"  # how the listing's requests are named in error lines
+_NEXT = re.compile(r'<([^>]{1,8192})>\s*;\s*rel="?next"?', re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class RepoRef:
-    """A repo to audit; ``sha`` is its current commit when a listing said so (else None)."""
+    """A repo to audit; ``sha`` is its current commit when a listing said so (else None). ``listed``: a
+    Hub listing named it, so it is read from the HF cache or the Hub only, never as a local path."""
 
     repo_id: str
     sha: str | None = None
+    listed: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,59 +94,140 @@ def select_repos(selection: Selection, *, token: str | None = None, endpoint: st
 
 
 def list_repos(selection: Selection, *, token: str | None = None, endpoint: str | None = None) -> list[RepoRef]:
-    api = _hf_api(token, endpoint)
-    kwargs: dict[str, Any] = {"expand": LIST_EXPAND}
+    from ckptinspect.sources.net_edge import run_sync
+
+    return run_sync(lambda: list_repos_async(selection, token=token, endpoint=endpoint))
+
+
+async def list_repos_async(selection: Selection, *, token: str | None = None,
+                           endpoint: str | None = None) -> list[RepoRef]:
+    from ckptinspect.sources.hub_session import hub_session
+
+    params: list[tuple[str, str]] = []
     if selection.quantized_from:
-        kwargs["filter"] = f"base_model:quantized:{selection.quantized_from}"
+        params.append(("filter", f"base_model:quantized:{selection.quantized_from}"))
     if selection.author:
-        kwargs["author"] = selection.author
+        params.append(("author", selection.author))
     if selection.search:
-        kwargs["search"] = selection.search
+        params.append(("search", selection.search))
     if selection.limit is not None:
-        kwargs["limit"] = selection.limit
-    what = ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "expand")
-    return [RepoRef(info.id, info.sha) for info in _hub_call(lambda: list(api.list_models(**kwargs)), what)]
+        params.append(("limit", str(selection.limit)))
+    what = ", ".join(f"{k}={v}" for k, v in params)
+    params += [("expand", e) for e in LIST_EXPAND]
+    session = hub_session(endpoint, token)
+    url: str | None = f"{session.endpoint}/api/models?{urlencode(params)}"
+    origin = urlsplit(session.endpoint)[:2]
+    seen: set[str] = set()
+    refs: list[RepoRef] = []
+    try:
+        async with session.open(LISTING) as client:
+            while url is not None and (selection.limit is None or len(refs) < selection.limit):
+                if url in seen:
+                    raise NetworkError("the listing's Link header points back to a page already read "
+                                       f"(page {len(seen) + 1}); the listing would never end", path=what)
+                seen.add(url)
+                page, url = await _page(client, url, what)
+                if url is not None and urlsplit(url)[:2] != origin:
+                    raise NetworkError("the listing's next page is on another host than the endpoint; not "
+                                       "followed (it would get the token)", path=what)
+                refs.extend(_listed(page, what, start=len(refs)))
+                if len(refs) > MAX_LISTED:
+                    raise NetworkError(f"the listing names more than {MAX_LISTED:,} repos", path=what)
+    except CkptInspectError as exc:
+        raise session.scrubbed(exc) from None
+    return refs[:selection.limit] if selection.limit is not None else refs
+
+
+async def _page(client: Any, url: str, what: str) -> tuple[Any, str | None]:
+    """One page of the listing and the next page's URL (None: the last page)."""
+    from ckptinspect.sources.net_json import decode_answer
+
+    try:
+        status, headers, body = await client.get_document(url, LISTING, {"Accept": "application/json"},
+                                                          MAX_PAGE_BYTES)
+    except NetworkError as exc:
+        raise NetworkError(f"Hub listing failed: {str(exc).removeprefix(f'{LISTING}/{LISTING}: ')}",
+                           path=what) from None
+    _raise_for_status(status, headers, body, url, what)
+    page = decode_answer(body, source=f"the Hub listing ({what})")
+    link = _NEXT.search(headers.get("link", ""))
+    return page, (urljoin(url, link.group(1)) if link else None)
+
+
+def _listed(page: Any, what: str, *, start: int) -> list[RepoRef]:
+    """The repos of one page, each id checked as a Hub repo id (never a path, never terminal control)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(page, list):
+        raise NetworkError("the Hub listing's page is not a JSON list", path=what)
+    refs = []
+    for n, entry in enumerate(page, start + 1):
+        repo_id = entry.get("id") if isinstance(entry, dict) else None
+        sha = entry.get("sha") if isinstance(entry, dict) else None
+        valid = isinstance(repo_id, str) and "/" in repo_id
+        if valid:
+            try:
+                validate_repo_id(repo_id)
+            except HFValidationError:
+                valid = False
+        if not valid:  # raised outside the except block: the validator's text (the raw id) is no cause of it
+            raise NetworkError(f"the Hub listing's entry {n} is not a repo id: {str(repo_id)[:80]!r}", path=what)
+        refs.append(RepoRef(repo_id, sha if isinstance(sha, str) and sha.isalnum() else None, listed=True))
+    return refs
 
 
 def current_sha(repo_id: str, *, token: str | None = None, endpoint: str | None = None) -> str | None:
-    """The commit ``main`` points to now (``HfApi.model_info(expand=["sha"])``), or None when the Hub
-    does not say (the report then reads the repo, and says why if it cannot)."""
-    api = _hf_api(token, endpoint)
+    from ckptinspect.sources.net_edge import run_sync
+
+    return run_sync(lambda: current_sha_async(repo_id, token=token, endpoint=endpoint))
+
+
+async def current_sha_async(repo_id: str, *, token: str | None = None, endpoint: str | None = None,
+                            limiter: Any = None, ends_at: float | None = None) -> str | None:
+    """The commit ``main`` points to now (``HfApi.model_info(expand=["sha"])``'s request), or None when
+    the Hub does not say (the report then reads the repo, and says why if it cannot)."""
+    from urllib.parse import quote
+
+    from ckptinspect.sources.hub_session import hub_session
+    from ckptinspect.sources.net_json import decode_answer
+
+    session = hub_session(endpoint, token, ends_at=ends_at)
+    url = f"{session.endpoint}/api/models/{quote(repo_id, safe='/')}?expand=sha"
     try:
-        info = _hub_call(lambda: api.model_info(repo_id, expand=["sha"], timeout=_timeout()), repo_id)
+        async with session.open(repo_id, limiter) as client:
+            status, headers, body = await client.get_document(url, "commit", {"Accept": "application/json"},
+                                                              1 << 20)
+        if status != 200:
+            return None
+        info = decode_answer(body, source=f"{repo_id} commit")
     except CkptInspectError:
         return None
-    return info.sha if isinstance(info.sha, str) else None
+    sha = info.get("sha") if isinstance(info, dict) else None
+    return sha if isinstance(sha, str) and sha.isalnum() else None
 
 
-def _hf_api(token: str | None, endpoint: str | None) -> Any:
-    from huggingface_hub import HfApi
-
-    return HfApi(endpoint=endpoint, token=token)  # ckptinspect.api passes the endpoint `report` uses
-
-
-def _timeout() -> float:
-    from ckptinspect.sources.net_limits import NetLimits
-
-    return NetLimits.from_env().request_s
-
-
-def _hub_call(call: Any, what: str) -> Any:
-    """Run one huggingface_hub call; its errors become the project's one-line errors."""
+def _raise_for_status(status: int, headers: dict[str, str], body: bytes, url: str, what: str) -> None:
+    """huggingface_hub's own error mapping (``hf_raise_for_status``) of a listing answer, as one line."""
+    if status == 200:
+        return
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.utils import hf_raise_for_status
 
+    from ckptinspect.sources.hub_client import httpx_module
+
+    httpx = httpx_module()
+    response = httpx.Response(status, headers=headers, content=body, request=httpx.Request("GET", url))
     try:
-        return call()
+        hf_raise_for_status(response)
     except GatedRepoError as exc:
         raise AccessError(f"gated: {_first_line(exc)}", path=what) from None
     except RepositoryNotFoundError as exc:
         raise NotFoundError(_first_line(exc), path=what) from None
     except HfHubHTTPError as exc:
         raise NetworkError(f"Hub listing failed: {_first_line(exc)}", path=what) from None
-    except Exception as exc:  # noqa: BLE001 - httpx's connection errors, an unreadable answer: still an error
-        raise NetworkError(f"Hub listing failed: {type(exc).__name__}: {_first_line(exc)}", path=what) from None
+    raise NetworkError(f"Hub listing failed: HTTP {status}", path=what)
 
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    return text[0][:300] if text else type(exc).__name__

@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> Any:
 
         click.echo(f"error: {escape_controls(' '.join(exc.format_message().split()))}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):  # click turns Ctrl-C into Abort: still 130
+            sys.exit(130)
         click.echo("Aborted.", err=True)
         sys.exit(2)
     except CkptInspectError as exc:

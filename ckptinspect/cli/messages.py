@@ -50,8 +50,14 @@ def _network(exc: NetworkError, text: str) -> str:
     # A cause worth adding is a transport error the message does not already name (the Hub source
     # names it in most messages; an inner library error only repeats the message).
     if cause is not None and not isinstance(cause, CkptInspectError) and type(cause).__name__ not in text:
+        import re
+
+        from ckptinspect.render.terminal import escape_controls
+
         detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
-        extra.append(f"cause: {detail}")
+        # A library's text may quote what a server sent (terminal control) or a URL with its password.
+        detail = escape_controls(re.sub(r"://[^/?#\s@]*@", "://", " ".join(detail.split())))
+        extra.append(f"cause: {detail[:300]}")
     return text + (f" [{'; '.join(extra)}]" if extra else "")
 
 

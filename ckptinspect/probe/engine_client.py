@@ -21,11 +21,9 @@ all verify steps count. Read from the source; no SGLang server runs in this proj
 
 from __future__ import annotations
 
-import json
+import math
 import re
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Sequence as Seq
 
 from ckptinspect.errors import ProbeError
@@ -33,55 +31,66 @@ from ckptinspect.probe.metrics import DepthCounts, Tally
 
 COUNTING_WINDOW = "per-request verify steps inside the probe's window"
 COUNTING_ALL = "all verify steps"
+# Every request goes through the one bounded network client (sources/hub_session.py ServerClient): the
+# command's deadline (--deadline, CKPTINSPECT_DEADLINE_S) for the whole run, the per-request deadline, the
+# byte budget, and these caps on one answer. A Prometheus page of a real server is ~100 KB; a completion
+# reply of a few thousand token ids with per-step records is a few hundred KB.
+MAX_METRICS_BYTES = 16 << 20
+MAX_REPLY_BYTES = 64 << 20
+# Drafts per verify step: engines run 1-16 speculative tokens; a position label or a count past this is
+# not a draft position of any engine (and would size the tallies).
+MAX_SPEC_TOKENS = 64
+# Counters are exact integers below 2**53 as Prometheus floats; past it (or NaN, Inf, negative) they are
+# not counts of anything this run did.
+MAX_COUNTER = float(2 ** 53)
 
 
-def _http(url: str, payload: dict | None = None, timeout: float = 600.0) -> bytes:
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.read()
-    except urllib.error.HTTPError as exc:
-        raise ProbeError(f"engine answered HTTP {exc.code}: {exc.read()[:300]!r}", path=url) from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise ProbeError(f"cannot reach the engine ({exc})", path=url) from exc
+def _client(base: str) -> Any:
+    from ckptinspect.sources.hub_session import ServerClient
+
+    return ServerClient(base, "engine")
 
 
-def _json(url: str, payload: dict | None = None) -> Any:
-    body = _http(url, payload)
-    try:
-        return json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise ProbeError("engine reply is not JSON", path=url) from exc
+def _json(client: Any, path: str, payload: dict | None = None) -> Any:
+    if payload is None:
+        return client.get_json(path, MAX_REPLY_BYTES)
+    return client.post_json(path, payload, MAX_REPLY_BYTES)
 
 
-def detect(base: str) -> tuple[str, str, str | None]:
+def detect(base: Any) -> tuple[str, str, str | None]:
     """(engine kind, served model id, version) from ``/v1/models`` (``owned_by``) and ``/version``."""
-    models = _json(base + "/v1/models")
+    from ckptinspect.errors import CkptInspectError
+
+    client = _client(base) if isinstance(base, str) else base
+    models = _json(client, "/v1/models")
     data = models.get("data") if isinstance(models, dict) else None
-    if not data or not isinstance(data[0], dict) or "id" not in data[0]:
-        raise ProbeError("/v1/models lists no served model", path=base)
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not isinstance(data[0].get("id"), str):
+        raise ProbeError("/v1/models lists no served model", path=client.shown)
     owner = str(data[0].get("owned_by", "")).lower()
     if owner not in ("vllm", "sglang"):
-        raise ProbeError(f"the server's models are owned_by {owner!r}: --engine reads vLLM or SGLang", path=base)
+        raise ProbeError(f"the server's models are owned_by {owner[:40]!r}: --engine reads vLLM or SGLang",
+                         path=client.shown)
     version = None
     try:
-        info = _json(base + "/version")
-        version = info.get("version") if isinstance(info, dict) else None
-    except ProbeError:
+        info = _json(client, "/version")
+        version = info.get("version") if isinstance(info, dict) and isinstance(info.get("version"), str) else None
+    except CkptInspectError:
         pass
-    return owner, str(data[0]["id"]), version
+    return owner, data[0]["id"][:200], version
+
+
+_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Prometheus text exposition -> {metric name: [(labels, value), ...]} (comments skipped)."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
     for line in text.splitlines():
-        m = line_re.match(line)
+        m = _LINE.match(line)
         if not m or line.startswith("#"):
             continue
-        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+        labels = dict(_LABEL.findall(m.group(3) or ""))
         try:
             out.setdefault(m.group(1), []).append((labels, float(m.group(4))))
         except ValueError:
@@ -89,19 +98,36 @@ def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]
     return out
 
 
-def vllm_counters(base: str) -> dict[str, Any]:
+def _count(value: float, what: str, where: str) -> int:
+    """A counter's value as the count it is; NaN, Inf, negative or past 2**53 is one error line."""
+    if not (math.isfinite(value) and 0 <= value < MAX_COUNTER):
+        raise ProbeError(f"/metrics counter {what} is {value!r}, not a count", path=where)
+    return int(value)
+
+
+def _position(label: str, where: str) -> int:
+    if not (label.isdigit() and len(label) <= 3 and int(label) < MAX_SPEC_TOKENS):
+        raise ProbeError(f"/metrics has a draft position label {label[:40]!r}, not a position below "
+                         f"{MAX_SPEC_TOKENS}", path=where)
+    return int(label)
+
+
+def vllm_counters(base: Any) -> dict[str, Any]:
     """num_drafts, num_draft_tokens and accepted per position, summed over engines and models."""
-    metrics = parse_prometheus(_http(base + "/metrics").decode("utf-8", "replace"))
+    client = _client(base) if isinstance(base, str) else base
+    where = f"{client.shown}/metrics"
+    metrics = parse_prometheus(client.get("/metrics", MAX_METRICS_BYTES).decode("utf-8", "replace"))
 
     def total(name: str) -> int:
         rows = metrics.get(name + "_total") or metrics.get(name) or []
-        return int(sum(v for _, v in rows))
+        return _count(sum(_count(v, name, where) for _, v in rows), name, where)
 
     per_pos: dict[int, int] = {}
     for name in ("vllm:spec_decode_num_accepted_tokens_per_pos_total", "vllm:spec_decode_num_accepted_tokens_per_pos"):
         for labels, value in metrics.get(name, []):
             if "position" in labels:
-                per_pos[int(labels["position"])] = per_pos.get(int(labels["position"]), 0) + int(value)
+                pos = _position(labels["position"], where)
+                per_pos[pos] = per_pos.get(pos, 0) + _count(value, name, where)
         if per_pos:
             break
     return {"num_drafts": total("vllm:spec_decode_num_drafts"),
@@ -147,52 +173,76 @@ def tally_from_walk(k: int, per_step: Seq[int] | None, hist: Seq[int] | None, ge
     return tally
 
 
-def _vllm_request(base: str, model_id: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], dict | None]:
-    reply = _json(base + "/v1/completions", {"model": model_id, "prompt": ids, "max_tokens": max_new_tokens,
-                                            "temperature": 0.0, "return_token_ids": True})
+def _vllm_request(base: Any, model_id: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], dict | None]:
+    client = _client(base) if isinstance(base, str) else base
+    reply = _json(client, "/v1/completions", {"model": model_id, "prompt": ids, "max_tokens": max_new_tokens,
+                                              "temperature": 0.0, "return_token_ids": True})
     try:
         choice = reply["choices"][0]
-        tokens = [int(t) for t in choice["token_ids"]]
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise ProbeError("vLLM completion reply has no choices[0].token_ids", path=base) from exc
+        tokens = [_token(t) for t in choice["token_ids"]]
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise ProbeError("vLLM completion reply has no choices[0].token_ids", path=client.shown) from None
     spec = (reply.get("metrics") or {}).get("speculative_decoding") if isinstance(reply.get("metrics"), dict) else None
+    if spec is not None and not isinstance(spec, dict):
+        raise ProbeError("vLLM completion reply's metrics.speculative_decoding is not an object", path=client.shown)
     return tokens, spec
 
 
-def _sglang_request(base: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
-    reply = _json(base + "/generate", {"input_ids": ids, "sampling_params": {"temperature": 0.0,
-                                                                            "max_new_tokens": max_new_tokens}})
+def _sglang_request(base: Any, ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
+    client = _client(base) if isinstance(base, str) else base
+    reply = _json(client, "/generate", {"input_ids": ids, "sampling_params": {"temperature": 0.0,
+                                                                             "max_new_tokens": max_new_tokens}})
     try:
-        return [int(t) for t in reply["output_ids"]], dict(reply["meta_info"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProbeError("SGLang /generate reply has no output_ids / meta_info", path=base) from exc
+        return [_token(t) for t in reply["output_ids"]], dict(reply["meta_info"])
+    except (KeyError, TypeError, ValueError):
+        raise ProbeError("SGLang /generate reply has no output_ids / meta_info", path=client.shown) from None
+
+
+def _token(value: Any) -> int:
+    """A token id as an engine sends it: a JSON integer (a float, a string or a bool is not one)."""
+    if type(value) is not int or not 0 <= value < 2 ** 31:
+        raise ValueError(f"token id {str(value)[:20]!r}")
+    return value
+
+
+def _steps(value: Any, k: int | None, where: str) -> list[int]:
+    """A per-step list of counts of the reply (``per_step_accepted`` / ``per_step_drafted``)."""
+    if not isinstance(value, list) or not all(type(v) is int and 0 <= v <= MAX_SPEC_TOKENS for v in value):
+        raise ProbeError(f"the engine's per-step record is not a list of counts up to {MAX_SPEC_TOKENS}", path=where)
+    return value
 
 
 def measure(base: str, encoded: Seq[tuple[str, list[int]]], max_new_tokens: int,
             steps: int | None) -> tuple[dict[str, Tally], dict[str, Any]]:
-    """Per-category tallies and the ``engine`` record of one run over the encoded prompts."""
-    base = base.rstrip("/")
-    kind, model_id, version = detect(base)
+    """Per-category tallies and the ``engine`` record of one run over the encoded prompts; every request
+    of the run under one deadline and byte budget (one client)."""
+    client = _client(base)
+    where = client.shown
+    kind, model_id, version = detect(client)
     by_cat: dict[str, list] = {}
     info: dict[str, Any] = {"kind": kind, "version": version, "served_model": model_id}
     if kind == "vllm":
-        before = vllm_counters(base)
+        before = vllm_counters(client)
         k, counting, rows = None, COUNTING_WINDOW, []
         for cat, ids in encoded:
-            tokens, spec = _vllm_request(base, model_id, ids, max_new_tokens)
+            tokens, spec = _vllm_request(client, model_id, ids, max_new_tokens)
             rows.append((cat, ids, tokens, spec))
             if spec is None or "per_step_accepted" not in spec:
                 counting = COUNTING_ALL
             elif k is None:
-                k = int(spec["num_spec_tokens"])
-        after = vllm_counters(base)
+                k = spec.get("num_spec_tokens")
+                if type(k) is not int or not 1 <= k <= MAX_SPEC_TOKENS:
+                    raise ProbeError(f"the engine says num_spec_tokens = {str(k)[:20]!r}, not 1 to "
+                                     f"{MAX_SPEC_TOKENS}", path=where)
+        after = vllm_counters(client)
         k = k or len(after["per_pos"])
         if not k:
             raise ProbeError("the engine reports no speculative decoding (no spec_decode counters in /metrics): "
-                             "start it with --speculative-config", path=base)
+                             "start it with --speculative-config", path=where)
         if counting == COUNTING_WINDOW:
             for cat, ids, tokens, spec in rows:
-                steps_ = list(zip(spec["per_step_accepted"], spec["per_step_drafted"]))
+                steps_ = list(zip(_steps(spec.get("per_step_accepted"), k, where),
+                                  _steps(spec.get("per_step_drafted"), k, where)))
                 kept = window_steps(steps_, len(ids), len(ids) + len(tokens), k)
                 by_cat.setdefault(cat, []).append(tally_from_walk(k, kept, None, len(tokens), 1))
         else:
@@ -202,16 +252,20 @@ def measure(base: str, encoded: Seq[tuple[str, list[int]]], max_new_tokens: int,
     else:
         k, counting = None, COUNTING_ALL
         for cat, ids in encoded:
-            tokens, meta = _sglang_request(base, ids, max_new_tokens)
+            tokens, meta = _sglang_request(client, ids, max_new_tokens)
             hist = meta.get("spec_correct_drafts_histogram")
             if not isinstance(hist, list) or not meta.get("spec_verify_ct"):
                 raise ProbeError("SGLang's reply has no spec_correct_drafts_histogram / spec_verify_ct: is the "
-                                 "server running speculative decoding?", path=base)
+                                 "server running speculative decoding?", path=where)
+            if not 2 <= len(hist) <= MAX_SPEC_TOKENS + 1 or not all(type(h) is int and 0 <= h < MAX_COUNTER
+                                                                    for h in hist):
+                raise ProbeError("SGLang's spec_correct_drafts_histogram is not a list of counts for 1 to "
+                                 f"{MAX_SPEC_TOKENS} drafts", path=where)
             k = k or len(hist) - 1
             by_cat.setdefault(cat, []).append(tally_from_walk(k, None, hist, len(tokens), 1))
     if steps is not None and steps != k:
         raise ProbeError(f"the engine drafts {k} tokens per step, --steps says {steps}: restart the engine with "
-                         f"{steps} speculative tokens or leave --steps out", path=base)
+                         f"{steps} speculative tokens or leave --steps out", path=where)
     tallies = {}
     for cat, parts in by_cat.items():
         tallies[cat] = Tally(k)
@@ -246,7 +300,10 @@ def run_engine(url: str, *, model: str, prompts: str | None = None, max_prompts:
     tok = load_tokenizer(model_dir, vocab, trust_remote_code=trust_remote_code)
     encoded = [(p.category, list(encode_prompt(tok, p, chat=True, vocab_size=vocab, source=model_dir)))
                for p in prompt_list]
+    from ckptinspect.sources.redact import redact_url
+
     tallies, info = measure(url, encoded, max_new_tokens, steps)
+    url = redact_url(url.rstrip("/"))  # what the result records: never the URL's password
     k = info["num_speculative_tokens"]
     efficiency = load_efficiency(cost_calibration) if cost_calibration else DEFAULT_EFFICIENCY
     return build_result(ref=model, probe_ckpt=probe_ckpt, spec=spec, mode="greedy", steps=k, temperature=temperature,

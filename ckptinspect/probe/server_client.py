@@ -13,9 +13,6 @@ model carries them (its decoder layer is never run).
 from __future__ import annotations
 
 import copy
-import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 import torch
@@ -26,17 +23,25 @@ from ckptinspect.probe.evaluate import Sequence, score_batch
 from ckptinspect.probe.metrics import Tally
 
 
-def post_json(url: str, payload: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        raise ProbeError(f"server answered HTTP {exc.code}: {exc.read()[:200]!r}", path=url) from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise ProbeError(f"cannot reach the main-model server ({exc})", path=url) from exc
-    except json.JSONDecodeError as exc:
-        raise ProbeError("server reply is not JSON", path=url) from exc
+# A reply holds the hidden-state rows of prompt and answer: tokens x hidden size floats as JSON text, ~10
+# bytes each (600 tokens x 7,168 = 4.3M values, ~45 MB). The caps allow ~1,800 rows of a 7,168-wide model
+# and keep the probe's memory bounded whatever a server sends.
+MAX_REPLY_BYTES = 128 << 20
+MAX_REPLY_VALUES = 16_000_000
+
+
+def post_json(url: str, payload: dict[str, Any], client: Any = None) -> dict[str, Any]:
+    """POST ``payload`` to the main-model server through the one bounded network client
+    (sources/hub_session.py ServerClient: the command's deadline, byte budget, body cap, bounded JSON,
+    the URL's password never shown); ``client``: one for the whole run (one deadline), else a new one."""
+    from ckptinspect.sources.hub_session import ServerClient
+
+    base, _, path = url.partition("/generate")
+    client = client or ServerClient(base, "main-model server")
+    reply = client.post_json("/generate" + path, payload, MAX_REPLY_BYTES, max_items=MAX_REPLY_VALUES)
+    if not isinstance(reply, dict):
+        raise ProbeError("the main-model server's reply is not a JSON object", path=client.shown)
+    return reply
 
 
 def hidden_rows(meta: dict[str, Any], url: str) -> torch.Tensor:
@@ -45,10 +50,14 @@ def hidden_rows(meta: dict[str, Any], url: str) -> torch.Tensor:
         raise ProbeError("reply has no meta_info.hidden_states (start SGLang with --enable-return-hidden-states)",
                          path=url)
     rows = []
-    for item in hs:
-        t = torch.tensor(item, dtype=torch.float32)
-        rows.append(t[None] if t.dim() == 1 else t)
-    return torch.cat(rows, dim=0)
+    try:
+        for item in hs:
+            t = torch.tensor(item, dtype=torch.float32)
+            rows.append(t[None] if t.dim() == 1 else t)
+        return torch.cat(rows, dim=0)
+    except (TypeError, ValueError, RuntimeError, IndexError):  # ragged, non-numeric, or rows of other widths
+        raise ProbeError("the reply's meta_info.hidden_states is not a list of equal-width rows of numbers",
+                         path=url) from None
 
 
 def check_next_tokens(main, hidden: torch.Tensor, next_tokens: list[int], url: str) -> None:
@@ -126,11 +135,20 @@ def run_remote(url: str, *, model_dir, config, probe_ckpt, spec, prompts, steps,
     head = build_remote_head(spec, main, model_dir, num_layers, metas)
     eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
     tallies: dict[str, Tally] = {}
+    from ckptinspect.sources.hub_session import ServerClient
+
+    client = ServerClient(base, "main-model server")  # the run's requests: one deadline, one byte budget
+    base = client.shown  # what messages and the result name: never the URL's password
     for prompt in tqdm(prompts, desc="remote generate+mtp", unit="prompt", disable=not progress):
         ids = encode_prompt(tok, prompt, chat=True, vocab_size=probe_ckpt.checkpoint.config.vocab_size, source=model_dir)
-        reply = post_json(f"{base}/generate", {"input_ids": ids, "return_hidden_states": True,
-                                               "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}})
-        out = list(reply.get("output_ids", []))
+        reply = post_json(f"{client.base}/generate", {"input_ids": ids, "return_hidden_states": True,
+                                                      "sampling_params": {"temperature": 0,
+                                                                          "max_new_tokens": max_new_tokens}},
+                          client=client)
+        out = reply.get("output_ids", [])
+        if not isinstance(out, list) or not all(type(t) is int and 0 <= t < 2 ** 31 for t in out):
+            raise ProbeError("the reply's output_ids is not a list of token ids", path=base)
+        out = list(out)
         for c, t in enumerate(out):
             if t in eos:
                 out = out[: c + 1]

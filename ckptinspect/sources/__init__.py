@@ -3,13 +3,14 @@
 Every kind of reference is one registered ``Source`` (sources/interface.py): a cheap ``claims(ref, path)``
 and an ``open`` that does the I/O and returns a complete, eager record. ``open_source`` asks the kinds
 added with ``register_source`` first (in registration order), then the built-in ones in ``BUILT_IN``'s
-order, which is the whole dispatch rule:
+order, which is the whole dispatch rule (``open_source_async`` is the same for a caller with its own
+event loop, the audit: the kinds that read the network await their reads there):
 
 - ``gguf-local``  a ``.gguf`` file, a GGUF directory, ``dir:TAG``         (sources/gguf_local.py)
 - ``local``       an existing directory                                   (sources/local.py)
 - ``snapshot``    a ``*.json.gz`` / ``*.json`` file                       (sources/snapshot.py)
 - ``gguf-hub``    a GGUF repo id: ``org/repo:TAG``, ``...GGUF``, or cached with GGUF files only;
-                  read from the HF cache when it holds the model, else the Hub (sources/gguf_hub.py)
+                  read from the HF cache when it holds the model, else the Hub (sources/hub_gguf.py)
 - ``hf-cache``    ``org/name[@revision]`` that the local Hugging Face cache holds completely
                   (sources/hf_cache.py); offline (HF_HUB_OFFLINE=1) a gap is an error naming it
 - ``hub``         ``org/name[@revision]`` over HTTP ranges                (sources/hub.py)
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 # Hub repo ids: "name" or "org/name", letters, digits, "-", "_", "."; optional "@revision".
 _REPO_ID = re.compile(r"^(?:[\w.\-]+/)?[\w.\-]+(?:@[\w.\-/]+)?$")
 
-__all__ = ["Source", "SourceKind", "BUILT_IN", "open_source", "register_source", "source_kinds", "split_repo_ref"]
+__all__ = ["Source", "SourceKind", "BUILT_IN", "open_source", "open_source_async", "register_source", "source_kinds",
+           "split_repo_ref"]
 
 
 def split_repo_ref(ref: str) -> tuple[str, str | None]:
@@ -53,6 +55,9 @@ class SourceKind:
     # True: ``open`` also takes ``scan=``, a per-header hook called as each header is read (the report's
     # scan worker, inventory/parallel.py); other kinds are opened without it.
     takes_scan: bool = False
+    # The coroutine form of ``open`` for a kind that reads the network (same arguments, plus ``limiter``
+    # and ``ends_at``: sources/hub.py); None: ``open`` only reads files, and is called as it is.
+    open_async: Callable[..., Any] | None = None
 
 
 _REGISTERED: list[Source] = []
@@ -87,6 +92,31 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
     raise NotFoundError("no such directory, and not a Hub repo id (org/name[@revision])", path=ref)
 
 
+async def open_source_async(ref: str, *, revision: str | None = None, token: str | None = None,
+                            progress: bool = False, limiter: Any = None, ends_at: float | None = None,
+                            hub_only: bool = False) -> "RawCheckpoint | RawGguf":
+    """``open_source`` for a caller on an event loop: the Hub kinds' reads are awaited on it, under
+    ``limiter`` (an ``asyncio.Semaphore`` bounding requests in flight) and ``ends_at`` (a deadline).
+    ``hub_only``: ``ref`` is a Hub repo id (one a listing named), never a local path, whatever the
+    current directory holds: only the kinds in ``HUB_KINDS`` are asked, as if no such path existed."""
+    path = Path(ref).expanduser() if not hub_only else Path("/dev/null") / ref  # the latter never exists
+    for kind in source_kinds():
+        if hub_only and kind.name not in HUB_KINDS:
+            continue
+        if kind.claims(ref, path):
+            opener = getattr(kind, "open_async", None)
+            if opener is not None:
+                opened = await opener(ref, path, revision=revision, token=token, progress=progress,
+                                      limiter=limiter, ends_at=ends_at, hub_only=hub_only)
+            else:
+                opened = kind.open(ref, path, revision=revision, token=token, progress=progress)
+            if opened is not None:
+                return opened
+    if path.exists():
+        raise NotFoundError("is neither a model directory nor a .json.gz snapshot", path=ref)
+    raise NotFoundError("no such directory, and not a Hub repo id (org/name[@revision])", path=ref)
+
+
 def source_kinds() -> tuple[Source, ...]:
     """Every kind ``open_source`` asks, in order: the registered ones, then ``BUILT_IN``."""
     return (*_REGISTERED, *BUILT_IN)
@@ -94,9 +124,28 @@ def source_kinds() -> tuple[Source, ...]:
 
 # -- the built-in kinds --------------------------------------------------------------------------------
 def _open_gguf(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> "RawGguf | None":
-    from ckptinspect.sources.gguf_local import open_gguf_if_gguf
+    from ckptinspect.sources.gguf_local import GgufHubRead, open_gguf_if_gguf
 
-    return open_gguf_if_gguf(ref, revision=revision, token=token)
+    found = open_gguf_if_gguf(ref, revision=revision, token=token)
+    if not isinstance(found, GgufHubRead):
+        return found
+    from ckptinspect.sources.hub_gguf import open_gguf_hub
+
+    return open_gguf_hub(found.repo_id, ref=found.ref, tag=found.tag, revision=found.revision, token=token)
+
+
+async def _open_gguf_async(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
+                           limiter: Any = None, ends_at: float | None = None,
+                           hub_only: bool = False) -> "RawGguf | None":
+    from ckptinspect.sources.gguf_local import GgufHubRead, open_gguf_if_gguf
+
+    found = open_gguf_if_gguf(ref, revision=revision, token=token, local=not hub_only)
+    if not isinstance(found, GgufHubRead):
+        return found
+    from ckptinspect.sources.hub_gguf import read_gguf_hub
+
+    return await read_gguf_hub(found.repo_id, ref=found.ref, tag=found.tag, revision=found.revision, token=token,
+                               limiter=limiter, ends_at=ends_at)
 
 
 def _claims_local_gguf(ref: str, path: Path) -> bool:
@@ -157,17 +206,24 @@ def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, 
     from ckptinspect.sources.hub import open_hub
 
     repo_id, revision = _repo_and_revision(ref, revision)
-    starts = getattr(scan, "read_starts", None)  # the report's scan worker starts with the read (inventory/scan_process.py)
-    if starts is not None:
-        starts()
     return open_hub(repo_id, revision=revision, token=token, progress=progress, scan=scan)
 
 
+async def _open_hub_async(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
+                          limiter: Any = None, ends_at: float | None = None, hub_only: bool = False) -> RawCheckpoint:
+    from ckptinspect.sources.hub import read_hub
+
+    repo_id, revision = _repo_and_revision(ref, revision)
+    return await read_hub(repo_id, revision=revision, token=token, progress=progress, limiter=limiter,
+                          ends_at=ends_at)
+
+
+HUB_KINDS = ("gguf-hub", "hf-cache", "hub")  # the kinds that read a repo id, from the HF cache or the Hub
 BUILT_IN: tuple[Source, ...] = (
-    SourceKind("gguf-local", _claims_local_gguf, _open_gguf),
+    SourceKind("gguf-local", _claims_local_gguf, _open_gguf, open_async=_open_gguf_async),
     SourceKind("local", lambda ref, path: path.is_dir(), _open_local),
     SourceKind("snapshot", _claims_snapshot, _open_snapshot),
-    SourceKind("gguf-hub", _claims_gguf_repo, _open_gguf),
+    SourceKind("gguf-hub", _claims_gguf_repo, _open_gguf, open_async=_open_gguf_async),
     SourceKind("hf-cache", _claims_repo_id, _open_hf_cache),
-    SourceKind("hub", _claims_repo_id, _open_hub, takes_scan=True),
+    SourceKind("hub", _claims_repo_id, _open_hub, takes_scan=True, open_async=_open_hub_async),
 )

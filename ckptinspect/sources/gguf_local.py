@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +76,12 @@ def open_gguf_dir(directory: Path, *, ref: str, tag: str | None = None, kind: st
                    stats={"files_read": len(parts) + len(heads)})
 
 
-def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | None = None) -> Any:
-    """A RawGguf when ``ref`` names a GGUF model, else None (the caller tries the other sources)."""
-    path = Path(ref).expanduser()
+def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | None = None,
+                      local: bool = True) -> Any:
+    """A RawGguf when ``ref`` names a local or cached GGUF model, a ``GgufHubRead`` when it names a GGUF
+    repo to read from the Hub, else None (the caller tries the other sources). ``local=False``: ``ref``
+    is a repo id whatever the current directory holds (an id a Hub listing named)."""
+    path = Path(ref).expanduser() if local else Path("/dev/null") / ref  # the latter never exists
     if path.is_file() and is_gguf(path.name):
         return open_gguf_dir(path.parent, ref=ref, only=path.name)
     if path.is_dir():
@@ -85,7 +89,7 @@ def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | Non
             return open_gguf_dir(path, ref=ref)
         return None
     base, sep, tag = ref.rpartition(":")
-    if sep and "/" not in tag and Path(base).expanduser().is_dir() and _is_gguf_dir(Path(base).expanduser()):
+    if local and sep and "/" not in tag and Path(base).expanduser().is_dir() and _is_gguf_dir(Path(base).expanduser()):
         return open_gguf_dir(Path(base).expanduser(), ref=ref, tag=tag)
     if path.exists():
         return None
@@ -109,9 +113,18 @@ def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | Non
         return None
     if hub_offline():
         raise NotFoundError("HF_HUB_OFFLINE=1 and the GGUF repo is not in the local Hugging Face cache", path=ref)
-    from ckptinspect.sources.gguf_hub import open_gguf_hub
+    return GgufHubRead(repo_id=repo_id, ref=ref, tag=tag, revision=rev)
 
-    return open_gguf_hub(repo_id, ref=ref, tag=tag, revision=rev, token=token)
+
+@dataclass(frozen=True)
+class GgufHubRead:
+    """What ``open_gguf_if_gguf`` answers for a GGUF repo the HF cache cannot answer: the Hub read to make
+    (sources/hub_gguf.py; the registry makes it, from synchronous or asynchronous code)."""
+
+    repo_id: str
+    ref: str
+    tag: str | None
+    revision: str | None
 
 
 def claims_local_gguf(ref: str, path: Path) -> bool:

@@ -4,9 +4,10 @@ downloading weights: the file list, the small JSON files, and every shard's safe
 Round trips, for a repo of S shards: 1 (model info with blob metadata: file list, sizes, commit) + one GET
 per small JSON file not yet in the HF cache + S header GETs (first ranges sized from the index:
 sources/header_ranges.py), over one ``httpx`` client (sources/hub_client.py) with bounded concurrency.
-The network side runs as an ``asyncio`` task in one helper thread (so the reader works the same inside a
-program that has its own event loop); this thread consumes the headers as they arrive and hands each to
-the caller's ``scan`` at once, so parsing overlaps the remaining requests. No process is started.
+The read is one coroutine, ``read_hub``; ``open_hub`` is its synchronous edge (sources/net_edge.py).
+Each header is handed to the caller's ``scan`` as it arrives, between the awaits, so parsing overlaps
+the requests still on the wire (their answers wait in the socket buffers). No process is started; the
+only threads are ``asyncio.to_thread``'s, for the HF-cache and header-cache file I/O.
 
 Small JSON files go through the HF cache layout (``models--org--name/blobs`` + ``snapshots/<commit>``,
 sources/hf_cache.py), so a second run reads them from disk and ``hf_hub_download`` finds them too.
@@ -16,53 +17,44 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
-import threading
 import time
 from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import quote
 
 from ckptinspect.errors import CkptInspectError, ConfigError, HeaderError, NotFoundError
+from ckptinspect.header.index import summarize_index
 from ckptinspect.header.parser import read_length_prefix
-from ckptinspect.progress import SILENT, Progress, as_progress
+from ckptinspect.progress import Progress, as_progress
 from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
 from ckptinspect.sources.header_cache import HeaderCache, entry_key
 from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH, RangeSizer
 from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap
-from ckptinspect.sources.hub_client import FetchStats, HubClient, make_client
-from ckptinspect.header.index import summarize_index
+from ckptinspect.sources.hub_client import HubClient
+from ckptinspect.sources.hub_session import HubSession, hub_endpoint, hub_session
 from ckptinspect.sources.interface import JSON_FILES, json_file_cap, parse_json_bytes, read_file_bytes
-from ckptinspect.sources.net_limits import Budget, NetLimits
+from ckptinspect.sources.net_edge import run_sync
 from ckptinspect.sources.offline import hub_offline
-from ckptinspect.sources.redact import redact_url, scrub
-from ckptinspect.sources.shared_limits import RequestLimiter, SharedLimits, current_shared_limits
+from ckptinspect.sources.redact import redact_url
 from ckptinspect.sources.repo_info import RepoFile, model_info
 
 INDEX_FILE = "model.safetensors.index.json"
 # Header requests in flight at once: httpx's default keep-alive pool holds 20 connections, so every
 # request reuses one (more would open and close a connection per request).
 DEFAULT_MAX_WORKERS = 20
-_STOP_GRACE_S = 5.0  # how long a stopped read may take to unwind before the caller goes on without it
 WORKERS_ENV = "CKPTINSPECT_MAX_WORKERS"
 ScanFn = Callable[[str, bytes, "int | None"], Any]
 
 
-def hub_endpoint(endpoint: str | None = None) -> str:
-    """The Hub endpoint: argument, else HF_ENDPOINT read now (not at import), else huggingface.co."""
-    from huggingface_hub import constants
-
-    return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+def open_hub(repo_id: str, **options: Any) -> RawCheckpoint:
+    """``read_hub`` run to its end from synchronous code (sources/net_edge.py): the same arguments."""
+    return run_sync(lambda: read_hub(repo_id, **options))
 
 
-def download_timeout() -> float:
-    """Seconds per socket read: HF_HUB_DOWNLOAD_TIMEOUT, default 10 (huggingface_hub's own default)."""
-    return NetLimits.from_env().read_s
-
-
-def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
-             endpoint: str | None = None, progress: Progress | bool = True, max_workers: int | None = None,
-             timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None,
-             scan: ScanFn | None = None, header_cache: bool | None = None) -> RawCheckpoint:
+async def read_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
+                   endpoint: str | None = None, progress: Progress | bool = True, max_workers: int | None = None,
+                   timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None,
+                   scan: ScanFn | None = None, header_cache: bool | None = None,
+                   limiter: asyncio.Semaphore | None = None, ends_at: float | None = None) -> RawCheckpoint:
     """Read ``repo_id`` at ``revision`` from the Hub: file list, small JSON files, every shard header.
 
     Args:
@@ -76,13 +68,16 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         timeout: seconds per socket read (default HF_HUB_DOWNLOAD_TIMEOUT, 10); the connect timeout,
             the per-request and whole-read deadlines and the byte budget come from the environment
             (sources/net_limits.py, docs/security.md).
-        on_header: called in the calling thread with (shard, header bytes) as each header arrives.
-        scan: the report's per-shard scan, ``scan(shard, header bytes, file size)``: run in the calling
-            thread on each header as it arrives (later headers are still on the wire), the results
-            returned in ``scan_plan.scanned``. A shard whose scan raises or answers None is left out (the report scans
+        on_header: called with (shard, header bytes) as each header arrives.
+        scan: the report's per-shard scan, ``scan(shard, header bytes, file size)``: run on each header as
+            it arrives (later headers are still on the wire), the results returned in
+            ``scan_plan.scanned``. A shard whose scan raises or answers None is left out (the report scans
             it again, in index order, and reports the first error). None: headers only.
         header_cache: reuse headers stored by an earlier read of the same commit and file etag
             (sources/header_cache.py); default on unless CKPTINSPECT_HEADER_CACHE=0.
+        limiter: the bound on requests in flight this read shares with other reads on the same event
+            loop (the audit's), or None.
+        ends_at: a ``time.monotonic()`` value the read may not pass (the audit's deadline), or None.
 
     Raises:
         NotFoundError: repo, revision or file missing, or HF_HUB_OFFLINE=1 (names what the cache lacks).
@@ -95,160 +90,34 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         raise NotFoundError(f"HF_HUB_OFFLINE=1 and the HF cache cannot answer: {describe_cache_gap(repo_id, revision)}",
                             path=repo_id, hint="run once online, or use a .json.gz snapshot")
     started = time.perf_counter()
-    endpoint = hub_endpoint(endpoint)
-    from huggingface_hub.utils import build_hf_headers
-
-    headers = build_hf_headers(token=token)
-    secrets = tuple(filter(None, [token, headers.get("authorization", "").removeprefix("Bearer ")]))
-    limits = NetLimits.from_env(read_s=timeout)
-    shared = current_shared_limits() or SharedLimits()  # an audit's shared bound and deadline, if any
-    budget = Budget(limits)
-    if shared.ends_at is not None:
-        budget.ends_at = min(budget.ends_at, shared.ends_at)
-    reader = _HubRead(repo_id, revision, endpoint, headers, budget, secrets,
-                      max(1, max_workers or int(os.environ.get(WORKERS_ENV) or DEFAULT_MAX_WORKERS)),
-                      HeaderCache.default(header_cache))
-    reader.limiter = shared.limiter
-    return reader.run(progress=as_progress(progress, label=repo_id), on_header=on_header, scan=scan,
-                      started=started)
+    session = hub_session(endpoint, token, timeout=timeout, ends_at=ends_at)
+    workers = max(1, max_workers or int(os.environ.get(WORKERS_ENV) or DEFAULT_MAX_WORKERS))
+    reader = _HubRead(repo_id, revision, session, workers, HeaderCache.default(header_cache))
+    progress = as_progress(progress, label=repo_id)
+    try:
+        async with session.open(repo_id, limiter) as hub:
+            return await reader.read(hub, progress=progress, on_header=on_header, scan=scan, started=started)
+    except CkptInspectError as exc:
+        raise session.scrubbed(exc) from None
+    finally:
+        progress.end()
 
 
 class _HubRead:
-    """One Hub read: the ``asyncio`` side in a helper thread, its results consumed by the caller's thread."""
+    """One Hub read of one repo."""
 
-    def __init__(self, repo_id: str, revision: str | None, endpoint: str, headers: Mapping[str, str],
-                 budget: Budget, secrets: tuple[str, ...], workers: int, cache: HeaderCache) -> None:
-        self.repo_id, self.revision, self.endpoint = repo_id, revision, endpoint
-        self.headers, self.budget, self.secrets, self.workers = dict(headers), budget, secrets, workers
-        self.stats = FetchStats()
-        self.out: queue.Queue = queue.Queue()
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.task: asyncio.Task | None = None
+    def __init__(self, repo_id: str, revision: str | None, session: HubSession, workers: int,
+                 cache: HeaderCache) -> None:
+        self.repo_id, self.revision, self.session, self.workers = repo_id, revision, session, workers
+        self.endpoint = session.endpoint
         self.phases: dict[str, float] = {}
-        self.stopping = threading.Event()  # set by the caller's thread: do not start (or go on)
-        self.limiter: RequestLimiter | None = None  # shared with other reads (sources/shared_limits.py)
         self.cache = cache
         self.from_cache = 0
-        self.progress: Progress = SILENT
-        self.index_hook: Callable[[bytes], None] | None = None
 
-    # -- the caller's thread -------------------------------------------------------------------------
-    def run(self, *, progress: Progress, on_header: Callable[[str, bytes], None] | None, scan: ScanFn | None,
-            started: float) -> RawCheckpoint:
-        self.progress = progress
-        self.index_hook = getattr(scan, "index_arrives", None)  # the report's scan worker reads the index too
-        thread = threading.Thread(target=self._thread_main, name="ckptinspect-hub", daemon=True)
-        thread.start()
-        header_bytes: dict[str, bytes] = {}
-        scanned: dict[str, Any] = {}
-        try:
-            meta = self._next("meta")
-            shards, sizes = meta["shards"], meta["sizes"]
-            expect = getattr(scan, "expect", None)  # the report's scan worker: the index says how much is coming
-            if expect is not None:
-                expect(meta["summary"])
-            progress.phase("headers", 0, len(shards))
-            for done, _ in enumerate(shards, 1):
-                shard, header = self._next("header")
-                header_bytes[shard] = header
-                if on_header is not None:
-                    on_header(shard, header)
-                if scan is not None:
-                    try:
-                        answer = scan(shard, header, sizes[shard])
-                    except CkptInspectError:
-                        answer = None  # scanned again by the report, in index order, which reports the error
-                    if answer is not None:  # a hook that only takes the header (the scan worker) answers None
-                        scanned[shard] = answer
-                progress.phase("headers", done, len(shards))
-            self._next("done")
-        finally:
-            progress.end()
-            self._stop(thread)
-        wall = time.perf_counter() - started
-        commit = meta["commit"]
-        plan = None
-        if scan is not None:
-            plan = ScanPlan(scanned=scanned)
-        shown = redact_url(self.endpoint)
-        return RawCheckpoint(
-            ref=self.repo_id if self.revision is None else f"{self.repo_id}@{self.revision}",
-            kind="hub",
-            location=f"{shown}/{self.repo_id}@{commit}",
-            files=meta["files"],
-            json_files=meta["json_files"],
-            headers={s: header_bytes[s] for s in shards},
-            file_sizes=sizes,
-            revision=commit,
-            stats={**self.stats.as_dict(), "wall_s": round(wall, 3), "shards": len(shards),
-                   "json_from_cache": meta["cached"], "headers_from_cache": self.from_cache,
-                   "header_bytes": sum(len(h) for h in header_bytes.values()),
-                   "endpoint": shown, **{k: round(v, 3) for k, v in self.phases.items()}},
-            index_summary=meta["summary"],
-            scan_plan=plan,
-        )
-
-    def _next(self, kind: str) -> Any:
-        while True:
-            try:
-                got, value = self.out.get(timeout=0.5)  # a timeout keeps Ctrl-C responsive everywhere
-            except queue.Empty:
-                continue
-            if got == "error":
-                raise value
-            if got == "phase":  # drawn in this thread, the one that owns the terminal line
-                self.progress.phase(value)
-                continue
-            assert got == kind, (got, kind)
-            return value
-
-    def _stop(self, thread: threading.Thread) -> None:
-        """Cancel what is still running (an error or Ctrl-C here) and wait for the thread to end."""
-        self.stopping.set()
-        # Cancel again until the thread ends: one cancel can be absorbed (racing a timeout that fires at
-        # the same moment, or caught in a library's cleanup). The wait is bounded: a read that ignores
-        # cancellation must not keep Ctrl-C from ending the command (the thread is a daemon and holds
-        # nothing the caller reads after this).
-        give_up = time.monotonic() + _STOP_GRACE_S
-        while thread.is_alive() and time.monotonic() < give_up:
-            loop, task = self.loop, self.task
-            if loop is not None and task is not None and not task.done():
-                try:
-                    loop.call_soon_threadsafe(task.cancel)
-                except RuntimeError:  # the loop has just closed
-                    pass
-            thread.join(0.1)
-
-    # -- the helper thread ---------------------------------------------------------------------------
-    def _thread_main(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
-            self.out.put(("error", exc))
-
-    async def _main(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.task = asyncio.current_task()
-        if self.stopping.is_set():  # stopped before the loop was up: _stop found no task to cancel
-            return
-        client = make_client(self.budget)
-        try:
-            async with client:
-                hub = HubClient(client, self.repo_id, self.headers, budget=self.budget, stats=self.stats,
-                                secrets=self.secrets, limiter=self.limiter)
-                await self._read(hub)
-        except asyncio.CancelledError:
-            return
-        except CkptInspectError as exc:
-            clean = scrub(str(exc), self.secrets)
-            if clean != str(exc):
-                raise type(exc)(clean) from None
-            raise
-        self.out.put(("done", None))
-
-    async def _read(self, hub: HubClient) -> None:
+    async def read(self, hub: HubClient, *, progress: Progress, on_header: Callable[[str, bytes], None] | None,
+                   scan: ScanFn | None, started: float) -> RawCheckpoint:
         t0 = time.perf_counter()
-        self.out.put(("phase", "repo info"))
+        progress.phase("repo info")
         info = await model_info(hub, self.endpoint, self.repo_id, self.revision)
         self.phases["info_s"] = time.perf_counter() - t0
         commit = info.sha or self.revision or "main"
@@ -258,7 +127,7 @@ class _HubRead:
             return f"{self.endpoint}/{self.repo_id}/resolve/{quote(commit, safe='')}/{quote(filename)}"
 
         wanted = [name for name in JSON_FILES if name in siblings]
-        self.out.put(("phase", "index" if INDEX_FILE in wanted else "config"))
+        progress.phase("index" if INDEX_FILE in wanted else "config")
         answers = await asyncio.gather(*(self._json_file(hub, commit, name, siblings[name], url(name))
                                          for name in wanted))
         json_files = {name: value for name, (value, _) in zip(wanted, answers)}
@@ -267,9 +136,24 @@ class _HubRead:
                    if INDEX_FILE in json_files else None)
         shards = _shard_plan(self.repo_id, summary, siblings)
         sizes = {shard: siblings[shard].size for shard in shards}
-        self.out.put(("meta", {"commit": commit, "files": tuple(sorted(siblings)), "json_files": json_files,
-                               "shards": shards, "sizes": sizes, "summary": summary,
-                               "cached": sum(cached for _, cached in answers)}))
+        header_bytes: dict[str, bytes] = {}
+        scanned: dict[str, Any] = {}
+
+        def arrived(shard: str, header: bytes) -> None:
+            # Scanned here, between the awaits: the answers still on the wire wait in the socket buffers.
+            header_bytes[shard] = header
+            if on_header is not None:
+                on_header(shard, header)
+            if scan is not None:
+                try:
+                    answer = scan(shard, header, sizes[shard])
+                except CkptInspectError:
+                    answer = None  # scanned again by the report, in index order, which reports the error
+                if answer is not None:
+                    scanned[shard] = answer
+            progress.phase("headers", len(header_bytes), len(shards))
+
+        progress.phase("headers", 0, len(shards))
         # Headers pinned by the commit and the file's etag come from the header cache, the rest from the Hub.
         keys = {s: entry_key(self.endpoint, self.repo_id, info.sha or "", s, siblings[s].etag, sizes[s])
                 for s in shards}
@@ -277,13 +161,13 @@ class _HubRead:
         for shard in shards:
             if cached[shard] is not None:
                 self.from_cache += 1
-                self.out.put(("header", (shard, cached[shard])))
+                arrived(shard, cached[shard])
         missing = [s for s in shards if cached[s] is None]
         # Each header is stored as it arrives, in a worker thread (hashing and writing release the GIL),
         # so the stores overlap the requests still in flight instead of following the last one.
         stores = []
         async for shard, header in read_headers(hub, missing, sizes, url, summary, self.workers):
-            self.out.put(("header", (shard, header)))
+            arrived(shard, header)
             if keys[shard] is not None and self.cache.root is not None:
                 stores.append(asyncio.ensure_future(asyncio.to_thread(self.cache.put, keys[shard], header)))
         if stores:
@@ -291,6 +175,24 @@ class _HubRead:
             if self.cache.stored:  # then keep the directory under its cap
                 await asyncio.to_thread(self.cache.evict)
         self.phases["headers_s"] = time.perf_counter() - t0 - self.phases["info_s"] - self.phases["json_s"]
+        wall = time.perf_counter() - started
+        shown = redact_url(self.endpoint)
+        return RawCheckpoint(
+            ref=self.repo_id if self.revision is None else f"{self.repo_id}@{self.revision}",
+            kind="hub",
+            location=f"{shown}/{self.repo_id}@{commit}",
+            files=tuple(sorted(siblings)),
+            json_files=json_files,
+            headers={s: header_bytes[s] for s in shards},
+            file_sizes=sizes,
+            revision=commit,
+            stats={**hub.stats.as_dict(), "wall_s": round(wall, 3), "shards": len(shards),
+                   "json_from_cache": sum(c for _, c in answers), "headers_from_cache": self.from_cache,
+                   "header_bytes": sum(len(h) for h in header_bytes.values()),
+                   "endpoint": shown, **{k: round(v, 3) for k, v in self.phases.items()}},
+            index_summary=summary,
+            scan_plan=ScanPlan(scanned=scanned) if scan is not None else None,
+        )
 
     async def _json_file(self, hub: HubClient, commit: str, name: str, sibling: RepoFile, url: str) -> tuple[Any, int]:
         local = cached_file(self.repo_id, commit, name)
@@ -298,8 +200,6 @@ class _HubRead:
         where = f"{self.repo_id}/{name}"
         if local is not None:
             data = read_file_bytes(local)
-            if name == INDEX_FILE and self.index_hook is not None:
-                self.index_hook(data)
             return parse_json_bytes(data, source=where), 1
         size = sibling.size
         if size is not None and size > cap:
@@ -309,8 +209,6 @@ class _HubRead:
         if size is not None and len(data) < size:
             data += await hub.rest(url, name, len(data), size)
         etag = sibling.etag
-        if name == INDEX_FILE and self.index_hook is not None:
-            self.index_hook(data)
         # Stored and parsed off the event loop, at once: the store's write (GIL released) overlaps the
         # parse, and the other files' requests go on meanwhile.
         _, parsed = await asyncio.gather(
@@ -377,4 +275,4 @@ def _shard_plan(repo_id: str, summary: IndexSummary | None, siblings: Mapping[st
     return list(summary.shards)  # first-seen order, like the local source
 
 
-__all__ = ["open_hub", "hub_endpoint", "read_headers"]
+__all__ = ["open_hub", "read_hub", "hub_endpoint", "read_headers"]

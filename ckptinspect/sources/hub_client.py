@@ -18,6 +18,12 @@ Rules behind the code:
   request's waiting allowance ends the request at once.
 - Every request runs under ``asyncio.timeout`` for its whole exchange (redirect hops included) and draws
   from the command's deadline and byte budget (sources/net_limits.py).
+
+The same client makes every other remote read of the tool (GGUF headers, the audit's listing and commit
+checks, the probe's engine and main-model servers): ``make_client(budget, hub=False)`` is a plain
+``httpx`` client for servers that are not the Hub (no Hugging Face auth headers, no Hub hooks), and
+``get_document`` / ``post_document`` read any answer under the same bounds. Answers that are JSON are
+decoded by sources/net_json.py (depth, size, NaN / Infinity refused).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from ckptinspect.errors import AccessError, NetworkError, NotFoundError
+from ckptinspect.errors import AccessError, NetworkError, NotFoundError, SourceError
 from ckptinspect.sources.net_limits import REQUEST_ENV, RETRY_WAIT_ENV, Budget
 from ckptinspect.sources.redact import scrub
 
@@ -78,12 +84,16 @@ def httpx_module() -> Any:
     return httpx
 
 
-def make_client(budget: Budget) -> Any:
-    """An ``AsyncClient`` from huggingface_hub's factory, with this command's connect / read timeouts."""
+def make_client(budget: Budget, *, hub: bool = True) -> Any:
+    """An ``AsyncClient`` with this command's connect / read timeouts: from huggingface_hub's factory for
+    the Hub, else a plain one (an inference server must not get the Hub's hooks or headers)."""
     httpx = httpx_module()
-    from huggingface_hub import get_async_session
+    if hub:
+        from huggingface_hub import get_async_session
 
-    client = get_async_session()
+        client = get_async_session()
+    else:
+        client = httpx.AsyncClient(trust_env=True)
     limits = budget.limits
     client.timeout = httpx.Timeout(limits.read_s, connect=limits.connect_s)
     client.follow_redirects = True
@@ -105,13 +115,15 @@ def proxy_for(url: str) -> str | None:
 
 
 class HubClient:
-    """Ranged and plain GETs for one repo, under one command's budget.
+    """Ranged and plain requests for one repo (or one server), under one command's budget.
 
     Args:
         client: an ``AsyncClient`` (``make_client``), closed by the caller.
-        repo_id: named in every error message.
+        repo_id: named in every error message (for a server that is not the Hub: its redacted URL).
         headers: auth / user-agent headers (``huggingface_hub.utils.build_hf_headers``).
         attempts / backoff_s: tries per request, and the first backoff (doubled per retry, with jitter).
+        limiter: an ``asyncio.Semaphore`` bounding the requests in flight of every read on this event loop
+            (the audit's), or None.
     """
 
     def __init__(self, client: Any, repo_id: str, headers: Mapping[str, str], *, budget: Budget,
@@ -129,16 +141,19 @@ class HubClient:
         self.httpx = httpx_module()
         self.closing = False  # the server closed a connection after an answer: few connects at once
         self.closing_gate = asyncio.Semaphore(CLOSING_SERVER_IN_FLIGHT)
-        # A bound on requests in flight shared with other reads (sources/shared_limits.py), or None.
-        self.limiter = limiter
+        self.limiter: asyncio.Semaphore | None = limiter
 
-    async def get_range(self, url: str, name: str, start: int, end: int) -> bytes:
+    async def get_range(self, url: str, name: str, start: int, end: int, *, ranges_required: bool = False) -> bytes:
         """Bytes ``[start, end]`` (inclusive) of ``url``; may be shorter if the server sent less.
+        ``ranges_required``: a ``200`` (the server ignored ``Range``) or a wrong ``Content-Range`` is refused
+        at once instead of cut short or retried.
 
         Raises:
             AccessError: 401 / 403.  NotFoundError: 404.  NetworkError: anything else after retries,
             and the command's deadline or byte budget (never retried).
         """
+        # A range beyond what is left of the byte budget is never asked for: its answer could not be kept.
+        self.budget.reserve(end - start + 1, f"{self.repo_id}/{name}")
         headers = {**self.headers, "Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"}
 
         async def answer(resp: Any) -> bytes:
@@ -146,7 +161,16 @@ class HubClient:
             if status not in (200, 206):
                 await self._read(resp, ERROR_BODY_LIMIT, name)
                 self._raise_for(status, resp, name)
-            skip = self._check_content_range(resp.headers.get("content-range"), start, end) if status == 206 else start
+            if status == 200 and ranges_required:
+                raise SourceError(f"the server answered 200 to a range request for bytes {start:,}-{end:,} "
+                                  "(ranges are required: tensor data is never downloaded)",
+                                  path=f"{self.repo_id}/{name}")
+            try:
+                skip = self._check_content_range(resp.headers.get("content-range"), start, end) if status == 206 else start
+            except _Retryable as exc:
+                if not ranges_required:
+                    raise
+                raise SourceError(str(exc), path=f"{self.repo_id}/{name}") from None
             data = await self._read(resp, skip + end - start + 1, name)  # a 200 is the whole file: stop early
             declared = resp.headers.get("content-length")
             if status == 206 and declared is not None and declared.isdigit() and len(data) < int(declared):
@@ -167,11 +191,13 @@ class HubClient:
             start += len(more)
         return b"".join(parts)
 
-    async def get_document(self, url: str, name: str, headers: Mapping[str, str],
-                           limit: int) -> tuple[int, dict[str, str], bytes]:
-        """A plain GET (the repo-info call): status, lower-cased response headers, at most ``limit`` body
-        bytes. 408 / 429 / 5xx are retried; after the last attempt that answer is returned, so the caller
-        maps it with huggingface_hub's own error rules."""
+    async def get_document(self, url: str, name: str, headers: Mapping[str, str], limit: int, *,
+                           method: str = "GET", content: bytes | None = None,
+                           retry: bool = True) -> tuple[int, dict[str, str], bytes]:
+        """A plain request (the repo-info call, a listing page, an engine's answer): status, lower-cased
+        response headers, at most ``limit`` body bytes (more is an error, read no further). 408 / 429 / 5xx
+        are retried (``retry``: a POST that generates is not); after the last attempt that answer is
+        returned, so the caller maps it with its own error rules."""
         last: list[tuple[int, dict[str, str], bytes]] = []
 
         async def answer(resp: Any) -> tuple[int, dict[str, str], bytes]:
@@ -179,28 +205,29 @@ class HubClient:
             if len(body) > limit:
                 raise NetworkError(f"answer is over the {limit:,} byte limit", path=f"{self.repo_id}/{name}")
             out = (resp.status_code, {k.lower(): v for k, v in resp.headers.items()}, body)
-            if resp.status_code in RETRY_STATUS:
+            if resp.status_code in RETRY_STATUS and retry:
                 last[:] = [out]
                 raise _Retryable(f"HTTP {resp.status_code}", _retry_after(resp.headers.get("retry-after")))
             return out
 
         try:
             return await self._with_retries(url, name, {**self.headers, "Accept-Encoding": "identity", **headers},
-                                            answer, "")
+                                            answer, "", method=method, content=content)
         except NetworkError:
             if last and self.budget.left_s() > 0:
                 return last[0]
             raise
 
     # -- one request, retried ----------------------------------------------------------------------
-    async def _with_retries(self, url: str, name: str, headers: dict[str, str], answer: Any, what: str) -> Any:
+    async def _with_retries(self, url: str, name: str, headers: dict[str, str], answer: Any, what: str, *,
+                            method: str = "GET", content: bytes | None = None) -> Any:
         where = f"{self.repo_id}/{name}"
         last = ""
         waited = 0.0
         for attempt in range(1, self.attempts + 1):
             self.budget.check_time(where)
             try:
-                return await self._exchange(url, name, headers, answer)
+                return await self._exchange(url, name, headers, answer, method, content)
             except _Retryable as exc:
                 last = str(exc)
                 if attempt == self.attempts:
@@ -220,30 +247,32 @@ class HubClient:
                 waited += delay
         raise NetworkError(f"{last} ({what + ', ' if what else ''}gave up after {self.attempts} attempts)", path=where)
 
-    async def _exchange(self, url: str, name: str, headers: dict[str, str], answer: Any) -> Any:
+    async def _exchange(self, url: str, name: str, headers: dict[str, str], answer: Any, method: str,
+                        content: bytes | None) -> Any:
         """One request, holding a slot of the shared bound on requests in flight when there is one (the
         wait for it is bounded by the command's deadline, not by the request's)."""
         if self.limiter is None:
-            return await self._exchange_now(url, name, headers, answer)
+            return await self._exchange_now(url, name, headers, answer, method, content)
         where = f"{self.repo_id}/{name}"
         try:
             async with asyncio.timeout(max(0.0, self.budget.left_s())):
-                await self.limiter.acquire(where)
+                await self.limiter.acquire()
         except TimeoutError:
             raise self.budget.deadline_error(where) from None
         try:
-            return await self._exchange_now(url, name, headers, answer)
+            return await self._exchange_now(url, name, headers, answer, method, content)
         finally:
             self.limiter.release()
 
-    async def _exchange_now(self, url: str, name: str, headers: dict[str, str], answer: Any) -> Any:
+    async def _exchange_now(self, url: str, name: str, headers: dict[str, str], answer: Any, method: str = "GET",
+                            content: bytes | None = None) -> Any:
         """One request (redirects followed by httpx) under the request deadline and the command's."""
         httpx = self.httpx
         where = f"{self.repo_id}/{name}"
         limit = min(self.limits.request_s, self.budget.left_s())
         try:
             async with asyncio.timeout(max(0.0, limit)):
-                return await self._send_gated(url, headers, answer)
+                return await self._send_gated(url, headers, answer, method, content)
         except TimeoutError:
             if self.budget.left_s() <= 0:
                 raise self.budget.deadline_error(where) from None
@@ -276,14 +305,16 @@ class HubClient:
         except httpx.NetworkError as exc:
             raise _Retryable(f"connection error: {type(exc).__name__}: {self._short(exc)}") from None
 
-    async def _send_gated(self, url: str, headers: dict[str, str], answer: Any) -> Any:
+    async def _send_gated(self, url: str, headers: dict[str, str], answer: Any, method: str,
+                          content: bytes | None) -> Any:
         if not self.closing:
-            return await self._send(url, headers, answer)
+            return await self._send(url, headers, answer, method, content)
         async with self.closing_gate:
-            return await self._send(url, headers, answer)
+            return await self._send(url, headers, answer, method, content)
 
-    async def _send(self, url: str, headers: dict[str, str], answer: Any) -> Any:
-        async with self.client.stream("GET", url, headers=headers) as resp:
+    async def _send(self, url: str, headers: dict[str, str], answer: Any, method: str = "GET",
+                    content: bytes | None = None) -> Any:
+        async with self.client.stream(method, url, headers=headers, content=content) as resp:
             self.stats.requests += 1 + len(resp.history)
             if resp.http_version == "HTTP/1.0" or resp.headers.get("connection", "").lower() == "close":
                 self.closing = True
@@ -297,7 +328,7 @@ class HubClient:
 
     async def _read(self, resp: Any, amount: int, name: str) -> bytes:
         """Up to ``amount`` body bytes, each piece counted (``--verbose``, the byte budget) as it arrives."""
-        parts, have = [], 0
+        have = 0
         where = f"{self.repo_id}/{name}"
         try:  # huggingface_hub's response hook reads error bodies under 1 MB itself
             read = resp.content
@@ -308,14 +339,20 @@ class HubClient:
             self.budget.take(len(read), where)
             return read[:amount]
         async for part in resp.aiter_raw():
-            parts.append(part)
+            if not have:
+                buf = bytearray(part)  # one buffer grown in place: a large answer is held once, not twice
+            else:
+                buf += part
             have += len(part)
             self.stats.bytes_fetched += len(part)
             self.budget.take(len(part), where)
             if have > amount:  # more than asked (a 200 with the whole file): stop, dropping the connection
                 break
         # Exactly what was asked is read to the end of the answer, so the connection stays reusable.
-        return b"".join(parts)[:amount]
+        if not have:
+            return b""
+        del buf[amount:]
+        return bytes(buf)
 
     def _raise_for(self, status: int, resp: Any, name: str) -> None:
         where = f"{self.repo_id}/{name}"
@@ -336,15 +373,18 @@ class HubClient:
             raise _Retryable(f"206 without a usable Content-Range ({(value or '')[:60]!r})")
         first, last = int(match.group(1)), int(match.group(2))
         if first != start or last > end or last < first:
-            raise _Retryable(f"wrong Content-Range {value[:60]!r} for bytes={start}-{end}")
+            raise _Retryable(f"wrong Content-Range: asked for bytes={start}-{end}, got {value[:60]!r}")
         return 0
 
     def _root_cause(self, exc: BaseException) -> str:
-        """The innermost error under httpx's ("ConnectionRefusedError: ..." rather than "All connection
-        attempts failed"), named by its type."""
-        inner, seen = exc, 0
-        while (inner.__cause__ or inner.__context__) is not None and seen < 10:
-            inner, seen = inner.__cause__ or inner.__context__, seen + 1
+        """The innermost socket error under httpx's ("ConnectionRefusedError: ..." rather than "All
+        connection attempts failed"), named by its type; an unrelated error that was being handled when it
+        happened (its ``__context__``) is not it."""
+        chain, inner = [exc], exc
+        while (inner.__cause__ or inner.__context__) is not None and len(chain) < 10:
+            inner = inner.__cause__ or inner.__context__
+            chain.append(inner)
+        inner = next((e for e in reversed(chain) if isinstance(e, OSError)), chain[-1])
         return f"{type(inner).__name__}: {self._short(inner)}"
 
     def _short(self, exc: BaseException) -> str:

@@ -99,8 +99,18 @@ class Budget:
             raise self.deadline_error(where)
 
     def deadline_error(self, where: str) -> NetworkError:
-        return NetworkError(f"the Hub read did not finish within its {self.limits.deadline_s:g} s deadline",
+        return NetworkError(f"the network read did not finish within its {self.limits.deadline_s:g} s deadline",
                             path=where, hint=f"raise it with --deadline or {DEADLINE_ENV}")
+
+    def reserve(self, nbytes: int, where: str) -> None:
+        """Raise before a request that asks for more bytes than the budget has left."""
+        if self.received + nbytes > self.max_bytes:
+            raise self.budget_error(where, f"asking for {nbytes:,} more bytes would pass")
+
+    def budget_error(self, where: str, what: str = "received more than") -> NetworkError:
+        return NetworkError(f"{what} the {self.max_bytes:,} byte budget of this command "
+                            "(a server that ignores ranges, streams without end, or lists too many files?)",
+                            path=where, hint=f"raise it with {MAX_BYTES_ENV}")
 
     def take(self, nbytes: int, where: str) -> None:
         """Count ``nbytes`` received; raise once the command has received more than its budget."""
@@ -108,6 +118,4 @@ class Budget:
             self.received += nbytes
             over = self.received > self.max_bytes
         if over:
-            raise NetworkError(f"received more than the {self.max_bytes:,} byte budget of this command "
-                               "(a server that ignores ranges or streams without end?)",
-                               path=where, hint=f"raise it with {MAX_BYTES_ENV}")
+            raise self.budget_error(where)

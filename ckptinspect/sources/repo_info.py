@@ -37,7 +37,8 @@ class RepoInfo:
     siblings: tuple[RepoFile, ...]
 
 
-async def model_info(client: HubClient, endpoint: str, repo_id: str, revision: str | None) -> RepoInfo:
+async def model_info(client: HubClient, endpoint: str, repo_id: str, revision: str | None, *,
+                     missing: str = "repository not found (or private: pass --token)") -> RepoInfo:
     """``HfApi.model_info(files_metadata=True)``, the request made by the Hub client (so the deadlines,
     byte budget and byte count apply to it too) and the answer read by huggingface_hub's own error
     mapping (``hf_raise_for_status``)."""
@@ -67,7 +68,7 @@ async def model_info(client: HubClient, endpoint: str, repo_id: str, revision: s
     except RevisionNotFoundError:
         raise NotFoundError(f"revision {rev!r} not found", path=repo_id) from None
     except RepositoryNotFoundError:
-        raise NotFoundError("repository not found (or private: pass --token)", path=repo_id) from None
+        raise NotFoundError(missing, path=repo_id) from None
     except HfHubHTTPError:
         if status in (401, 403):
             raise AccessError(f"HTTP {status} reading repo info (pass --token or set HF_TOKEN)",
