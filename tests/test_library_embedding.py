@@ -1,4 +1,4 @@
-"""ckptinspect as a library inside other programs (inventory/parallel.py, sources/hub.py): ``inspect()``
+"""ckptinspect as a library inside other programs (inventory/scan.py, sources/hub.py): ``inspect()``
 in a daemonic ``multiprocessing.Pool`` worker, under the ``spawn`` start method, and many times in one
 process, local and through the test Hub server, leaves no process, thread or descriptor behind and
 does not grow without bound; the scan's error order and the unindexed-file rule hold."""

@@ -8,7 +8,7 @@ per tensor, names are first bucketed by their *shape*: the name with every ASCII
 sit at the same places; digits embedded in a word (``w1`` / ``w2`` / ``w3``, ``fc1``, ``proj_1``) also
 mask alike, so a bucket is split again by those embedded digits before its pattern is taken from one
 member. tests/test_grouping_differential.py holds this to a per-name reference implementation.
-inventory/parallel.py runs it over all shards.
+``scan_checkpoint`` runs it over every shard of a record, in this thread, in the record's order.
 
 Plain headers are read by header/typed.py (one compiled decode) and their sizes checked here per group;
 any other header by parser.py. tests/test_scan_fast.py holds the two paths to one answer.
@@ -24,9 +24,12 @@ from math import prod
 from operator import attrgetter, itemgetter, mul, sub
 from typing import Mapping
 
+from ckptinspect.gc_pause import gc_paused
 from ckptinspect.header.parser import (DTYPE_BITS, MAX_DATA_BYTES, PREFIX_BYTES, parse_header,
                                        zero_shape_fits)
 from ckptinspect.header.typed import decode_plain
+from ckptinspect.progress import SILENT, Progress
+from ckptinspect.records import IndexSummary, RawCheckpoint
 
 # A numeric segment is a whole dot-delimited segment written as a canonical decimal: ASCII digits only
 # (``\d`` would take other scripts' digits, which the mask leaves alone), no leading zero (so
@@ -99,6 +102,25 @@ class ShardScan:
     name_hash: int  # order-independent sum of hash(name): cross-checks the index without shipping names
 
 
+def scan_checkpoint(raw: RawCheckpoint, progress: Progress = SILENT) -> tuple[list[ShardScan], IndexSummary | None]:
+    """(one ShardScan per shard in the record's order, the index summary when there is an index).
+
+    One scan for every source: the record is complete and eager (records.RawCheckpoint), so this reads
+    ``raw.headers`` and the source's one ``index_summary`` and never asks which kind of source it holds.
+    The shards are scanned in the record's order, so the first bad one in that order raises;
+    ``progress`` hears "headers n/N" as it goes."""
+    scans = []
+    headers, sizes = raw.headers, raw.file_sizes
+    with gc_paused():  # the scans are acyclic: collections during the loop would find nothing
+        try:
+            for done, shard in enumerate(headers):
+                progress.phase("scanning headers", done, len(headers))
+                scans.append(scan_header_unpaused(shard, headers[shard], sizes.get(shard)))
+        finally:
+            progress.end()
+    return scans, raw.index_summary
+
+
 def _shape_of(name: str) -> tuple[str, tuple[tuple[int, int], ...]]:
     """Pattern (numeric segments -> "{}") and the character spans of those segments."""
     spans = tuple((m.start(1), m.end(1)) for m in _NUMERIC_SEGMENT.finditer(name))
@@ -111,7 +133,7 @@ def _shape_of(name: str) -> tuple[str, tuple[tuple[int, int], ...]]:
 def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> ShardScan:
     """Validate one header and aggregate its tensors by (pattern, first index).
 
-    Callers pause the cyclic GC around it (sources.interface.gc_paused): the trees are acyclic and freed
+    Callers pause the cyclic GC around it (gc_pause.gc_paused, as scan_checkpoint does): the trees are acyclic and freed
     by refcounting, and the header is released before returning, so the collector never traverses it.
 
     Plain headers (every real one) take the typed path: one compiled decode (header/typed.py), then

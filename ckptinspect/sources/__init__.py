@@ -50,9 +50,6 @@ class SourceKind:
     name: str
     claims: Callable[[str, Path], bool]
     open: Callable[..., Any]
-    # True: ``open`` also takes ``scan=``, a per-header hook called as each header is read (the report's
-    # scan worker, inventory/parallel.py); other kinds are opened without it.
-    takes_scan: bool = False
 
 
 _REGISTERED: list[Source] = []
@@ -66,10 +63,8 @@ def register_source(kind: Source) -> None:
 
 
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
-                progress: bool = True, scan: Callable[[str, bytes, "int | None"], Any] | None = None,
-                ) -> "RawCheckpoint | RawGguf":
-    """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``);
-    ``scan``: handed to a kind that reads headers one by one (``takes_scan``: the Hub), else unused.
+                progress: bool = True) -> "RawCheckpoint | RawGguf":
+    """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``).
 
     Raises:
         NotFoundError: nothing matches the reference.
@@ -78,8 +73,7 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
     path = Path(ref).expanduser()
     for kind in source_kinds():
         if kind.claims(ref, path):
-            hook = {"scan": scan} if scan is not None and getattr(kind, "takes_scan", False) else {}
-            opened = kind.open(ref, path, revision=revision, token=token, progress=progress, **hook)
+            opened = kind.open(ref, path, revision=revision, token=token, progress=progress)
             if opened is not None:
                 return opened
     if path.exists():
@@ -152,15 +146,11 @@ def _open_hf_cache(ref: str, path: Path, *, revision: str | None, token: str | N
     return open_hf_cache(repo_id, revision=revision)  # None: not (fully) cached, ask the Hub
 
 
-def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
-              scan: Callable[[str, bytes, "int | None"], Any] | None = None) -> RawCheckpoint:
+def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> RawCheckpoint:
     from ckptinspect.sources.hub import open_hub
 
     repo_id, revision = _repo_and_revision(ref, revision)
-    starts = getattr(scan, "read_starts", None)  # the report's scan worker starts with the read (inventory/scan_process.py)
-    if starts is not None:
-        starts()
-    return open_hub(repo_id, revision=revision, token=token, progress=progress, scan=scan)
+    return open_hub(repo_id, revision=revision, token=token, progress=progress)
 
 
 BUILT_IN: tuple[Source, ...] = (
@@ -169,5 +159,5 @@ BUILT_IN: tuple[Source, ...] = (
     SourceKind("snapshot", _claims_snapshot, _open_snapshot),
     SourceKind("gguf-hub", _claims_gguf_repo, _open_gguf),
     SourceKind("hf-cache", _claims_repo_id, _open_hf_cache),
-    SourceKind("hub", _claims_repo_id, _open_hub, takes_scan=True),
+    SourceKind("hub", _claims_repo_id, _open_hub),
 )

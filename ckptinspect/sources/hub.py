@@ -6,7 +6,7 @@ per small JSON file not yet in the HF cache + S header GETs (first ranges sized 
 sources/header_ranges.py), over one ``httpx`` client (sources/hub_client.py) with bounded concurrency.
 The network side runs as an ``asyncio`` task in one helper thread (so the reader works the same inside a
 program that has its own event loop); this thread consumes the headers as they arrive and hands each to
-the caller's ``scan`` at once, so parsing overlaps the remaining requests. No process is started.
+the caller's ``on_header`` at once. No process is started.
 
 Small JSON files go through the HF cache layout (``models--org--name/blobs`` + ``snapshots/<commit>``,
 sources/hf_cache.py), so a second run reads them from disk and ``hf_hub_download`` finds them too.
@@ -25,7 +25,7 @@ from urllib.parse import quote
 from ckptinspect.errors import CkptInspectError, ConfigError, HeaderError, NotFoundError
 from ckptinspect.header.parser import read_length_prefix
 from ckptinspect.progress import SILENT, Progress, as_progress
-from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
+from ckptinspect.records import IndexSummary, RawCheckpoint
 from ckptinspect.sources.header_cache import HeaderCache, entry_key
 from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH, RangeSizer
 from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap
@@ -44,7 +44,6 @@ INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_MAX_WORKERS = 20
 _STOP_GRACE_S = 5.0  # how long a stopped read may take to unwind before the caller goes on without it
 WORKERS_ENV = "CKPTINSPECT_MAX_WORKERS"
-ScanFn = Callable[[str, bytes, "int | None"], Any]
 
 
 def hub_endpoint(endpoint: str | None = None) -> str:
@@ -62,7 +61,7 @@ def download_timeout() -> float:
 def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
              endpoint: str | None = None, progress: Progress | bool = True, max_workers: int | None = None,
              timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None,
-             scan: ScanFn | None = None, header_cache: bool | None = None) -> RawCheckpoint:
+             header_cache: bool | None = None) -> RawCheckpoint:
     """Read ``repo_id`` at ``revision`` from the Hub: file list, small JSON files, every shard header.
 
     Args:
@@ -77,10 +76,6 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
             the per-request and whole-read deadlines and the byte budget come from the environment
             (sources/net_limits.py, docs/security.md).
         on_header: called in the calling thread with (shard, header bytes) as each header arrives.
-        scan: the report's per-shard scan, ``scan(shard, header bytes, file size)``: run in the calling
-            thread on each header as it arrives (later headers are still on the wire), the results
-            returned in ``scan_plan.scanned``. A shard whose scan raises or answers None is left out (the report scans
-            it again, in index order, and reports the first error). None: headers only.
         header_cache: reuse headers stored by an earlier read of the same commit and file etag
             (sources/header_cache.py); default on unless CKPTINSPECT_HEADER_CACHE=0.
 
@@ -109,7 +104,7 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
                       max(1, max_workers or int(os.environ.get(WORKERS_ENV) or DEFAULT_MAX_WORKERS)),
                       HeaderCache.default(header_cache))
     reader.limiter = shared.limiter
-    return reader.run(progress=as_progress(progress, label=repo_id), on_header=on_header, scan=scan,
+    return reader.run(progress=as_progress(progress, label=repo_id), on_header=on_header,
                       started=started)
 
 
@@ -130,36 +125,23 @@ class _HubRead:
         self.cache = cache
         self.from_cache = 0
         self.progress: Progress = SILENT
-        self.index_hook: Callable[[bytes], None] | None = None
 
     # -- the caller's thread -------------------------------------------------------------------------
-    def run(self, *, progress: Progress, on_header: Callable[[str, bytes], None] | None, scan: ScanFn | None,
+    def run(self, *, progress: Progress, on_header: Callable[[str, bytes], None] | None,
             started: float) -> RawCheckpoint:
         self.progress = progress
-        self.index_hook = getattr(scan, "index_arrives", None)  # the report's scan worker reads the index too
         thread = threading.Thread(target=self._thread_main, name="ckptinspect-hub", daemon=True)
         thread.start()
         header_bytes: dict[str, bytes] = {}
-        scanned: dict[str, Any] = {}
         try:
             meta = self._next("meta")
             shards, sizes = meta["shards"], meta["sizes"]
-            expect = getattr(scan, "expect", None)  # the report's scan worker: the index says how much is coming
-            if expect is not None:
-                expect(meta["summary"])
             progress.phase("headers", 0, len(shards))
             for done, _ in enumerate(shards, 1):
                 shard, header = self._next("header")
                 header_bytes[shard] = header
                 if on_header is not None:
                     on_header(shard, header)
-                if scan is not None:
-                    try:
-                        answer = scan(shard, header, sizes[shard])
-                    except CkptInspectError:
-                        answer = None  # scanned again by the report, in index order, which reports the error
-                    if answer is not None:  # a hook that only takes the header (the scan worker) answers None
-                        scanned[shard] = answer
                 progress.phase("headers", done, len(shards))
             self._next("done")
         finally:
@@ -167,9 +149,6 @@ class _HubRead:
             self._stop(thread)
         wall = time.perf_counter() - started
         commit = meta["commit"]
-        plan = None
-        if scan is not None:
-            plan = ScanPlan(scanned=scanned)
         shown = redact_url(self.endpoint)
         return RawCheckpoint(
             ref=self.repo_id if self.revision is None else f"{self.repo_id}@{self.revision}",
@@ -185,7 +164,6 @@ class _HubRead:
                    "header_bytes": sum(len(h) for h in header_bytes.values()),
                    "endpoint": shown, **{k: round(v, 3) for k, v in self.phases.items()}},
             index_summary=meta["summary"],
-            scan_plan=plan,
         )
 
     def _next(self, kind: str) -> Any:
@@ -298,8 +276,6 @@ class _HubRead:
         where = f"{self.repo_id}/{name}"
         if local is not None:
             data = read_file_bytes(local)
-            if name == INDEX_FILE and self.index_hook is not None:
-                self.index_hook(data)
             return parse_json_bytes(data, source=where), 1
         size = sibling.size
         if size is not None and size > cap:
@@ -309,8 +285,6 @@ class _HubRead:
         if size is not None and len(data) < size:
             data += await hub.rest(url, name, len(data), size)
         etag = sibling.etag
-        if name == INDEX_FILE and self.index_hook is not None:
-            self.index_hook(data)
         # Stored and parsed off the event loop, at once: the store's write (GIL released) overlaps the
         # parse, and the other files' requests go on meanwhile.
         _, parsed = await asyncio.gather(
