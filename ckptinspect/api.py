@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the return types, named without importing their stages at i
     from ckptinspect.readiness.validate import RuleFileCheck
     from ckptinspect.audit import AuditRow, RepoRef
     from ckptinspect.probe.result import ProbeResult
-    from ckptinspect.readiness.cost import MtpCost
+    from ckptinspect.plan.mtp_cost import MtpCost
     from ckptinspect.records import RawCheckpoint
 
 # `--fail-on LEVEL`: the verdict rank at and above which a gate trips.
@@ -92,7 +92,7 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
 
 
 def _mtp_cost(report: "Report", tp: int, ep: int | None) -> "MtpCost":
-    from ckptinspect.readiness.cost import mtp_cost
+    from ckptinspect.plan.mtp_cost import mtp_cost
 
     return mtp_cost(report.checkpoint, report.mtp, tp, ep or tp)
 

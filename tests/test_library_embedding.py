@@ -190,7 +190,7 @@ def test_no_public_api_function_returns_or_takes_any_where_a_record_exists():
     from ckptinspect.pipeline import Report
     from ckptinspect.plan import GpuSpec, Plan, PlanFailure
     from ckptinspect.probe.result import ProbeResult
-    from ckptinspect.readiness.cost import MtpCost
+    from ckptinspect.plan.mtp_cost import MtpCost
     from ckptinspect.readiness.model import FamilyRule
     from ckptinspect.readiness.validate import RuleFileCheck
     from ckptinspect.records import RawCheckpoint
