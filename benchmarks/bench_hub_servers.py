@@ -161,7 +161,7 @@ def _trace_child(argv: list[str]) -> None:
 
     mark("interpreter up")
     import ckptinspect.cli.report_cmd  # noqa: F401 - what the command imports before it runs
-    import ckptinspect.inventory.parallel as scanning  # where the pipeline's scan calls the per-header scan
+    import ckptinspect.inventory.scan as scanning  # where the pipeline's scan calls the per-header scan
     mark("imports done")
     for module, attr, cls, label in TRACED:
         owner = importlib.import_module(module)

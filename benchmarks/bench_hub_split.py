@@ -23,7 +23,7 @@ from bench_hub_servers import REPO, THEIRS, add_replica_server_options, serve_re
 # Prints "read_cpu scan_cpu" (process CPU seconds at the end of the Hub read, and the scan's).
 CHILD = ("import sys, time; from ckptinspect.sources.hub import open_hub; "
          "raw = open_hub(sys.argv[1], progress=False); read = time.process_time(); "
-         "from ckptinspect.inventory.parallel import scan_checkpoint; scan_checkpoint(raw); "
+         "from ckptinspect.inventory.scan import scan_checkpoint; scan_checkpoint(raw); "
          "print(read, time.process_time() - read)")
 
 

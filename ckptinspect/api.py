@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the return types, named without importing their stages at i
     from ckptinspect.readiness.validate import RuleFileCheck
     from ckptinspect.audit import AuditRow, RepoRef
     from ckptinspect.probe.result import ProbeResult
+    from ckptinspect.plan.mtp_cost import MtpCost
     from ckptinspect.records import RawCheckpoint
 
 # `--fail-on LEVEL`: the verdict rank at and above which a gate trips.
@@ -89,7 +90,7 @@ def _with_sections(report: "Report", ref: str, *, tp: int | None, ep: int | None
         raise PlanError("--tp / --gpu describe SGLang / vLLM deployments; for a GGUF run "
                         "`ckptinspect plan MODEL --gpu GPU --gpus N` (a llama-server command)", path=ref)
     if tp is not None:
-        from ckptinspect.readiness.cost import mtp_cost
+        from ckptinspect.plan.mtp_cost import mtp_cost
 
         report = replace(report, mtp_costs=(mtp_cost(report.checkpoint, report.mtp, tp, ep or tp),))
     if gpu is not None and gpus is not None:

@@ -34,36 +34,22 @@ MAX_JSON_ITEMS = 4_000_000
 # can a decoded string hold a lone surrogate; an escaped backslash before "ud8.." is a false positive
 # that costs one exact walk, never a wrong answer.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-# A compiled parser answers first. msgspec (~0.15 CPU-s on a 41 MB index, against orjson's ~0.19 and
-# json's ~0.27, and fewer page faults: it builds the objects directly, without a document tree first)
-# gives json's answer whenever it accepts: integers stay exact up to 4,300 digits (the same bound as
+# msgspec's decoder answers first (it is faster than json on large files: BENCHMARKS.md). It gives
+# json's answer whenever it accepts: integers stay exact up to 4,300 digits (the same bound as
 # MAX_INT_DIGITS; longer ones it refuses whatever PYTHONINTMAXSTRDIGITS says), repeated keys keep the
 # last value, floats round alike. What it refuses (NaN, Infinity, 1e400, lone surrogate escapes,
 # invalid UTF-8, deep nesting, long integers) goes to json, so the errors and answers stay json's
-# (tests/test_json_decoders.py compares both decoders with json). orjson is the fallback where msgspec
-# is missing: it also answers json's answer except for integers beyond 64 bits, which it turns into
-# floats, so with orjson a float in the answer (the structure walk notices one for free) where the text
-# has a run of 19+ digits (the shortest integer past 64 bits) sends the text to json. Searching every
-# text instead cost ~0.4 s on a 41 MB index, more than parsing it.
-_LONG_DIGITS = re.compile(r"[0-9]{19}")
-
-
-def _compiled_decoder() -> tuple[Any, bool]:
-    """(the compiled decode function or None, whether it rounds integers past 64 bits to floats)."""
+# (tests/test_json_decoders.py compares it with json). Without msgspec, json alone gives the same answers.
+def _compiled_decoder() -> Any:
+    """msgspec's decode function, or None."""
     try:
         from msgspec.json import Decoder
     except ImportError:  # pragma: no cover - msgspec is a dependency
-        pass
-    else:
-        return Decoder().decode, False
-    try:
-        from orjson import loads
-    except ImportError:  # pragma: no cover - json alone gives the same answers, slower
-        return None, False
-    return loads, True
+        return None
+    return Decoder().decode
 
 
-_compiled_loads, _ROUNDS_BIG_INTS = _compiled_decoder()
+_compiled_loads = _compiled_decoder()
 
 
 def _bounded_int(literal: str) -> int:
@@ -90,12 +76,9 @@ def decode_json(data: bytes | str, *, source: str, error: type[CkptInspectError]
         data = bytes(data)
     obj = _compiled(data)
     if obj is not _REFUSED:
-        # The compiled parsers refuse lone surrogates and invalid UTF-8, so only the depth is left to
-        # check; with orjson a float in the answer may be an integer past 64 bits it rounded: then json
-        # decides.
-        floats = check_structure(obj, source=source, error=error, strings=False)
-        if not (floats and _ROUNDS_BIG_INTS) or _LONG_DIGITS.search(_text(data, source, error)) is None:
-            return obj
+        # msgspec refuses lone surrogates and invalid UTF-8, so only the depth is left to check.
+        check_structure(obj, source=source, error=error, strings=False)
+        return obj
     text = _text(data, source, error)
     try:
         obj = json.loads(text, parse_int=_bounded_int)
@@ -128,7 +111,7 @@ def _compiled(data: bytes | str) -> Any:
         return _REFUSED
     try:
         return _compiled_loads(data)
-    except (ValueError, RecursionError):  # msgspec / orjson decode errors: json decides and words it
+    except (ValueError, RecursionError):  # msgspec's decode errors: json decides and words it
         return _REFUSED
 
 

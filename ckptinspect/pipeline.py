@@ -23,8 +23,7 @@ from ckptinspect.errors import ConfigError
 from ckptinspect.header.parser import parse_header
 from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
-from ckptinspect.inventory.parallel import ScanWorker, start_scan
-from ckptinspect.inventory.scan import ShardScan
+from ckptinspect.inventory.scan import ShardScan, scan_checkpoint
 from ckptinspect.progress import SILENT, Progress, as_progress
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
@@ -55,12 +54,10 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
     return checkpoint
 
 
-def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress,
-          worker: ScanWorker | None = None) -> Any:
-    """open_source, with the progress line ended when the source fails (a scan that runs ends it itself).
-    ``worker``: fed each header as the source reads it (inventory/parallel.py)."""
+def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress) -> Any:
+    """open_source, with the progress line ended when the source fails (a scan that runs ends it itself)."""
     try:
-        return open_source(ref, revision=revision, token=token, progress=progress, scan=worker)
+        return open_source(ref, revision=revision, token=token, progress=progress)
     except BaseException:
         progress.end()
         raise
@@ -68,8 +65,7 @@ def _open(ref: str, *, revision: str | None, token: str | None, progress: Progre
 
 def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                  token: str | None = None, progress: Progress | bool = True) -> Report:
-    """Checkpoint plus its MTP assessment. The Hub reader feeds no scan worker: its headers are scanned
-    here after the read (inventory/parallel.py; CKPTINSPECT_PARALLEL_SCAN=1 still forces the worker)."""
+    """Checkpoint plus its MTP assessment: the source's read, then the stages (checkpoint_from_raw)."""
     progress = as_progress(progress, label=ref)
     raw = _open(ref, revision=revision, token=token, progress=progress)
     if getattr(raw, "format", None) == "gguf":
@@ -95,39 +91,37 @@ def gguf_report(raw: Any) -> Report:
     return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
 
 
-def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,
-                    worker: ScanWorker | None = None) -> Report:
-    checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress,
-                                                        worker=worker)
+def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT) -> Report:
+    checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
     from ckptinspect.readiness import assess_mtp
 
     return Report(checkpoint=checkpoint, mtp=assess_mtp(checkpoint, family, ruleset))
 
 
 def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,
-                        worker: ScanWorker | None = None) -> tuple[Checkpoint, tuple]:
+                        ) -> tuple[Checkpoint, tuple]:
     """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage.
-    ``worker``: the scan worker the source fed while reading (build_report), if any."""
+
+    The stages run one after the other in this thread, each on what the one before returned: the
+    config (config/), the family rule it matches (its MTP prefixes name the draft layers' tensors), the
+    declared quantization (quant/declared.py), then the scan of every shard header (inventory/scan.py),
+    the inventory built from it, and the checks over both. Config and quantization-file errors are
+    therefore raised before any header is scanned, header errors in the record's shard order."""
     if CONFIG not in raw.json_files:
         raise ConfigError("no config.json in the checkpoint", path=raw.location)
-    # One scan for every source (inventory/parallel.py): scanning in this thread while the Hub's requests
-    # are in flight was measured slower (one GIL; BENCHMARKS.md, section 17), so the Hub reader feeds a worker
-    # process instead, when the volume pays (BENCHMARKS.md, section 20).
-    with start_scan(raw, progress, worker) as scan:
-        from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
+    from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 
-        config = normalize_config(raw.json_files[CONFIG], source=f"{raw.location}/config.json")
-        ruleset = load_rules(tuple(rules_dirs))
-        family = ruleset.match(config)
-        templates = family.mtp_prefixes if family is not None else GENERIC_MTP_PREFIXES
-        prefixes = compile_prefixes(tuple(templates), config.num_hidden_layers)
-        hf_quant = raw.json_files.get(HF_QUANT_CONFIG)
-        check_quant_fields(config.raw, hf_quant, config_source=f"{raw.location}/{CONFIG}",
-                           quant_source=f"{raw.location}/{HF_QUANT_CONFIG}")
-        declared, decl_findings = read_declared(config.raw, hf_quant,
-                                                raw.json_files.get(QUANT_MODEL_DESCRIPTION))
-        matcher = matcher_for(declared)
-        scans, index_summary = scan.finish()
+    config = normalize_config(raw.json_files[CONFIG], source=f"{raw.location}/config.json")
+    ruleset = load_rules(tuple(rules_dirs))
+    family = ruleset.match(config)
+    templates = family.mtp_prefixes if family is not None else GENERIC_MTP_PREFIXES
+    prefixes = compile_prefixes(tuple(templates), config.num_hidden_layers)
+    hf_quant = raw.json_files.get(HF_QUANT_CONFIG)
+    check_quant_fields(config.raw, hf_quant, config_source=f"{raw.location}/{CONFIG}",
+                       quant_source=f"{raw.location}/{HF_QUANT_CONFIG}")
+    declared, decl_findings = read_declared(config.raw, hf_quant, raw.json_files.get(QUANT_MODEL_DESCRIPTION))
+    matcher = matcher_for(declared)
+    scans, index_summary = scan_checkpoint(raw, progress)
     findings: list[Finding] = []
     if index_summary is not None:
         findings.extend(_index_findings(raw, scans, index_summary))

@@ -235,14 +235,6 @@ class IndexSummary:
 
 
 @dataclass(frozen=True)
-class ScanPlan:
-    """Scans a source made while it was still reading (the Hub reader's optional ``scan`` callable, run
-    on each header as it arrived); inventory/parallel.py uses them as they are and scans the rest."""
-
-    scanned: Mapping[str, Any] = field(default_factory=dict)  # shard -> inventory/scan.py ShardScan
-
-
-@dataclass(frozen=True)
 class RawCheckpoint:
     """What every source delivers (sources/interface.py ``Source``), complete and eager: plain dicts already
     read, so no consumer needs to know which kind of source made it and no access does I/O.
@@ -263,7 +255,6 @@ class RawCheckpoint:
     revision: str | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)  # requests, bytes fetched, ...
     index_summary: IndexSummary | None = None
-    scan_plan: ScanPlan | None = None  # None: nothing scanned yet
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""The compiled parsers never change an answer: the header parser on the whole conformance corpus
-(tests/test_conformance.py, orjson) and ``decode_json`` on hostile JSON (duplicate keys, integers past 64
-bits, NaN / Infinity, lone surrogates, -0, deep nesting; msgspec, and orjson where msgspec is missing)
-give the same result or the same error line as with the standard library's json alone."""
+"""The compiled parser (msgspec) never changes an answer: the header parser's fast path (header/typed.py)
+on the whole conformance corpus (tests/test_conformance.py) gives the exact path's result, and
+``decode_json`` on hostile JSON (duplicate keys, integers past 64 bits, NaN / Infinity, lone surrogates,
+-0, deep nesting) the same result or the same error line as with the standard library's json alone."""
 
 from __future__ import annotations
 
@@ -20,41 +20,28 @@ import ckptinspect.json_text as json_text  # noqa: E402
 import ckptinspect.header.parser as parser  # noqa: E402
 from ckptinspect.errors import CkptInspectError  # noqa: E402
 
-# decode_json's compiled decoders, each with whether it rounds integers past 64 bits (json_text.py).
-DECODERS = {}
-try:
-    import msgspec  # noqa: E402
+import msgspec  # noqa: E402
 
-    DECODERS["msgspec"] = (msgspec.json.Decoder().decode, False)
-except ImportError:  # pragma: no cover - a dependency
-    pass
-try:
-    import orjson  # noqa: E402
-
-    DECODERS["orjson"] = (orjson.loads, True)
-except ImportError:  # pragma: no cover - a dependency
-    pass
+# decode_json's compiled decoder (json_text.py).
+DECODERS = {"msgspec": msgspec.json.Decoder().decode}
 
 
 def test_msgspec_is_the_decoder_decode_json_uses():
     assert json_text._compiled_loads.__self__.__class__ is msgspec.json.Decoder
-    assert json_text._ROUNDS_BIG_INTS is False
 
 
 class _Using:
     """decode_json with ``name``'s decoder (None: json alone) while in the block."""
 
     def __init__(self, name):
-        self.new = DECODERS[name] if name else (None, False)
+        self.new = DECODERS[name] if name else None
 
     def __enter__(self):
-        self.old = json_text._compiled_loads, json_text._ROUNDS_BIG_INTS
-        json_text._compiled_loads, json_text._ROUNDS_BIG_INTS = self.new
+        self.old = json_text._compiled_loads
+        json_text._compiled_loads = self.new
 
     def __exit__(self, *exc):
-        json_text._compiled_loads, json_text._ROUNDS_BIG_INTS = self.old
-
-pytestmark = pytest.mark.skipif(parser._loads is None, reason="orjson is not installed")
+        json_text._compiled_loads = self.old
 
 
 def _same(a, b) -> bool:
@@ -83,23 +70,18 @@ def _assert_same_outcome(got, want, label=None) -> None:
     assert _same(got[1], want[1]) if got[0] == "ok" else got == want, label
 
 
-def _header(data: bytes, monkeypatch, compiled: bool):
-    monkeypatch.setattr(parser, "_loads", parser._loads if compiled else None)
-    out = _outcome(parser.parse_header, data, source="x.safetensors")
+def _header(data: bytes, parse):
+    out = _outcome(parse, data, source="x.safetensors")
     if out[0] == "ok":
         h = out[1]
-        return ("ok", (h.length, h.names, h.dtypes, h.shapes, h.sizes, h.data_bytes, h.metadata))
+        return ("ok", [h.length, h.names, h.dtypes, h.shapes, h.sizes, h.begins, h.data_bytes, dict(h.metadata)])
     return out
 
 
 @pytest.mark.parametrize("name,header,data_len,stricter", CORPUS, ids=[c[0] for c in CORPUS])
-def test_header_parser_answers_the_same_with_and_without_orjson(name, header, data_len, stricter, monkeypatch):
+def test_header_parser_answers_the_same_on_the_fast_and_the_exact_path(name, header, data_len, stricter):
     data = header.encode("utf-8", "surrogatepass") if isinstance(header, str) else header
-    compiled = parser._loads
-    with_orjson = _header(data, monkeypatch, True)
-    monkeypatch.setattr(parser, "_loads", compiled)
-    without = _header(data, monkeypatch, False)
-    _assert_same_outcome(with_orjson, without)
+    _assert_same_outcome(_header(data, parser.parse_header), _header(data, parser.parse_header_exact))
 
 
 HOSTILE = [
@@ -147,7 +129,7 @@ def _reference_decode(data, **kwargs):
         return _outcome(json_text.decode_json, data, source="f.json", **kwargs)
 
 
-# Documents where orjson answers but its answer could differ: a float next to a long digit run (in a
+# Documents where a compiled decoder's answer could differ from json's: a float next to a long digit run (in a
 # string, an integer within 64 bits, one past it), integers at the 64-bit edges, floats alone.
 FLOAT_AND_DIGITS = [
     '{"a": 1.5, "b": "1234567890123456789012"}', '{"a": 1.5, "b": 18446744073709551615}',
@@ -201,19 +183,8 @@ def test_value_cap_refuses_exactly_what_the_byte_count_bounds(text, cap):
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=10))
 def test_header_names_of_arbitrary_bytes_parse_the_same(raw):
-    """The header's fast path checks the bytes without decoding them first: orjson must refuse exactly the
-    invalid UTF-8 Python's decoder refuses, and a backslash or ``-0`` in a name must reach the exact path."""
+    """The header's fast path checks the bytes before trusting the typed decode: msgspec must refuse exactly
+    the invalid UTF-8 Python's decoder refuses, and a backslash or ``-0`` in a name must reach the exact path."""
     data = b'{"' + raw + b'":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b-0":{"dtype":"U8","shape":[1],' \
         b'"data_offsets":[2,3]}}'
-    compiled = parser._loads
-    try:
-        with_orjson = _outcome(parser.parse_header, data, source="x.safetensors")
-        parser._loads = None
-        without = _outcome(parser.parse_header, data, source="x.safetensors")
-    finally:
-        parser._loads = compiled
-    assert with_orjson[0] == without[0]
-    if with_orjson[0] == "ok":
-        assert (with_orjson[1].names, with_orjson[1].sizes) == (without[1].names, without[1].sizes)
-    else:
-        assert with_orjson == without
+    _assert_same_outcome(_header(data, parser.parse_header), _header(data, parser.parse_header_exact))

@@ -1,4 +1,4 @@
-"""ckptinspect as a library inside other programs (inventory/parallel.py, sources/hub.py): ``inspect()``
+"""ckptinspect as a library inside other programs (inventory/scan.py, sources/hub.py): ``inspect()``
 in a daemonic ``multiprocessing.Pool`` worker, under the ``spawn`` start method, and many times in one
 process, local and through the test Hub server, leaves no process, thread or descriptor behind and
 does not grow without bound; the scan's error order and the unindexed-file rule hold."""
@@ -190,7 +190,7 @@ def test_no_public_api_function_returns_or_takes_any_where_a_record_exists():
     from ckptinspect.pipeline import Report
     from ckptinspect.plan import GpuSpec, Plan, PlanFailure
     from ckptinspect.probe.result import ProbeResult
-    from ckptinspect.readiness.cost import MtpCost
+    from ckptinspect.plan.mtp_cost import MtpCost
     from ckptinspect.readiness.model import FamilyRule
     from ckptinspect.readiness.validate import RuleFileCheck
     from ckptinspect.records import RawCheckpoint

@@ -14,7 +14,7 @@ from ckptinspect.plan import Split, plan_or_failure, split_problem, weight_memor
 from ckptinspect.plan.kvcache import sglang_mem_fraction
 from ckptinspect.plan.options import Option
 from ckptinspect.plan.rules import PlanFacts, engine_rules
-from ckptinspect.readiness.cost import mtp_cost
+from ckptinspect.plan.mtp_cost import mtp_cost
 from conftest import report_json
 
 ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "U8": 1, "I8": 1, "I32": 4, "F64": 8, "I64": 8}

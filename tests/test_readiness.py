@@ -12,7 +12,7 @@ import pytest
 
 from ckptinspect.pipeline import build_report
 from ckptinspect.readiness import assess_mtp, load_rules
-from ckptinspect.readiness.cost import mtp_cost
+from ckptinspect.plan.mtp_cost import mtp_cost
 from ckptinspect.records import VERDICTS
 from toy_inputs import copy_with_config
 

@@ -1,9 +1,10 @@
-"""The typed scan path (header/typed.py + inventory/scan.py's per-group checks) against the parser path.
+"""parse_header's fast path (header/typed.py: msgspec's typed decode, the sizes checked over whole columns)
+against its exact path (``parse_header_exact``: header/exact.py and the per-entry checks).
 
-``scan_header_unpaused`` tries the typed path first and falls back to ``parse_header`` + the grouping
-over its columns (``_scan_parsed``, the path every header took before). The two must give the same
-answer on every header: the same ShardScan, or the same HeaderError message. The typed path may only
-say "not proven" (None), never accept what the parser refuses nor scan differently, which these tests
+``scan_header_unpaused`` scans what ``parse_header`` returns, which tries the fast path first. The scan
+of the fast path's Header and of the exact path's must be the same on every header: the same
+ShardScan, or the same HeaderError message; and so must the Headers' columns. The fast path may only
+say "not proven" (None), never accept what the exact path refuses nor read differently, which these tests
 check on the headers the safetensors library writes, on the conformance corpus (tests/test_conformance.py)
 with its metadata moved to where the library writes it, and on generated headers, valid and invalid:
 bools, -0, floats, negative and 64-bit-overflowing dims, missing / extra / repeated fields, repeated
@@ -23,10 +24,9 @@ from hypothesis import strategies as st
 from safetensors.numpy import save
 
 from ckptinspect.errors import HeaderError
-from ckptinspect.header.parser import DTYPE_BITS
-from ckptinspect.header.typed import decode_plain
-from ckptinspect.inventory import scan as scan_module
-from ckptinspect.inventory.scan import scan_header_unpaused
+from ckptinspect.header.parser import DTYPE_BITS, parse_header, parse_header_exact
+from ckptinspect.header.typed import plain_columns
+from ckptinspect.inventory.scan import scan_header_unpaused, scan_of_header
 from tests.test_conformance import CORPUS
 
 SHARD = "s.safetensors"
@@ -39,18 +39,30 @@ def _outcome(scan, data: bytes, file_size: int | None):
         return f"HeaderError: {exc}"
 
 
+def _exact_scan(shard: str, data: bytes, file_size: int | None):
+    return scan_of_header(shard, parse_header_exact(data, source=shard, file_size=file_size), file_size)
+
+
+def _columns(parse, data: bytes, file_size: int | None):
+    def read(shard, data, file_size):
+        h = parse(data, source=shard, file_size=file_size)
+        return [h.length, h.names, h.dtypes, h.shapes, h.sizes, h.begins, h.data_bytes, dict(h.metadata)]
+    return _outcome(read, data, file_size)
+
+
 def _typed(data: bytes, file_size: int | None):
-    entries = decode_plain(data)
-    return None if entries is None else scan_module._scan_typed(SHARD, data, file_size, entries)
+    """The scan's answer when the fast path took the header; None when it left it to the exact path."""
+    return None if plain_columns(data) is None else _outcome(scan_header_unpaused, data, file_size)
 
 
 def assert_same(data: bytes, file_size: int | None):
-    """Both paths give one answer; returns the typed path's scan (None: it left the header to the parser)."""
-    expected = _outcome(scan_module._scan_parsed, data, file_size)
+    """Both paths give one answer; returns the fast path's scan (None: it left the header to the exact path)."""
+    expected = _outcome(_exact_scan, data, file_size)
     assert _outcome(scan_header_unpaused, data, file_size) == expected
+    assert _columns(parse_header, data, file_size) == _columns(parse_header_exact, data, file_size)
     typed = _typed(data, file_size)
     if typed is not None:
-        assert typed == expected, "the typed path accepted what the parser scans differently or refuses"
+        assert typed == expected, "the fast path accepted what the exact path scans differently or refuses"
     return typed
 
 
@@ -314,7 +326,7 @@ def test_generated_valid_layouts_take_the_typed_path(tensors, metadata):
         members.insert(0, '"__metadata__":{"format":"pt"}')
     data = ("{" + ",".join(members) + "}").encode()
     typed = assert_same(data, 8 + len(data) + position)
-    if not isinstance(_outcome(scan_module._scan_parsed, data, None), str):
+    if not isinstance(_outcome(_exact_scan, data, None), str):
         assert typed is not None
 
 

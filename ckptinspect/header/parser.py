@@ -8,40 +8,32 @@ dtype, ``numel * bits == 8 * (end - begin)``, offsets contiguous from 0 without 
 never from a dtype table, so packed formats (U8 nibble pairs, F4, E8M0) stay exact.
 
 The JSON itself is read with the reference's rules (serde_json: no NaN, no repeated fields, no lone
-surrogates, ...): a fast path proves plain ``json.loads`` gives the same answer, everything else goes
-through header/exact.py. tests/test_conformance.py checks the accept / reject answers against the
-``safetensors`` library; docs/header_conformance.md lists the two deliberate differences.
+surrogates, ...) on one of two paths: the fast path (header/typed.py: msgspec's typed decode, which
+answers only where it provably reads the header as the reference does, with every size checked) takes
+every real header; everything else goes through the exact path (header/exact.py and the per-entry checks
+here), which also words every error. Both give the same columns; the checks of the data buffer as a whole
+(tiling, end, file size) are one code for both. tests/test_conformance.py checks the accept / reject
+answers against the ``safetensors`` library, tests/test_scan_fast.py the fast path against the exact one;
+docs/header_conformance.md lists the two deliberate differences.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import struct
+from itertools import accumulate
 from math import prod
 from operator import add
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ckptinspect.errors import HeaderError
-
-try:
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover - a dependency; json gives the same answers, slower
-    _loads = None
 from ckptinspect.header.exact import U64_MAX, decode_exact
+from ckptinspect.header.format import DTYPE_BITS, zero_shape_fits
+from ckptinspect.header.typed import plain_columns
 
-# Bits per element of every dtype string the safetensors format defines (safetensors/src/tensor.rs
-# `enum Dtype`). Sub-byte types (F4, F6_*) are legal as long as the tensor's bit count is a whole
-# number of bytes.
-DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-    "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-}
+__all__ = ["DTYPE_BITS", "Header", "MAX_DATA_BYTES", "MAX_HEADER_LENGTH", "PREFIX_BYTES", "parse_header",
+           "parse_header_exact", "read_length_prefix", "zero_shape_fits"]
 
 # The reference reader refuses headers above 100,000,000 bytes (MAX_HEADER_SIZE in tensor.rs).
 MAX_HEADER_LENGTH = 100_000_000
@@ -49,25 +41,33 @@ PREFIX_BYTES = 8
 # Every tensor's bit count (numel * bits) must fit in 64 bits, as in the reference's checked
 # multiplication; bounding the end of the data buffer by 2**64 / 8 bounds all of them at once.
 MAX_DATA_BYTES = U64_MAX // 8
-_ABSENT = object()
-# Real tensors have at most 5 dims; longer shapes are validated by the exact path (exact.py).
-MAX_FAST_DIMS = 8
 
 
 @dataclass(frozen=True)
 class Header:
-    """A validated header. ``entries`` maps tensor name -> {"dtype", "shape", "data_offsets"}."""
+    """A validated header, as columns in entry order (one form, whichever path decoded it)."""
 
     length: int  # N
-    entries: Mapping[str, Mapping[str, Any]]  # name -> {"dtype", "shape", "data_offsets"}
-    # Columns in entry order, so consumers iterate once without re-reading the dicts.
     names: list[str]
     dtypes: list[str]
-    shapes: list[list[int]]
+    shapes: list[tuple[int, ...]]
     sizes: list[int]  # bytes (end - begin)
-    numels: list[int]  # element count (scalars count 1)
+    begins: list[int]  # data_offsets[0]
     metadata: Mapping[str, str]
-    data_bytes: int  # end of the last tensor
+    data_bytes: int  # end of the data buffer
+
+    @property
+    def numels(self) -> list[int]:
+        """Element count per tensor (scalars count 1), computed on each call."""
+        return list(map(prod, self.shapes))
+
+    @property
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """name -> {"dtype", "shape", "data_offsets"}, built from the columns on each call (for callers that
+        want the format's own form; the report never asks)."""
+        return {name: {"dtype": dtype, "shape": list(shape), "data_offsets": [begin, begin + size]}
+                for name, dtype, shape, size, begin in zip(self.names, self.dtypes, self.shapes, self.sizes,
+                                                           self.begins)}
 
 
 def read_length_prefix(prefix: bytes, *, source: str, file_size: int | None = None,
@@ -109,21 +109,36 @@ def parse_header(data: bytes, *, source: str, file_size: int | None = None) -> H
         HeaderError: invalid UTF-8 / JSON, duplicate names or fields, unknown dtype, bad shape or
         offsets, a size mismatch, holes or overlaps, or a data buffer that does not end at the file end.
     """
+    columns = plain_columns(data)  # the fast path: every real header
+    if columns is None:
+        columns = _exact_columns(data, source)
+    return _checked(data, columns, source, file_size)
+
+
+def parse_header_exact(data: bytes, *, source: str, file_size: int | None = None) -> Header:
+    """parse_header through the exact path alone: the same answer, slower (the differential's reference)."""
+    return _checked(data, _exact_columns(data, source), source, file_size)
+
+
+def _exact_columns(data: bytes, source: str) -> tuple:
+    """The columns as plain_columns gives them, decoded with the reference's JSON rules; raises the
+    HeaderError that explains the first problem."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HeaderError(f"header is not valid UTF-8 (byte {exc.start})", path=source) from None
+    obj, metadata = decode_exact(text, source=source)
+    columns = _columns(obj)
+    if columns is None:
+        _raise_first_invalid(obj, source)  # always raises
+    dtypes, shapes, sizes, _, begins = columns  # type: ignore[misc]
+    return list(obj), dtypes, list(map(tuple, shapes)), sizes, begins, metadata
+
+
+def _checked(data: bytes, columns: tuple, source: str, file_size: int | None) -> Header:
+    """The Header of validated entry columns, once the data buffer they describe checks out as a whole."""
     length = len(data)
-    fast = _fast_path(data)
-    if fast is None:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise HeaderError(f"header is not valid UTF-8 (byte {exc.start})", path=source) from None
-        obj, metadata = decode_exact(text, source=source)
-        columns = _columns(obj)
-        if columns is None:
-            _raise_first_invalid(obj, source)  # always raises
-    else:
-        obj, metadata, columns = fast
-    names = list(obj)
-    dtypes, shapes, sizes, numels, begins = columns  # type: ignore[misc]
+    names, dtypes, shapes, sizes, begins, metadata = columns
 
     # Contiguity: sorted by (begin, end) as the reference does (an empty tensor may share its start
     # with the next one), each tensor begins where the previous one ended (compared as whole lists,
@@ -131,19 +146,19 @@ def parse_header(data: bytes, *, source: str, file_size: int | None = None) -> H
     # first: a chain from 0 in any order tiles the buffer exactly, which is what the sorted check
     # proves, and it spares the sort (~0.1 CPU-s on 371k tensors). Otherwise sorting by begin alone
     # is cheaper and stable; the (begin, end) order is needed only when that comparison fails too.
-    starts = begins
-    ends = list(map(add, begins, sizes))
-    if starts and (starts[0] != 0 or starts[1:] != ends[:-1]):
+    chain = list(accumulate(sizes, initial=0))  # where each tensor must begin if the entry order tiles
+    position = chain.pop()
+    if chain != begins:
         order = sorted(range(len(begins)), key=begins.__getitem__)
         starts = list(map(begins.__getitem__, order))
         ends = list(map(add, starts, map(sizes.__getitem__, order)))
-    if starts and (starts[0] != 0 or starts[1:] != ends[:-1]):
-        order = sorted(range(len(begins)), key=lambda i: (begins[i], sizes[i]))
-        starts = list(map(begins.__getitem__, order))
-        ends = list(map(add, starts, map(sizes.__getitem__, order)))
         if starts[0] != 0 or starts[1:] != ends[:-1]:
-            _raise_contiguity(names, order, starts, ends, source)
-    position = ends[-1] if ends else 0
+            order = sorted(range(len(begins)), key=lambda i: (begins[i], sizes[i]))
+            starts = list(map(begins.__getitem__, order))
+            ends = list(map(add, starts, map(sizes.__getitem__, order)))
+            if starts[0] != 0 or starts[1:] != ends[:-1]:
+                _raise_contiguity(names, order, starts, ends, source)
+        position = ends[-1]
     if position > MAX_DATA_BYTES:
         raise HeaderError(f"data_offsets end at {position:,}, beyond what 64-bit sizes can address",
                           path=source)
@@ -151,58 +166,18 @@ def parse_header(data: bytes, *, source: str, file_size: int | None = None) -> H
         raise HeaderError(
             f"data ends at byte {PREFIX_BYTES + length + position:,} but the file has {file_size:,} bytes"
             " (truncated or trailing data)", path=source)
-    return Header(length=length, entries=obj, names=names, dtypes=dtypes, shapes=shapes, sizes=sizes,
-                  numels=numels, metadata=metadata, data_bytes=position)
+    return Header(length=length, names=names, dtypes=dtypes, shapes=shapes, sizes=sizes, begins=begins,
+                  metadata=metadata, data_bytes=position)
 
 
-def _fast_path(data: bytes) -> tuple[dict, dict, tuple] | None:
-    """(entries, metadata, columns) when plain ``json.loads`` provably gives the reference's answer, else None.
+def _columns(obj: dict) -> tuple[list, list, list, list, list] | None:
+    """Validated columns (dtypes, shapes, sizes, numels, begins) of exactly decoded entries, or None when
+    any entry is invalid (the caller then re-walks the entries to explain the first failure).
 
-    Plain decoding differs from the reference only through escapes (escaped keys, surrogates), ``-0``,
-    bools in shapes (they multiply as 1 / 0), repeated keys (collapsed) and unknown fields (which may
-    hold NaN, deep nesting, ...); any other negative number fails validation anyway, as do floats,
-    nulls and bools outside shapes. A header without a backslash or a ``-0``, whose shapes hold no
-    bool, whose entries all have exactly the three fields, and whose ``:`` count equals the number of
-    key/value pairs decoded (so no key was repeated, and no string holds a ``:``) has none of them.
-    The byte scans run at C speed; parse_header's CPU time on the 371k-tensor replica is ~1.04x that
-    of the parser before these checks (interleaved per shard, benchmarks in docs/header_conformance.md).
-    Real headers take this path. The checks read the bytes, not a decoded copy: orjson refuses invalid
-    UTF-8 exactly as Python's decoder does (tests/test_json_decoders.py), and the exact path decodes.
-    """
-    try:
-        # orjson where installed (~1.5x less CPU): it differs from json only on what the checks below
-        # and _columns send to the exact decoder anyway (integers past 64 bits become floats, which
-        # fail the int checks; NaN, surrogates, invalid UTF-8 and deep nesting are refused).
-        obj = _loads(data) if _loads is not None else json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):  # malformed, invalid UTF-8, NaN: the exact decoder explains
-        return None
-    if type(obj) is not dict or b"\\" in data or (b"-" in data and b"-0" in data):
-        return None
-    metadata = obj.pop("__metadata__", _ABSENT)
-    if metadata is _ABSENT:
-        pairs, metadata = 0, {}
-    elif metadata is None:
-        pairs, metadata = 1, {}
-    elif type(metadata) is dict and all(type(v) is str for v in metadata.values()):
-        pairs = 1 + len(metadata)
-    else:
-        return None
-    if data.count(b":") != pairs + 4 * len(obj):  # bytes.count: ~2x str.count's speed
-        return None
-    columns = _columns(obj, fields=3)
-    if columns is None:
-        return None
-    return obj, metadata, columns
-
-
-def _columns(obj: dict, fields: int | None = None) -> tuple[list, list, list, list, list] | None:
-    """Validated columns (dtypes, shapes, sizes, numels, begins), or None when any entry is invalid.
-
-    One tight pass (~0.45 us per tensor); the caller re-walks the entries only to explain a failure.
     A single negative dim makes numel negative and fails the size check; two or more could cancel
     out, hence min() for multi-dim shapes. A zero-element tensor gets the reference's dimension-wise
     overflow check (its product alone proves nothing); any other tensor's dims are bounded by its
-    byte size, which the caller bounds. ``fields``: the exact number of keys each entry must have.
+    byte size, which the caller bounds.
     """
     bits_of = DTYPE_BITS.get
     dtypes: list[str] = []
@@ -218,11 +193,8 @@ def _columns(obj: dict, fields: int | None = None) -> tuple[list, list, list, li
             shape = info["shape"]
             begin, end = info["data_offsets"]
             # min() first: it raises TypeError unless the dims are mutually comparable (numbers), so
-            # prod() never repeats a sequence (["x" * 5000, 10**9] would build a 5 GB string). On the
-            # fast path, long shapes go to the exact path, whose overflow check stops early (25,000
-            # dims of 4,000 digits would otherwise make prod() run for minutes).
-            dims = len(shape)
-            if dims > 1 and ((fields is not None and dims > MAX_FAST_DIMS) or min(shape) < 0):
+            # prod() never repeats a sequence (["x" * 5000, 10**9] would build a 5 GB string).
+            if len(shape) > 1 and min(shape) < 0:
                 return None
             # JSON true / false decode to bools, which multiply as 1 / 0: False always makes numel 0
             # and zero_shape_fits types every dim; True matches "1 in shape" (cheaper than scanning the
@@ -234,7 +206,7 @@ def _columns(obj: dict, fields: int | None = None) -> tuple[list, list, list, li
             size = end - begin
             if (bits is None or type(numel) is not int or type(begin) is not int or type(end) is not int
                     or type(shape) is not list or begin < 0 or size < 0 or numel * bits != size * 8
-                    or (fields is not None and len(info) != fields) or (numel == 0 and not zero_shape_fits(shape))):
+                    or (numel == 0 and not zero_shape_fits(shape))):
                 return None
             add_dtype(dtype)
             add_shape(shape)
@@ -244,18 +216,6 @@ def _columns(obj: dict, fields: int | None = None) -> tuple[list, list, list, li
     except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: a float meets a 400-digit int
         return None
     return dtypes, shapes, sizes, numels, begins
-
-
-def zero_shape_fits(shape: list) -> bool:
-    """The reference multiplies dims left to right with overflow checks: [2**40, 2**40, 0] overflows."""
-    product = 1
-    for dim in shape:
-        if type(dim) is not int or not 0 <= dim <= U64_MAX:
-            return False
-        product *= dim
-        if product > U64_MAX:
-            return False
-    return True
 
 
 def _raise_first_invalid(obj: dict, source: str) -> None:

@@ -8,10 +8,10 @@ per tensor, names are first bucketed by their *shape*: the name with every ASCII
 sit at the same places; digits embedded in a word (``w1`` / ``w2`` / ``w3``, ``fc1``, ``proj_1``) also
 mask alike, so a bucket is split again by those embedded digits before its pattern is taken from one
 member. tests/test_grouping_differential.py holds this to a per-name reference implementation.
-inventory/parallel.py runs it over all shards.
+``scan_checkpoint`` runs it over every shard of a record, in this thread, in the record's order.
 
-Plain headers are read by header/typed.py (one compiled decode) and their sizes checked here per group;
-any other header by parser.py. tests/test_scan_fast.py holds the two paths to one answer.
+Each header is validated once, by parser.py (its fast path, header/typed.py, takes every real header),
+and grouped over the Header's columns; the grouping checks nothing again.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from itertools import accumulate, groupby, repeat
+from itertools import groupby
 from math import prod
-from operator import attrgetter, itemgetter, mul, sub
+from operator import itemgetter
 from typing import Mapping
 
-from ckptinspect.header.parser import (DTYPE_BITS, MAX_DATA_BYTES, PREFIX_BYTES, parse_header,
-                                       zero_shape_fits)
-from ckptinspect.header.typed import decode_plain
+from ckptinspect.gc_pause import gc_paused
+from ckptinspect.header.parser import Header, parse_header
+from ckptinspect.progress import SILENT, Progress
+from ckptinspect.records import IndexSummary, RawCheckpoint
 
 # A numeric segment is a whole dot-delimited segment written as a canonical decimal: ASCII digits only
 # (``\d`` would take other scripts' digits, which the mask leaves alone), no leading zero (so
@@ -39,8 +40,6 @@ _DIGIT = re.compile(r"[0-9]")
 # 0xFF never occurs in UTF-8 (nor in the surrogate-pass encoding), so a masked name cannot collide with
 # another name's literal characters: members of one bucket differ in ASCII digits and nothing else.
 _MASK_DIGITS = bytes.maketrans(b"0123456789", b"\xff" * 10)
-_OFFSETS, _DTYPE, _SHAPE = attrgetter("data_offsets"), attrgetter("dtype"), attrgetter("shape")
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 # Layer and expert indices are mostly below 4096: looking their text up costs ~1/3 of int().
 _SMALL_DECIMALS = {str(i): i for i in range(4096)}
 # Mask -> (pattern, spans, starts of the multi-digit spans) of the buckets whose mask alone decides them
@@ -99,6 +98,25 @@ class ShardScan:
     name_hash: int  # order-independent sum of hash(name): cross-checks the index without shipping names
 
 
+def scan_checkpoint(raw: RawCheckpoint, progress: Progress = SILENT) -> tuple[list[ShardScan], IndexSummary | None]:
+    """(one ShardScan per shard in the record's order, the index summary when there is an index).
+
+    One scan for every source: the record is complete and eager (records.RawCheckpoint), so this reads
+    ``raw.headers`` and the source's one ``index_summary`` and never asks which kind of source it holds.
+    The shards are scanned in the record's order, so the first bad one in that order raises;
+    ``progress`` hears "headers n/N" as it goes."""
+    scans = []
+    headers, sizes = raw.headers, raw.file_sizes
+    with gc_paused():  # the scans are acyclic: collections during the loop would find nothing
+        try:
+            for done, shard in enumerate(headers):
+                progress.phase("scanning headers", done, len(headers))
+                scans.append(scan_header_unpaused(shard, headers[shard], sizes.get(shard)))
+        finally:
+            progress.end()
+    return scans, raw.index_summary
+
+
 def _shape_of(name: str) -> tuple[str, tuple[tuple[int, int], ...]]:
     """Pattern (numeric segments -> "{}") and the character spans of those segments."""
     spans = tuple((m.start(1), m.end(1)) for m in _NUMERIC_SEGMENT.finditer(name))
@@ -109,80 +127,29 @@ def _shape_of(name: str) -> tuple[str, tuple[tuple[int, int], ...]]:
 
 
 def scan_header_unpaused(shard: str, data: bytes, file_size: int | None) -> ShardScan:
-    """Validate one header and aggregate its tensors by (pattern, first index).
+    """Validate one header (parse_header) and aggregate its tensors by (pattern, first index).
 
-    Callers pause the cyclic GC around it (sources.interface.gc_paused): the trees are acyclic and freed
-    by refcounting, and the header is released before returning, so the collector never traverses it.
-
-    Plain headers (every real one) take the typed path: one compiled decode (header/typed.py), then
-    the size checks per group, where members usually share dtype and shape, so one comparison in C
-    covers a whole group. Whatever that path cannot prove goes through parser.py and the grouping
-    over its columns, which decide and explain: the answers are the same (tests/test_scan_fast.py)."""
-    entries = decode_plain(data)
-    if entries is not None:
-        scan = _scan_typed(shard, data, file_size, entries)
-        if scan is not None:
-            return scan
-    return _scan_parsed(shard, data, file_size)
+    Callers pause the cyclic GC around it (gc_pause.gc_paused, as scan_checkpoint does): the trees are
+    acyclic and freed by refcounting, and the header is released before returning, so the collector
+    never traverses it."""
+    return scan_of_header(shard, parse_header(data, source=shard, file_size=file_size), file_size)
 
 
-def _scan_parsed(shard: str, data: bytes, file_size: int | None) -> ShardScan:
-    """The scan through parser.py (which raises the HeaderError) and the grouping over its columns."""
-    header = parse_header(data, source=shard, file_size=file_size)
+def scan_of_header(shard: str, header: Header, file_size: int | None) -> ShardScan:
+    """The ShardScan of a validated header: its tensors grouped over the Header's columns."""
     names = header.names
-    groups = _group(names, _add, header)
-    assert groups is not None  # _add never refuses: parse_header has validated every entry
+    groups = _group(names, header)
     name_hash = sum(map(hash, names)) & 0xFFFFFFFFFFFFFFFF
-    scan = ShardScan(shard, header.length, file_size, len(names), header.data_bytes, groups, name_hash)
-    del header
-    return scan
+    return ShardScan(shard, header.length, file_size, len(names), header.data_bytes, groups, name_hash)
 
 
-def _scan_typed(shard: str, data: bytes, file_size: int | None, entries: dict) -> ShardScan | None:
-    """The scan of a typed-decoded header, or None when some check fails (parser.py then explains).
-
-    The checks are parser.py's, in another order: the data buffer tiled from 0 (which bounds every
-    offset, so every size, by 2**61), the file size, then per group numel * bits == size * 8 and the
-    zero-element overflow rule (tally_checked)."""
-    names = list(entries)
-    infos = list(entries.values())
-    offsets = list(map(_OFFSETS, infos))
-    begins = list(map(_FIRST, offsets))
-    sizes = list(map(sub, map(_SECOND, offsets), begins))
-    position = _tiled_end(begins, sizes)
-    if (position is None or position > MAX_DATA_BYTES
-            or (file_size is not None and PREFIX_BYTES + len(data) + position != file_size)):
-        return None
-    groups = _group(names, tally_checked, (infos, sizes))
-    if groups is None:
-        return None
-    name_hash = sum(map(hash, names)) & 0xFFFFFFFFFFFFFFFF
-    return ShardScan(shard, len(data), file_size, len(names), position, groups, name_hash)
-
-
-def _tiled_end(begins: list[int], sizes: list[int]) -> int | None:
-    """End of the data buffer when the tensors tile it from 0 without holes or overlaps (in entry order,
-    as the safetensors library writes them, or by begin), else None (parser.py's full sort decides).
-    A negative size is not refused here: every size is compared with its tensor's shape afterwards."""
-    starts = list(accumulate(sizes, initial=0))
-    end = starts.pop()
-    if starts == begins:
-        return end
-    order = sorted(range(len(begins)), key=begins.__getitem__)
-    starts = list(accumulate(map(sizes.__getitem__, order), initial=0))
-    end = starts.pop()
-    return end if starts == list(map(begins.__getitem__, order)) else None
-
-
-def _group(names: list[str], tally, columns) -> dict[tuple[str, int | None], GroupTally] | None:
-    """Tensors folded into (pattern, first index) groups by ``tally(groups, key, members, columns,
-    subs)``; None as soon as ``tally`` refuses a group (returns False)."""
+def _group(names: list[str], header: Header) -> dict[tuple[str, int | None], GroupTally]:
+    """Tensors folded into (pattern, first index) groups (``_add`` per group of members)."""
     groups: dict[tuple[str, int | None], GroupTally] = {}
     for members, member_names, pattern, spans, joined in _split_by_pattern(names, _members_by_shape(names)):
         if not spans:
             for i in members:
-                if not tally(groups, (pattern, None), [i], columns, None):
-                    return None
+                _add(groups, (pattern, None), [i], header, None)
             continue
         # The first index is usually one layer for the whole bucket: compare its digits column by column
         # (strided slices and counts in C, ~6x less than a slice per name; canonical decimals, so equal
@@ -198,16 +165,14 @@ def _group(names: list[str], tally, columns) -> dict[tuple[str, int | None], Gro
         else:
             subs = [tuple(int(n[b:e]) for b, e in spans[1:]) for n in member_names]
         if same_first:
-            if not tally(groups, (pattern, int(member_names[0][slice(*spans[0])])), members, columns, subs):
-                return None
+            _add(groups, (pattern, int(member_names[0][slice(*spans[0])])), members, header, subs)
             continue
         firsts = _decimals(list(map(itemgetter(slice(*spans[0])), member_names)))
         by_first = sorted(range(len(members)), key=firsts.__getitem__)
         for first, run in groupby(by_first, key=firsts.__getitem__):
             positions = list(run)
-            if not tally(groups, (pattern, first), list(map(members.__getitem__, positions)), columns,
-                         None if subs is None else list(map(subs.__getitem__, positions))):
-                return None
+            _add(groups, (pattern, first), list(map(members.__getitem__, positions)), header,
+                 None if subs is None else list(map(subs.__getitem__, positions)))
     return groups
 
 
@@ -302,53 +267,23 @@ def _split_by_pattern(names: list[str], buckets: dict[bytes, list[int]]):
             yield run, list(map(names.__getitem__, run)), run_pattern, run_spans, None
 
 
-def _add(groups: dict, key: tuple[str, int | None], members: list[int], header, subs: list | None) -> bool:
+def _add(groups: dict, key: tuple[str, int | None], members: list[int], header: Header, subs: list | None) -> None:
     """Fold tensors ``members`` (indices into the header columns) into group ``key``."""
+    first = members[0]
+    if len(members) == 1:  # a name of its own (norms, embeddings, heads): no list work
+        shape = header.shapes[first]
+        _fold(groups, key, 1, header.sizes[first], prod(shape), header.dtypes[first], list(shape), subs, None, False)
+        return
     dtypes = list(map(header.dtypes.__getitem__, members))
     shapes = list(map(header.shapes.__getitem__, members))
-    nbytes = sum(map(header.sizes.__getitem__, members))
-    elements = sum(map(header.numels.__getitem__, members))
-    mixed = set(dtypes) if dtypes.count(dtypes[0]) != len(dtypes) else None
-    varies = shapes.count(shapes[0]) != len(shapes)
-    _fold(groups, key, len(members), nbytes, elements, dtypes[0], shapes[0], subs, mixed, varies)
-    return True
-
-
-def tally_checked(groups: dict, key: tuple[str, int | None], members: list[int], columns: tuple, subs: list | None) -> bool:
-    """Check tensors ``members`` of a typed-decoded header as parser.py does and fold them into group
-    ``key``; False (nothing folded) when one fails: numel * bits != size * 8, or a zero-element shape
-    whose dims overflow 64 bits as the reference multiplies them. ``columns``: (entries, sizes)."""
-    entries, sizes = columns
-    if len(members) == 1:  # a name of its own (norms, embeddings, heads): no list work
-        entry, size = entries[members[0]], sizes[members[0]]
-        numel = prod(entry.shape)
-        bits = numel * DTYPE_BITS[entry.dtype]
-        if bits != size * 8 or (numel == 0 and not zero_shape_fits(entry.shape)):
-            return False
-        _fold(groups, key, 1, size, numel, entry.dtype, list(entry.shape), subs, None, False)
-        return True
-    chosen = list(map(entries.__getitem__, members))
-    dtypes = list(map(_DTYPE, chosen))
-    shapes = list(map(_SHAPE, chosen))
-    member_sizes = list(map(sizes.__getitem__, members))
     count = len(members)
-    dtype, shape = dtypes[0], shapes[0]
-    mixed = set(dtypes) if dtypes.count(dtype) != count else None
-    varies = shapes.count(shape) != count
-    if mixed is None and not varies:  # the usual group: one expected size, one count in C
-        numel = prod(shape)
-        bits = numel * DTYPE_BITS[dtype]
-        if bits % 8 or member_sizes.count(bits // 8) != count or (numel == 0 and not zero_shape_fits(shape)):
-            return False
-        nbytes, elements = bits // 8 * count, numel * count
+    mixed = set(dtypes) if dtypes.count(dtypes[0]) != count else None
+    varies = shapes.count(shapes[0]) != count
+    if mixed is None and not varies:  # the usual group: one dtype and shape, so one (validated) size
+        nbytes, elements = header.sizes[first] * count, prod(shapes[0]) * count
     else:
-        numels = list(map(prod, shapes))
-        if (list(map(mul, numels, map(DTYPE_BITS.__getitem__, dtypes))) != list(map(mul, member_sizes, repeat(8)))
-                or (0 in numels and not all(zero_shape_fits(s) for s, n in zip(shapes, numels) if n == 0))):
-            return False
-        nbytes, elements = sum(member_sizes), sum(numels)
-    _fold(groups, key, count, nbytes, elements, dtype, list(shape), subs, mixed, varies)
-    return True
+        nbytes, elements = sum(map(header.sizes.__getitem__, members)), sum(map(prod, shapes))
+    _fold(groups, key, count, nbytes, elements, dtypes[0], list(shapes[0]), subs, mixed, varies)
 
 
 def _fold(groups: dict, key: tuple[str, int | None], tensors: int, nbytes: int, elements: int, dtype: str,

@@ -1,4 +1,4 @@
-"""SGLang's static-memory fraction and the KV-cache capacity it leaves, per attention kind.
+"""The one KV-cache model of every plan (SGLang, vLLM and llama.cpp), and SGLang's static-memory fraction.
 
 - mem_fraction_static follows `_handle_gpu_memory_settings` (SG:arg_groups/memory_hook.py) with the
   constants copied into rules/engines/sglang.yaml `memory`, then the field caps listed there.
@@ -10,6 +10,8 @@
   sliding-window layers (gpt-oss, Gemma-style `layer_types`) hold at most `sliding_window` tokens;
   hybrid linear attention caches only its full-attention layers and adds a fixed per-request
   conv + SSM state for every linear layer.
+- The same rules per layer (``layer_kv_bytes``): what one layer holds for one request, for a plan that
+  places layers one by one (llama.cpp offloads whole blocks, plan/llamacpp.py).
 """
 
 from __future__ import annotations
@@ -115,13 +117,19 @@ def _kv_models() -> dict[str, Any]:
 
 
 def _mla_cost(ck: Checkpoint, kv_dtype: str, extra_layers: int) -> KvCost:
-    cfg, t, models = ck.config, ck.config.text, _kv_models()
-    rank, rope = cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    if t.get("compress_ratios"):
+    if ck.config.text.get("compress_ratios"):
         return _dsv4_cost(ck, extra_layers)
     layers = full_attention_layers(ck) + extra_layers
+    model, row, source = _mla_row(ck, kv_dtype)
+    return KvCost(model, row * layers, 0, 0.0, 0, source)
+
+
+def _mla_row(ck: Checkpoint, kv_dtype: str) -> tuple[str, float, str]:
+    """(mla | dsa, bytes one token costs in one MLA layer, source): the latent, plus the DSA indexer's key."""
+    cfg, t, models = ck.config, ck.config.text, _kv_models()
+    rank, rope = cfg.kv_lora_rank, cfg.qk_rope_head_dim
     if not t.get("index_topk"):
-        return KvCost("mla", (rank + rope) * layers * _elem(kv_dtype), 0, 0.0, 0, models["mla"]["source"])
+        return "mla", (rank + rope) * _elem(kv_dtype), models["mla"]["source"]
     dsa = models["dsa"]
     head = int(t.get("index_head_dim") or dsa["default_index_head_dim"])
     indexer = head + head // dsa["quant_block"] * dsa["scale_bytes"]
@@ -130,30 +138,53 @@ def _mla_cost(ck: Checkpoint, kv_dtype: str, extra_layers: int) -> KvCost:
         row = rank + rank // dsa["quant_block"] * dsa["scale_bytes"] + rope * 2
     else:
         row = (rank + rope) * _elem(kv_dtype)
-    return KvCost("dsa", (row + indexer) * layers, 0, 0.0, 0, dsa["source"])
+    return "dsa", row + indexer, dsa["source"]
+
+
+@dataclass(frozen=True)
+class _Dsv4Layers:
+    """DeepSeek-V4's compressed layers: per layer 1/ratio of a latent slot per token, plus a window of slots."""
+
+    ratios: list[int]  # per main layer; draft (MTP) layers have ratio 0 (window only, like pure-SWA layers)
+    slot: int  # bytes of one FlashMLA-layout latent slot
+    indexer: int  # FP8 index key + scale (ratio 4 layers)
+    low_indexer: int  # FP4 index key + scales (ratio 1 / 2 layers)
+    window: int
+    source: str
+
+    def per_full_token(self, ratio: int) -> float:
+        if ratio in (1, 2):
+            return (self.slot + self.low_indexer) / ratio
+        if ratio == 4:
+            return self.slot / 4 + self.indexer / 4
+        return self.slot / ratio if ratio > 2 else 0.0
+
+
+def _dsv4_layers(ck: Checkpoint) -> _Dsv4Layers:
+    t, m = ck.config.text, _kv_models()["dsv4_compressed"]
+    nope = int(t.get("qk_nope_head_dim") or m["default_nope"])
+    rope = int(t.get("qk_rope_head_dim") or 64)
+    head = int(t.get("index_head_dim") or 128)
+    window = int(t.get("window_size") or t.get("sliding_window") or m["default_window"])
+    return _Dsv4Layers([int(r) for r in t["compress_ratios"]], nope + 2 * rope + m["slot_scale_bytes"],
+                       head + head // 128 * 4, head // 2 + head // 32, window, m["source"])
 
 
 def _dsv4_cost(ck: Checkpoint, extra_layers: int) -> KvCost:
-    t, m = ck.config.text, _kv_models()["dsv4_compressed"]
-    # Draft (MTP) layers keep only the sliding window here (ratio 0), like the pure-SWA layers.
-    ratios = [int(r) for r in t["compress_ratios"]] + [0] * extra_layers
-    nope = int(t.get("qk_nope_head_dim") or m["default_nope"])
-    rope = int(t.get("qk_rope_head_dim") or 64)
-    slot = nope + 2 * rope + m["slot_scale_bytes"]  # FlashMLA-layout latent slot
-    head = int(t.get("index_head_dim") or 128)
-    indexer = head + head // 128 * 4  # FP8 index key + scale (c4 layers)
-    low_indexer = head // 2 + head // 32  # FP4 index key + scales (ratio 1 / 2 layers)
+    v4 = _dsv4_layers(ck)
+    ratios = v4.ratios + [0] * extra_layers
+    per_token = sum(v4.per_full_token(r) for r in ratios)
+    return KvCost("dsv4_compressed", per_token, v4.window, v4.slot * len(ratios), 0, v4.source)
 
-    def per_full_token(r: int) -> float:
-        if r in (1, 2):
-            return (slot + low_indexer) / r
-        if r == 4:
-            return slot / 4 + indexer / 4
-        return slot / r if r > 2 else 0.0
 
-    per_token = sum(per_full_token(r) for r in ratios)
-    window = int(t.get("window_size") or t.get("sliding_window") or m["default_window"])
-    return KvCost("dsv4_compressed", per_token, window, slot * len(ratios), 0, m["source"])
+def _gqa_layer(ck: Checkpoint, tp: int, kv_dtype: str) -> float:
+    """Bytes one token costs in one GQA / MHA layer on one rank: K and V of the KV heads the rank owns (at
+    least one: replicated when kv < tp)."""
+    cfg = ck.config
+    kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads or 1
+    head_dim = cfg.head_dim or cfg.hidden_size // (cfg.num_attention_heads or 1)
+    heads_per_rank = max(-(-kv_heads // tp), 1)
+    return 2 * heads_per_rank * head_dim * _elem(kv_dtype)
 
 
 def kv_cost(ck: Checkpoint, tp: int, kv_dtype: str, extra_layers: int = 0) -> KvCost:
@@ -161,10 +192,7 @@ def kv_cost(ck: Checkpoint, tp: int, kv_dtype: str, extra_layers: int = 0) -> Kv
     cfg, models = ck.config, _kv_models()
     if cfg.attention_kind == "mla":
         return _mla_cost(ck, kv_dtype, extra_layers)
-    kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads or 1
-    head_dim = cfg.head_dim or cfg.hidden_size // (cfg.num_attention_heads or 1)
-    heads_per_rank = max(-(-kv_heads // tp), 1)
-    per_layer = 2 * heads_per_rank * head_dim * _elem(kv_dtype)
+    per_layer = _gqa_layer(ck, tp, kv_dtype)
     full = (full_attention_layers(ck) + extra_layers) * per_layer
     sliding = sliding_attention_layers(ck)
     if sliding and cfg.sliding_window:
@@ -175,6 +203,29 @@ def kv_cost(ck: Checkpoint, tp: int, kv_dtype: str, extra_layers: int = 0) -> Kv
     if state:
         return KvCost("hybrid_linear", full, 0, 0.0, state, models["hybrid_linear"]["source"])
     return KvCost("gqa", full, 0, 0.0, 0, models["gqa"]["source"])
+
+
+def layer_kv_bytes(ck: Checkpoint, layer: int, context: int, kv_dtype: str, tp: int = 1) -> float:
+    """What layer ``layer`` caches for one request of ``context`` tokens on one rank, by kv_cost's rules
+    taken per layer: a linear-attention layer its share of the fixed conv + SSM state, a sliding-window
+    layer at most ``sliding_window`` tokens, an MLA / DSA layer its latent (+ indexer) row per token, a
+    DeepSeek-V4 layer its compressed share plus its window, any other its K and V. ``layer`` at or past
+    the main layers' count is a draft (MTP / NextN) layer: full attention (DeepSeek-V4: window only)."""
+    cfg = ck.config
+    types = cfg.layer_types
+    kind = types[layer] if layer < len(types) else None
+    if kind == "linear_attention":
+        return state_bytes_per_request(ck, tp) / linear_attention_layers(ck)
+    if cfg.attention_kind == "mla":
+        if cfg.text.get("compress_ratios"):
+            v4 = _dsv4_layers(ck)
+            ratio = v4.ratios[layer] if layer < len(v4.ratios) else 0
+            return v4.per_full_token(ratio) * context + min(context, v4.window) * v4.slot
+        return _mla_row(ck, kv_dtype)[1] * context
+    per_token = _gqa_layer(ck, tp, kv_dtype)
+    if kind == "sliding_attention":  # as kv_cost: without a sliding_window in the config it counts none
+        return per_token * min(context, int(cfg.sliding_window)) if cfg.sliding_window else 0.0
+    return per_token * context
 
 
 def kv_bytes_per_token(ck: Checkpoint, tp: int, kv_dtype: str, extra_layers: int = 0) -> float:

@@ -5,9 +5,12 @@ Memory model (llama.cpp src/llama-model.cpp ``load_tensors``: ``-ngl N`` offload
 blocks, the output head goes with them once every block is offloaded, ``token_embd`` stays in host
 memory; src/llama-kv-cache.cpp: a layer's K/V cache lives where the layer runs): per GPU a fixed
 reserve for compute buffers and the CUDA context, then the KV cache of the offloaded layers at the
-planned context (F16 K and V, ``n_embd_k_gqa + n_embd_v_gqa`` per token per layer; MLA caches
-``kv_lora_rank + rope dim``), then as many blocks as fit. The NextN block runs on the target's
-context and device: with MTP on it counts as one more layer. Layers split over several GPUs by layer
+planned context, then as many blocks as fit. What each layer caches is the one KV model of every plan
+(plan/kvcache.py ``layer_kv_bytes``: K and V of its KV heads per token, MLA / DSA latent rows, a
+sliding-window layer at most its window, a linear-attention layer its fixed state) at 2-byte
+elements (llama-server's default ``--cache-type-k`` / ``-v`` f16), one device per layer (no tensor
+parallelism). The NextN block runs on the target's context and device: with MTP on it counts as one
+more layer. Layers split over several GPUs by layer
 (llama.cpp's default ``--split-mode layer``), so memory adds up.
 """
 
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckptinspect.errors import PlanError
+from ckptinspect.plan.kvcache import layer_kv_bytes
 from ckptinspect.records import Checkpoint, MtpAssessment
 
 if TYPE_CHECKING:
@@ -28,7 +32,9 @@ RESERVE_BYTES = int(1.5 * GIB)  # per GPU: CUDA context + compute buffers at the
 USABLE_SHARE = 0.95  # of each GPU's memory; the rest is left to the driver and fragmentation
 MIN_CONTEXT = 4096
 DEFAULT_CONTEXT_CAP = 131072  # without --context: the model's context_length, at most this
-KV_BYTES = 2  # F16 K and V (llama-server's default --cache-type-k / -v f16)
+# llama-server's default --cache-type-k / -v is f16: 2-byte elements, as the bf16 entry of
+# rules/engines/common.yaml kv_dtype_bytes counts them.
+KV_DTYPE = "bf16"
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -62,14 +68,9 @@ class LlamaCppPlan:
     notes: tuple[str, ...]
 
 
-def _kv_per_token_layer(ck: Checkpoint) -> int:
-    c = ck.config
-    if c.kv_lora_rank:
-        return (c.kv_lora_rank + (c.qk_rope_head_dim or 0)) * KV_BYTES
-    kv_heads = c.num_key_value_heads or c.num_attention_heads or 1
-    head_dim = c.head_dim or (c.hidden_size // max(c.num_attention_heads or 1, 1))
-    v_dim = c.v_head_dim or head_dim
-    return kv_heads * (head_dim + v_dim) * KV_BYTES
+def _kv(ck: Checkpoint, blocks: "list[int] | dict[int, int]", context: int) -> int:
+    """KV bytes of ``blocks`` for one request of ``context`` tokens (plan/kvcache.py's model, per layer)."""
+    return int(sum(layer_kv_bytes(ck, bid, context, KV_DTYPE) for bid in blocks))
 
 
 def plan_llamacpp(ck: Checkpoint, mtp: MtpAssessment, *, gpu: "str | GpuSpec", gpus: int, context: int | None = None) -> LlamaCppPlan:
@@ -97,19 +98,17 @@ def plan_llamacpp(ck: Checkpoint, mtp: MtpAssessment, *, gpu: "str | GpuSpec", g
         block_bytes[layers] = block_bytes.get(layers, 0) + mtp.bytes
     total_layers = len(block_bytes)
     gpu_bytes = int(gpus * (spec.memory_gib * GIB * USABLE_SHARE - RESERVE_BYTES))
-    kv_token = _kv_per_token_layer(ck)
     want = context or min(ck.config.max_position_embeddings or DEFAULT_CONTEXT_CAP, DEFAULT_CONTEXT_CAP)
     ctx, notes = want, []
     # Halve the context while its KV cache alone would take over half the GPUs (weights need the rest).
-    kv_layers = sum(1 for bid in block_bytes if _has_kv(ck, bid))
-    while ctx > MIN_CONTEXT and context is None and kv_token * ctx * kv_layers > gpu_bytes // 2:
+    while ctx > MIN_CONTEXT and context is None and _kv(ck, block_bytes, ctx) > gpu_bytes // 2:
         ctx //= 2
     if ctx < want:
         notes.append(f"context lowered from {want:,} to {ctx:,} so the KV cache leaves room for the weights")
     # the output head is counted against the GPUs from the start (it joins them once every block is there)
     fitted, used, gpu_weights = 0, other, 0
     for bid in sorted(block_bytes, reverse=True):  # -ngl offloads the last blocks first
-        need = block_bytes[bid] + (kv_token * ctx if _has_kv(ck, bid) else 0)
+        need = block_bytes[bid] + _kv(ck, [bid], ctx)
         if used + need > gpu_bytes:
             break
         used += need
@@ -127,16 +126,9 @@ def plan_llamacpp(ck: Checkpoint, mtp: MtpAssessment, *, gpu: "str | GpuSpec", g
     return LlamaCppPlan(ok=True, engine_version=verdict.engine_version, gpu=spec.name, gpus=gpus, context=ctx,
                         gpu_layers=fitted, total_layers=total_layers, mtp=verdict.verdict, mtp_on=mtp_on,
                         weight_bytes=sum(block_bytes.values()) + other, gpu_weight_bytes=gpu_weights + (other if all_in else 0),
-                        kv_bytes=kv_token * ctx * sum(1 for b in sorted(block_bytes)[total_layers - fitted:]
-                                                      if _has_kv(ck, b)),
+                        kv_bytes=_kv(ck, sorted(block_bytes)[total_layers - fitted:], ctx),
                         gpu_bytes=gpu_bytes, flags=tuple(flag_rows),
                         command=command, notes=tuple(notes))
-
-
-def _has_kv(ck: Checkpoint, bid: int) -> bool:
-    """A KV cache per token: attention layers and the NextN blocks; recurrent (ssm) layers keep a fixed state."""
-    types = ck.config.layer_types
-    return bid >= len(types) or types[bid] != "linear_attention"
 
 
 def _companion(ck: Checkpoint, mtp: MtpAssessment) -> str | None:

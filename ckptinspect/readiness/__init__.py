@@ -1,4 +1,4 @@
-"""MTP readiness: family rule files -> family match, MTP layout, per-engine verdicts, MTP cost.
+"""MTP readiness: family rule files -> family match, MTP layout, per-engine verdicts.
 
 Pipeline entry points (see docs/architecture.md)::
 
@@ -6,16 +6,16 @@ Pipeline entry points (see docs/architecture.md)::
     family = ruleset.match(config)              # FamilyRule | None
     templates = family.mtp_prefixes if family else GENERIC_MTP_PREFIXES
     mtp = assess_mtp(checkpoint, family, ruleset)
-    cost = mtp_cost(checkpoint, mtp, tp=8, ep=8)
+
+What the MTP layer costs per GPU is the planner's (plan/mtp_cost.py: it uses the plan's memory model);
+readiness never imports plan (.importlinter).
 """
 
 from __future__ import annotations
 
 from ckptinspect.inventory.mtp_prefix import GENERIC_MTP_PREFIXES
 from ckptinspect.readiness.assess import assess_mtp
-from ckptinspect.readiness.cost import MtpCost, mtp_cost
 from ckptinspect.readiness.loader import load_rules, read_rule_file
 from ckptinspect.readiness.model import FamilyRule, RuleSet
 
-__all__ = ["GENERIC_MTP_PREFIXES", "FamilyRule", "MtpCost", "RuleSet", "assess_mtp", "load_rules", "mtp_cost",
-           "read_rule_file"]
+__all__ = ["GENERIC_MTP_PREFIXES", "FamilyRule", "RuleSet", "assess_mtp", "load_rules", "read_rule_file"]

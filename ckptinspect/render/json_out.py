@@ -12,7 +12,7 @@ from ckptinspect.render.plan_json import plan_json  # not plan_out: JSON output 
 from ckptinspect.render.summary import bucket_json, by_component, by_scheme, experts_present
 
 if TYPE_CHECKING:
-    from ckptinspect.readiness.cost import MtpCost
+    from ckptinspect.plan.mtp_cost import MtpCost
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
@@ -100,7 +100,7 @@ def mtp_to_json(mtp: MtpAssessment | None) -> dict[str, Any]:
 
 
 def mtp_cost_json(cost: MtpCost) -> dict[str, Any]:
-    """One `report --tp/--ep` MTP cost (readiness/cost.py MtpCost)."""
+    """One `report --tp/--ep` MTP cost (plan/mtp_cost.py MtpCost)."""
     return {"tp": cost.tp, "ep": cost.ep, "params": cost.params, "bytes": cost.bytes,
             "loaded_bytes": cost.loaded_bytes, "expert_bytes": cost.expert_bytes,
             "bytes_per_gpu": cost.bytes_per_gpu, "total_bytes_per_gpu": cost.total_bytes_per_gpu,

@@ -19,13 +19,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import orjson
+import msgspec
 
 from ckptinspect.errors import RuleError
 from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
 
 MIRROR = "mirror.jsonl"
 MAX_MIRROR_BYTES = 16 * 1024 * 1024  # the built-in rules are ~250 KB of YAML
+_decode = msgspec.json.Decoder().decode
 
 
 def builtin_rule_document(path: Path, root: Path) -> Any:
@@ -38,7 +39,7 @@ def builtin_rule_document(path: Path, root: Path) -> Any:
         relative = None
     entry = _entries(root).get(relative) if relative is not None else None
     if entry is not None and entry[0] == hashlib.sha256(data).hexdigest():
-        return orjson.loads(entry[1])["doc"]  # parsed per call: callers get objects of their own
+        return _decode(entry[1])["doc"]  # parsed per call: callers get objects of their own
     return load_rule_yaml(data, path)
 
 
@@ -54,8 +55,8 @@ def _entries(root: Path) -> dict[str, tuple[str, bytes]]:
     entries: dict[str, tuple[str, bytes]] = {}
     for line in data.splitlines():
         try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:
+            record = _decode(line)
+        except msgspec.DecodeError:
             return {}
         if not (isinstance(record, dict) and isinstance(record.get("path"), str)
                 and isinstance(record.get("sha256"), str) and "doc" in record):
@@ -73,11 +74,11 @@ def mirror_lines(root: Path, files: list[Path]) -> list[bytes]:
         data = read_rule_bytes(path)
         doc = load_rule_yaml(data, path)
         try:
-            text = orjson.dumps({"path": path.relative_to(root).as_posix(),
-                                 "sha256": hashlib.sha256(data).hexdigest(), "doc": doc})
-        except TypeError:  # a value JSON cannot hold (a date, a non-string key)
+            text = msgspec.json.encode({"path": path.relative_to(root).as_posix(),
+                                        "sha256": hashlib.sha256(data).hexdigest(), "doc": doc})
+        except TypeError:  # a value JSON cannot hold at all
             continue
-        if same_values(orjson.loads(text)["doc"], doc):
+        if same_values(_decode(text)["doc"], doc):  # a date or an int key comes back as a string: left out
             lines.append(text)
     return lines
 

@@ -52,9 +52,6 @@ class SourceKind:
     name: str
     claims: Callable[[str, Path], bool]
     open: Callable[..., Any]
-    # True: ``open`` also takes ``scan=``, a per-header hook called as each header is read (the report's
-    # scan worker, inventory/parallel.py); other kinds are opened without it.
-    takes_scan: bool = False
     # The coroutine form of ``open`` for a kind that reads the network (same arguments, plus ``limiter``
     # and ``ends_at``: sources/hub.py); None: ``open`` only reads files, and is called as it is.
     open_async: Callable[..., Any] | None = None
@@ -71,10 +68,8 @@ def register_source(kind: Source) -> None:
 
 
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
-                progress: bool = True, scan: Callable[[str, bytes, "int | None"], Any] | None = None,
-                ) -> "RawCheckpoint | RawGguf":
-    """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``);
-    ``scan``: handed to a kind that reads headers one by one (``takes_scan``: the Hub), else unused.
+                progress: bool = True) -> "RawCheckpoint | RawGguf":
+    """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``).
 
     Raises:
         NotFoundError: nothing matches the reference.
@@ -83,8 +78,7 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
     path = Path(ref).expanduser()
     for kind in source_kinds():
         if kind.claims(ref, path):
-            hook = {"scan": scan} if scan is not None and getattr(kind, "takes_scan", False) else {}
-            opened = kind.open(ref, path, revision=revision, token=token, progress=progress, **hook)
+            opened = kind.open(ref, path, revision=revision, token=token, progress=progress)
             if opened is not None:
                 return opened
     if path.exists():
@@ -201,12 +195,11 @@ def _open_hf_cache(ref: str, path: Path, *, revision: str | None, token: str | N
     return open_hf_cache(repo_id, revision=revision)  # None: not (fully) cached, ask the Hub
 
 
-def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
-              scan: Callable[[str, bytes, "int | None"], Any] | None = None) -> RawCheckpoint:
+def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> RawCheckpoint:
     from ckptinspect.sources.hub import open_hub
 
     repo_id, revision = _repo_and_revision(ref, revision)
-    return open_hub(repo_id, revision=revision, token=token, progress=progress, scan=scan)
+    return open_hub(repo_id, revision=revision, token=token, progress=progress)
 
 
 async def _open_hub_async(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
@@ -225,5 +218,5 @@ BUILT_IN: tuple[Source, ...] = (
     SourceKind("snapshot", _claims_snapshot, _open_snapshot),
     SourceKind("gguf-hub", _claims_gguf_repo, _open_gguf, open_async=_open_gguf_async),
     SourceKind("hf-cache", _claims_repo_id, _open_hf_cache),
-    SourceKind("hub", _claims_repo_id, _open_hub, takes_scan=True, open_async=_open_hub_async),
+    SourceKind("hub", _claims_repo_id, _open_hub, open_async=_open_hub_async),
 )

@@ -5,9 +5,9 @@ Round trips, for a repo of S shards: 1 (model info with blob metadata: file list
 per small JSON file not yet in the HF cache + S header GETs (first ranges sized from the index:
 sources/header_ranges.py), over one ``httpx`` client (sources/hub_client.py) with bounded concurrency.
 The read is one coroutine, ``read_hub``; ``open_hub`` is its synchronous edge (sources/net_edge.py).
-Each header is handed to the caller's ``scan`` as it arrives, between the awaits, so parsing overlaps
-the requests still on the wire (their answers wait in the socket buffers). No process is started; the
-only threads are ``asyncio.to_thread``'s, for the HF-cache and header-cache file I/O.
+The headers are kept as they arrive; the report scans them after the read, in index order
+(inventory/scan.py). No process is started; the only threads are ``asyncio.to_thread``'s, for the
+HF-cache and header-cache file I/O.
 
 Small JSON files go through the HF cache layout (``models--org--name/blobs`` + ``snapshots/<commit>``,
 sources/hf_cache.py), so a second run reads them from disk and ``hf_hub_download`` finds them too.
@@ -25,7 +25,7 @@ from ckptinspect.errors import CkptInspectError, ConfigError, HeaderError, NotFo
 from ckptinspect.header.index import summarize_index
 from ckptinspect.header.parser import read_length_prefix
 from ckptinspect.progress import Progress, as_progress
-from ckptinspect.records import IndexSummary, RawCheckpoint, ScanPlan
+from ckptinspect.records import IndexSummary, RawCheckpoint
 from ckptinspect.sources.header_cache import HeaderCache, entry_key
 from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH, RangeSizer
 from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap
@@ -42,7 +42,6 @@ INDEX_FILE = "model.safetensors.index.json"
 # request reuses one (more would open and close a connection per request).
 DEFAULT_MAX_WORKERS = 20
 WORKERS_ENV = "CKPTINSPECT_MAX_WORKERS"
-ScanFn = Callable[[str, bytes, "int | None"], Any]
 
 
 def open_hub(repo_id: str, **options: Any) -> RawCheckpoint:
@@ -53,7 +52,7 @@ def open_hub(repo_id: str, **options: Any) -> RawCheckpoint:
 async def read_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
                    endpoint: str | None = None, progress: Progress | bool = True, max_workers: int | None = None,
                    timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None,
-                   scan: ScanFn | None = None, header_cache: bool | None = None,
+                   header_cache: bool | None = None,
                    limiter: asyncio.Semaphore | None = None, ends_at: float | None = None) -> RawCheckpoint:
     """Read ``repo_id`` at ``revision`` from the Hub: file list, small JSON files, every shard header.
 
@@ -69,10 +68,6 @@ async def read_hub(repo_id: str, *, revision: str | None = None, token: str | No
             the per-request and whole-read deadlines and the byte budget come from the environment
             (sources/net_limits.py, docs/security.md).
         on_header: called with (shard, header bytes) as each header arrives.
-        scan: the report's per-shard scan, ``scan(shard, header bytes, file size)``: run on each header as
-            it arrives (later headers are still on the wire), the results returned in
-            ``scan_plan.scanned``. A shard whose scan raises or answers None is left out (the report scans
-            it again, in index order, and reports the first error). None: headers only.
         header_cache: reuse headers stored by an earlier read of the same commit and file etag
             (sources/header_cache.py); default on unless CKPTINSPECT_HEADER_CACHE=0.
         limiter: the bound on requests in flight this read shares with other reads on the same event
@@ -96,7 +91,7 @@ async def read_hub(repo_id: str, *, revision: str | None = None, token: str | No
     progress = as_progress(progress, label=repo_id)
     try:
         async with session.open(repo_id, limiter) as hub:
-            return await reader.read(hub, progress=progress, on_header=on_header, scan=scan, started=started)
+            return await reader.read(hub, progress=progress, on_header=on_header, started=started)
     except CkptInspectError as exc:
         raise session.scrubbed(exc) from None
     finally:
@@ -115,7 +110,7 @@ class _HubRead:
         self.from_cache = 0
 
     async def read(self, hub: HubClient, *, progress: Progress, on_header: Callable[[str, bytes], None] | None,
-                   scan: ScanFn | None, started: float) -> RawCheckpoint:
+                   started: float) -> RawCheckpoint:
         t0 = time.perf_counter()
         progress.phase("repo info")
         info = await model_info(hub, self.endpoint, self.repo_id, self.revision)
@@ -137,20 +132,11 @@ class _HubRead:
         shards = _shard_plan(self.repo_id, summary, siblings)
         sizes = {shard: siblings[shard].size for shard in shards}
         header_bytes: dict[str, bytes] = {}
-        scanned: dict[str, Any] = {}
 
         def arrived(shard: str, header: bytes) -> None:
-            # Scanned here, between the awaits: the answers still on the wire wait in the socket buffers.
             header_bytes[shard] = header
             if on_header is not None:
                 on_header(shard, header)
-            if scan is not None:
-                try:
-                    answer = scan(shard, header, sizes[shard])
-                except CkptInspectError:
-                    answer = None  # scanned again by the report, in index order, which reports the error
-                if answer is not None:
-                    scanned[shard] = answer
             progress.phase("headers", len(header_bytes), len(shards))
 
         progress.phase("headers", 0, len(shards))
@@ -191,7 +177,6 @@ class _HubRead:
                    "header_bytes": sum(len(h) for h in header_bytes.values()),
                    "endpoint": shown, **{k: round(v, 3) for k, v in self.phases.items()}},
             index_summary=summary,
-            scan_plan=ScanPlan(scanned=scanned) if scan is not None else None,
         )
 
     async def _json_file(self, hub: HubClient, commit: str, name: str, sibling: RepoFile, url: str) -> tuple[Any, int]:

@@ -1,6 +1,6 @@
-"""What the MTP layer costs: parameters, bytes, and its share of each GPU's weight memory.
+"""What the MTP layer costs: parameters, bytes, and its share of each GPU's weight memory (`report --tp/--ep`).
 
-The per-GPU numbers come from the one memory model (ckptinspect/plan/memory.py, placements in
+A planner stage: the per-GPU numbers come from the one memory model (plan/memory.py, placements in
 rules/engines/common.yaml `memory_model`), the same one `plan` uses, so `report --tp/--ep` and
 `plan` agree for the same split. MTP-local ``embed_tokens`` / ``shared_head.head`` copies are
 counted as stored but not as loaded: both engines hand the draft the target's embedding and head.
@@ -9,13 +9,10 @@ counted as stored but not as loaded: both engines hand the draft the target's em
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ckptinspect.errors import PlanError
+from ckptinspect.plan.memory import Split, group_bytes_per_rank, split_problem, weight_memory
 from ckptinspect.records import Checkpoint, MtpAssessment
-
-if TYPE_CHECKING:
-    from ckptinspect.plan.memory import Split
 
 
 @dataclass(frozen=True)
@@ -31,12 +28,8 @@ class MtpCost:
     share_per_gpu: float  # bytes_per_gpu / total_bytes_per_gpu
 
 
-def split_for(tp: int, ep: int) -> "Split":
+def split_for(tp: int, ep: int) -> Split:
     """SGLang's split when EP divides TP; EP a multiple of TP is vLLM's data-parallel experts (EP = TP x DP)."""
-    # Imported here: `ckptinspect.readiness` is loaded on every report and must not pull in the plan
-    # rule loader (YAML + JSON Schema) unless a cost is asked for.
-    from ckptinspect.plan.memory import Split, split_problem
-
     if tp >= 1 and ep >= 1 and not split_problem(tp, ep):
         return Split.sglang(tp, ep)
     if tp >= 1 and ep > tp and ep % tp == 0:
@@ -46,8 +39,6 @@ def split_for(tp: int, ep: int) -> "Split":
 
 def mtp_cost(checkpoint: Checkpoint, mtp: MtpAssessment, tp: int = 1, ep: int = 1) -> MtpCost:
     """Cost of the MTP layer(s) of ``checkpoint`` at tensor-parallel ``tp`` and expert-parallel ``ep``."""
-    from ckptinspect.plan.memory import group_bytes_per_rank, weight_memory
-
     split = split_for(tp, ep)
     mtp_groups = checkpoint.inventory.mtp_groups()
     placed = [(g, group_bytes_per_rank(checkpoint, g, split)) for g in mtp_groups]
