@@ -154,6 +154,14 @@ def test_an_engine_error_still_refuses(lightning):
     assert not [c for c in run_checks(lightning.checkpoint, facts, 32, 32) if c.blocks]
 
 
-def test_audit_size_of_the_lightning_layout(lightning):
-    """About 21 GB stored: far from an RTX PRO 6000's 96 GB, so the fit is no longer refused."""
+def test_audit_fit_of_the_lightning_layout(lightning, cli):
+    """About 21 GB stored, on one 96 GB RTX PRO 6000: the report's plan (what `audit` reads its "fits"
+    column from, ckptinspect/audit/row.py _fit) is a plan, not a refusal."""
+    from ckptinspect.audit.row import _fit
+
     assert 20e9 < lightning.checkpoint.inventory.totals.bytes < 22.5e9
+    proc = cli("report", lightning.checkpoint.location, "--gpu", "rtx-pro-6000", "--gpus", "1", "--format", "json",
+               "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    fit = _fit(json.loads(proc.stdout)["plan"])
+    assert fit["fits"] is True and fit["gpus_used"] == 1
