@@ -136,10 +136,12 @@ def one_truth_violations(report: Report) -> list[str]:
             if defect is not None and _condition_keys(defect.when) & STORED_ONLY and not defect.per_module_facts:
                 out.append(f"{engine} reason {reason} rests on stored facts only")
     # no finding says an engine builds modules as stored while an error says the same engine does not
-    as_stored = [f for f in findings if f.code in BUILT_AS_STORED]
+    as_stored = {key.strip() for f in findings if f.code == "excluded-entry-not-read"
+                 for key in f.message.rsplit("Patterns: ", 1)[-1].split(",")}
     for f in findings:
-        if f.severity == "error" and f.code == "quantized-but-excluded" and f.engine is None and as_stored:
-            out.append(f"{f.code} on {f.subject} for every engine next to {as_stored[0].code}")
+        key = f.message.split(":", 1)[0]
+        if f.severity == "error" and f.code == "quantized-but-excluded" and f.engine is None and key in as_stored:
+            out.append(f"{f.code} on {f.subject} for every engine next to excluded-entry-not-read for {key}")
     ignore_warn = [f for f in findings if f.code == "fp8-ignore-not-read"]
     if ignore_warn:
         raw = report.checkpoint.declared.raw if isinstance(report.checkpoint.declared.raw, dict) else {}
@@ -174,12 +176,15 @@ def test_one_truth_checker_bites_on_the_issue_report(make_fixture):
     forged = (*report.checkpoint.findings,
               Finding("quantized-but-excluded", "error", "mtp.N.attn.wq_a: 1 module(s) stored quantized but listed "
                       "as excluded", subject="mtp.0.attn.wq_a"),
+              Finding("quantized-but-excluded", "error", "layers.N.attn.wkv: 4 module(s) stored quantized but listed "
+                      "as excluded", subject="layers.0.attn.wkv"),
               Finding("fp8-ignore-not-read", "warning", "ignore not read", subject="config.json:quantization_config.ignore"))
     broken = replace(report, checkpoint=replace(report.checkpoint, findings=forged))
     problems = one_truth_violations(broken)
     assert any("table says it is built as stored" in p for p in problems)
     assert any("contradicts fp8-ignore-not-read" in p for p in problems)
-    assert any("for every engine next to" in p for p in problems)
+    assert any("for every engine next to excluded-entry-not-read for layers.N.attn.wkv" in p for p in problems)
+    assert any("layers.0.attn.wkv" in p and "own procedure builds it quantized" in p for p in problems)
     row = replace(report.mtp.modules[0], built={**report.mtp.modules[0].built, "vllm": ""})
     empty = replace(report, mtp=replace(report.mtp, modules=(row, *report.mtp.modules[1:])))
     assert any("empty vllm cell" in p for p in one_truth_violations(empty))

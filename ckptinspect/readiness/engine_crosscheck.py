@@ -78,7 +78,7 @@ def reconcile_crosscheck(checkpoint: Checkpoint, family: FamilyRule | None, rule
             "excluded-entry-not-read", "info",
             f"{len(keys)} module pattern(s) stored quantized are named by {lists or 'the declared lists'} "
             f"(e.g. {', '.join(keys[:3])}), which {names} do not read for method {method}: they build these "
-            f"modules quantized, as stored [{not_read[0][2]}]",
+            f"modules quantized, as stored [{not_read[0][2]}]. Patterns: {', '.join(keys)}",
             subject=not_read[0][1].subject,
             reference="rules/quant/sglang.yaml, rules/quant/vllm.yaml (each engine's reading of the lists)"))
     return replace(checkpoint, findings=tuple(out))

@@ -19,6 +19,7 @@ from ckptinspect.readiness.model import (
     DEFAULT_SEVERITY, ENGINES, Check, Defect, DraftQuantRule, EngineRule, ExpertLayout,
     FamilyRule, ForcedUnquantized, MtpLayout, Requirement, RuleSet, RuntimeName,
 )
+from ckptinspect.rules.conditions import names_used
 from ckptinspect.rules.documents import rules_root, validate_document
 from ckptinspect.rules.mirror import builtin_rule_document
 from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
@@ -129,30 +130,21 @@ STORED_ONLY = frozenset({"partial_quant_in_mtp", "mtp_scheme_is"})
 
 
 def _condition_keys(when: Any) -> set[str]:
-    """Every condition name used in ``when``, nested under not / any included."""
-    if not isinstance(when, Mapping):
-        return set()
-    keys = set(when)
-    for key, value in when.items():
-        if key == "not":
-            keys |= _condition_keys(value)
-        elif key == "any" and isinstance(value, list):
-            for item in value:
-                keys |= _condition_keys(item)
-    return keys
+    """Every condition name used in ``when`` (the rules engine walks it: ckptinspect/rules/conditions.py)."""
+    return names_used(when)
 
 
 def per_module_problem(defect: Mapping[str, Any]) -> str:
     """Why a defect breaks the per-module rule, or "": a defect over stored-only conditions names its
     per_module_facts, and each of those holds at the top level of its ``when`` (so the defect cannot
     fire unless the module table says so)."""
-    when = defect.get("when") if isinstance(defect.get("when"), Mapping) else {}
+    condition = defect.get("when") if isinstance(defect.get("when"), Mapping) else {}
     facts = defect.get("per_module_facts")
     if facts is None:
-        stored = sorted(_condition_keys(when) & STORED_ONLY)
+        stored = sorted(_condition_keys(condition) & STORED_ONLY)
         return (f"uses {', '.join(stored)} (stored facts only) but names no per_module_facts: say which "
                 "per-module answer (what the engine builds) the defect depends on") if stored else ""
-    missing = [f for f in facts if f not in when]
+    missing = [f for f in facts if f not in condition]
     return f"per_module_facts {', '.join(missing)} not a top-level condition of its when" if missing else ""
 
 
