@@ -139,6 +139,11 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), 
         inventory=inventory, findings=tuple(findings), family=family.id if family is not None else None,
         stats=stats,
     )
+    # The crosscheck's generic reading of the lists, answered again by each engine's own procedure: one
+    # truth for the findings, the per-module table and the verdicts (readiness/engine_crosscheck.py).
+    from ckptinspect.readiness.engine_crosscheck import reconcile_crosscheck
+
+    checkpoint = reconcile_crosscheck(checkpoint, family, ruleset)
     return checkpoint, (ruleset, family)
 
 

@@ -105,16 +105,19 @@ def test_d_mixed_precision_mtp_experts_in_another_algorithm(report, make_fixture
     Fp8MoEMethod (rules/quant/vllm.yaml, checked against vLLM's own class by tests/test_draft_quant_vllm.py)."""
     r = report("qwen3_5_moe_mixed_mtp_experts_fp8_block")
     mtp = r.mtp
-    assert verdicts(mtp) == ("unusable", "ready") and not reasons(mtp, "vllm")
+    # SGLang 0.5.23's ModelOptMixedPrecisionConfig builds every module from its own quantized_layers entry
+    # ("One config serves Linear and FusedMoE", SG:layers/quantization/modelopt_quant.py:934-936), so the
+    # per-module table shows the draft as stored and no stored-only rule makes it unusable.
+    assert verdicts(mtp) == ("ready", "ready") and not reasons(mtp, "vllm") and not reasons(mtp, "sglang")
     experts = next(m for m in mtp.modules if m.module == "mtp.layers.0.mlp.experts.{}.gate_proj")
     assert experts.built["vllm"] != "unquantized" and "FP8_BLOCK_SCALES" in experts.causes["vllm"]
+    assert all(row.matches["sglang"] for row in mtp.modules)
     old = at_version(r, "vllm", "0.31.0")
     assert old.verdicts["vllm"].verdict == "unusable"
     assert reasons(old, "vllm") == {"mtp-mixed-precision-moe-algo-unsupported"}
     assert "FP8_BLOCK_SCALES" in finding(old, "mtp-mixed-precision-moe-algo-unsupported", "vllm").message
     check = finding(mtp, "mtp-layer-algo-differs", None)
     assert check.severity == "warning" and "trunk NVFP4" in check.message
-    assert "mtp-partial-quant" in reasons(mtp, "sglang")  # D17: one scheme for the whole Qwen3.5 draft
     # control: the MTP experts listed as FP8 (per-tensor), a routed-expert method vLLM has
 
     def fp8(cfg):
@@ -185,7 +188,9 @@ def test_f_official_gptq_int4_with_bf16_mtp(report):
         v = mtp.verdicts[engine]
         assert v.draft_quantization is None and all(b is None for _, b in v.module_quantization)
     old = at_version(r, "vllm", "0.23.1").verdicts["vllm"]
-    assert old.verdict == "unusable" and old.reasons == ("mtp-gptq-draft-inherits-quant",)
+    # the old fused-MoE build is data (rules/quant/vllm.yaml gptq "<0.24"): the table shows the BF16 MTP
+    # experts built GPTQ, and both the generic and the family defect name it
+    assert old.verdict == "unusable" and set(old.reasons) == {"mtp-gptq-draft-inherits-quant", "mtp-bf16-not-excluded"}
     assert finding(mtp, "mtp-gptq-draft-inherits-quant", "vllm").severity == "info"  # other versions: info
 
 

@@ -46,11 +46,12 @@ def test_qwen35_nvfp4_on_8x_rtx_pro_6000(qwen35) -> None:
     assert f["--fp4-gemm-backend"] not in _bad("fp4_gemm_backend", "sm120")
     assert f["--attention-backend"] in _valid("sglang", "attention_backend", "blackwell_rtx")
     assert f["--attention-backend"] not in _bad("attention_backend", "sm120")
-    # moe_intermediate_size 1024 / TP 8 = 128 breaks the NVFP4 group rule, so EP must be on.
-    assert (plan.chosen.memory.tp, plan.chosen.memory.ep) == (8, 8)
-    assert f["--tp-size"] == "8" and f["--ep-size"] == "8"
-    failing = [o for o in plan.options if o.memory.tp == 8 and o.memory.ep == 1][0]
-    assert [c.id for c in failing.checks if not c.ok] == ["nvfp4-moe-group"]
+    # moe_intermediate_size 1024 / TP 8 = 128 rows per rank: SGLang's FusedMoE divides it, the NVFP4 scale
+    # takes 8 columns and the gated CUTLASS path needs a multiple of 64, so no engine check stops plain TP
+    # (latency keeps EP off).
+    assert (plan.chosen.memory.tp, plan.chosen.memory.ep) == (8, 1)
+    assert f["--tp-size"] == "8" and f.get("--ep-size") in (None, "1")
+    assert not [c.id for c in plan.chosen.checks if not c.ok]
     assert plan.chosen.fits and plan.chosen.kv.tokens > plan.context
     assert f["--speculative-algorithm"] in ("NEXTN", "EAGLE")
     assert (f["--speculative-num-steps"], f["--speculative-eagle-topk"], f["--speculative-num-draft-tokens"]) == ("3", "1", "4")
@@ -61,7 +62,7 @@ def test_qwen35_nvfp4_on_8x_rtx_pro_6000(qwen35) -> None:
     assert set(plan.mtp_dtypes) == {"bf16"} and plan.chosen.memory.mtp_bytes_per_rank > 0
     vf = _flags(plan, "vllm")
     assert json.loads(vf["--speculative-config"]) == {"method": "mtp", "num_speculative_tokens": 2}
-    assert vf["--tensor-parallel-size"] == "8" and "--enable-expert-parallel" in vf
+    assert vf["--tensor-parallel-size"] == "8" and "--enable-expert-parallel" not in vf
 
 
 def test_qwen35_nvfp4_on_8x_b200_uses_sm100_choices(qwen35) -> None:
@@ -216,7 +217,7 @@ def test_json_matches_schema_and_text_renders(qwen35) -> None:
     data = plan_json(plan)
     jsonschema.validate(data, SCHEMA)
     json.dumps(data)
-    assert data["parallel"] == {"tp": 8, "ep": 8, "reason": plan.parallel_reason}
+    assert data["parallel"] == {"tp": 8, "ep": 1, "reason": plan.parallel_reason}
     for cmd in data["commands"].values():
         assert all(f["source"] and f["reason"] for f in cmd["flags"])
     md = render_plan_markdown(plan)

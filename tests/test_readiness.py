@@ -478,7 +478,9 @@ def test_modelopt_mixed_precision_decides_sglang_draft_quant(make_fixture, tmp_p
         outcomes[label] = build_report(str(dst), progress=False).mtp
     listed_sg = outcomes["mtp_listed"].verdicts["sglang"]
     assert listed_sg.draft_quantization is not None  # inherit: the MTP experts stay NVFP4 ...
-    assert "mtp-partial-quant" in listed_sg.reasons  # ... but the rest of the draft is BF16 (D17)
+    # ... and the rest of the draft is built BF16 per module from quantized_layers (the module table shows
+    # every module as stored), so no stored-only rule makes it unusable: a 4-bit draft, degraded
+    assert "mtp-partial-quant" not in listed_sg.reasons and "mtp-quantized-4bit" in listed_sg.reasons
     unlisted_sg = outcomes["mtp_unlisted"].verdicts["sglang"]
     assert unlisted_sg.draft_quantization is None
     assert "mtp-quantized-but-built-unquantized" in unlisted_sg.reasons

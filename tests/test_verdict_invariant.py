@@ -60,6 +60,157 @@ def violations(report: Report) -> list[str]:
     return out
 
 
+# --- one truth: findings and verdict reasons derive from the per-module table -------------------------
+
+# Error codes that say "the engine builds this module unlike it is stored": each must agree with the
+# module table (MTP modules) or with the engine's own decision procedure (trunk modules).
+BUILT_UNLIKE_STORED = {"quantized-but-excluded", "mtp-bf16-not-excluded", "mtp-partial-quant",
+                       "mtp-quantized-but-built-unquantized", "mtp-plain-linear-quantized"}
+# Findings that say the engines build modules as stored (the lists they name are not read for them).
+BUILT_AS_STORED = {"excluded-entry-not-read", "fp8-ignore-read-for-experts-only"}
+
+
+def _row_for(report: Report, subject: str):
+    """The module-table row whose module (``{}`` = any number) is the subject or the subject's module."""
+    for row in report.mtp.modules:
+        regex = re.compile("^" + re.escape(row.module).replace(r"\{\}", r"\d+") + r"(\.[a-z_0-9]+)?$")
+        if regex.match(subject):
+            return row
+    return None
+
+
+def _trunk_builds_quantized(report: Report, engine: str, module: str) -> bool | None:
+    """The engine's own procedure (rules/quant/<engine>.yaml) for a trunk module; None: not modelled."""
+    from ckptinspect.quant.engine_decision import QUANTIZED, UNKNOWN, decide
+    from ckptinspect.readiness import load_rules
+    from ckptinspect.readiness.draft_build import rule_at
+    from ckptinspect.readiness.module_quant import module_quant_rules
+    from ckptinspect.readiness.quant_method import engine_method
+
+    family = load_rules().get(report.mtp.family) if report.mtp.family else None
+    if family is None or engine not in family.engines:
+        return None
+    section = module_quant_rules(engine)
+    entry = rule_at(section, engine_method(report.checkpoint.declared), family.engines[engine].version)
+    if entry is None:
+        return None
+    kind = "moe" if ".experts." in module else "linear"
+    asked = module[:module.index(".experts.") + len(".experts")] if kind == "moe" else module
+    built = decide(section, entry, report.checkpoint.declared, asked, kind).built
+    return None if built == UNKNOWN else built == QUANTIZED
+
+
+def one_truth_violations(report: Report) -> list[str]:
+    """Findings or verdict reasons that contradict the per-module table / the engines' own decisions, a
+    "built as stored" finding next to a "built unlike stored" error for the same engine, and empty cells."""
+    out = []
+    engines = tuple(report.mtp.verdicts)
+    for row in report.mtp.modules:  # "not decided" is a state with a name, never an empty cell
+        for engine in engines:
+            if not row.built.get(engine):
+                out.append(f"{row.module}: empty {engine} cell")
+    findings = (*report.checkpoint.findings, *report.mtp.findings)
+    for f in findings:
+        if f.severity != "error" or f.code not in BUILT_UNLIKE_STORED or not f.subject:
+            continue
+        scope = (f.engine,) if f.engine else engines
+        row = _row_for(report, f.subject)
+        for engine in scope:
+            if row is not None:
+                if row.matches.get(engine) and engine in report.mtp.verdicts and f.code != "quantized-but-excluded":
+                    out.append(f"{f.code} [{engine}] on {f.subject}, but the table says {engine} builds "
+                               f"{row.module} as stored ({row.built[engine]})")
+                elif f.code == "quantized-but-excluded" and row.matches.get(engine):
+                    out.append(f"{f.code} [{engine}] on {f.subject}, but the table says it is built as stored")
+            elif f.code == "quantized-but-excluded" and _trunk_builds_quantized(report, engine, f.subject):
+                out.append(f"{f.code} [{engine}] on {f.subject}, but {engine}'s own procedure builds it quantized")
+    # every verdict reason from a defect over stored facts names the per-module facts it rests on
+    from ckptinspect.readiness import load_rules
+    from ckptinspect.readiness.loader import STORED_ONLY, _condition_keys
+
+    family = load_rules().get(report.mtp.family) if report.mtp.family else None
+    for engine, verdict in report.mtp.verdicts.items():
+        rule = family.engines.get(engine) if family is not None else None
+        for reason in verdict.reasons:
+            defect = next((d for d in (rule.defects if rule else ()) if d.code == reason), None)
+            if defect is not None and _condition_keys(defect.when) & STORED_ONLY and not defect.per_module_facts:
+                out.append(f"{engine} reason {reason} rests on stored facts only")
+    # no finding says an engine builds modules as stored while an error says the same engine does not
+    as_stored = {key.strip() for f in findings if f.code == "excluded-entry-not-read"
+                 for key in f.message.rsplit("Patterns: ", 1)[-1].split(",")}
+    for f in findings:
+        key = f.message.split(":", 1)[0]
+        if f.severity == "error" and f.code == "quantized-but-excluded" and f.engine is None and key in as_stored:
+            out.append(f"{f.code} on {f.subject} for every engine next to excluded-entry-not-read for {key}")
+    ignore_warn = [f for f in findings if f.code == "fp8-ignore-not-read"]
+    if ignore_warn:
+        raw = report.checkpoint.declared.raw if isinstance(report.checkpoint.declared.raw, dict) else {}
+        listed = [p for p in raw.get("ignore") or () if isinstance(p, str)]
+        for f in findings:
+            if f.severity == "error" and f.code == "quantized-but-excluded" and f.subject and any(
+                    fnmatch.fnmatchcase(f.subject, p) or fnmatch.fnmatchcase(f.subject, p + ".*") for p in listed):
+                out.append(f"{f.code} on {f.subject} (named by `ignore`) contradicts fp8-ignore-not-read")
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(generate.FIXTURES))
+def test_no_finding_or_reason_contradicts_the_module_table(make_fixture, name):
+    path = make_fixture(name)
+    try:
+        report = build_report(str(path), progress=False)
+    except CkptInspectError:
+        assert name in BROKEN
+        return
+    assert one_truth_violations(report) == []
+
+
+def test_one_truth_checker_bites_on_the_issue_report(make_fixture):
+    """Not vacuous: the DeepSeek-V4 NVFP4 release's report as it was (the crosscheck's generic errors
+    restored, with the fp8 ignore warning) is flagged, and a forged empty cell is too."""
+    from dataclasses import replace
+
+    from ckptinspect.records import Finding
+
+    report = build_report(str(make_fixture("deepseek_v4_nvidia_nvfp4")), progress=False)
+    assert one_truth_violations(report) == []
+    forged = (*report.checkpoint.findings,
+              Finding("quantized-but-excluded", "error", "mtp.N.attn.wq_a: 1 module(s) stored quantized but listed "
+                      "as excluded", subject="mtp.0.attn.wq_a"),
+              Finding("quantized-but-excluded", "error", "layers.N.attn.wkv: 4 module(s) stored quantized but listed "
+                      "as excluded", subject="layers.0.attn.wkv"),
+              Finding("fp8-ignore-not-read", "warning", "ignore not read", subject="config.json:quantization_config.ignore"))
+    broken = replace(report, checkpoint=replace(report.checkpoint, findings=forged))
+    problems = one_truth_violations(broken)
+    assert any("table says it is built as stored" in p for p in problems)
+    assert any("contradicts fp8-ignore-not-read" in p for p in problems)
+    assert any("for every engine next to excluded-entry-not-read for layers.N.attn.wkv" in p for p in problems)
+    assert any("layers.0.attn.wkv" in p and "own procedure builds it quantized" in p for p in problems)
+    row = replace(report.mtp.modules[0], built={**report.mtp.modules[0].built, "vllm": ""})
+    empty = replace(report, mtp=replace(report.mtp, modules=(row, *report.mtp.modules[1:])))
+    assert any("empty vllm cell" in p for p in one_truth_violations(empty))
+
+
+def test_every_family_defect_over_stored_facts_names_its_per_module_facts():
+    """The schema field, checked over every shipped rule (readiness/loader.py refuses a file without it)."""
+    from ckptinspect.readiness import load_rules
+    from ckptinspect.readiness.loader import STORED_ONLY, _condition_keys, per_module_problem
+
+    rules = load_rules()
+    checked = 0
+    for family in rules.families:
+        for engine in family.engines.values():
+            for d in engine.defects:
+                if _condition_keys(d.when) & STORED_ONLY:
+                    checked += 1
+                    assert d.per_module_facts and all(f in d.when for f in d.per_module_facts), (family.id, d.code)
+    assert checked >= 10
+    assert per_module_problem({"code": "x", "when": {"partial_quant_in_mtp": True}, "verdict": "unusable"})
+    assert per_module_problem({"code": "x", "when": {"mtp_scheme_is": ["nvfp4"]},
+                               "per_module_facts": ["mtp_built_scheme_is"]})
+    assert not per_module_problem({"code": "x", "when": {"mtp_scheme_is": ["nvfp4"], "mtp_built_scheme_is": ["nvfp4"]},
+                                   "per_module_facts": ["mtp_built_scheme_is"]})
+
+
 @pytest.mark.parametrize("name", sorted(generate.FIXTURES))
 def test_no_verdict_milder_than_an_mtp_error(make_fixture, name):
     path = make_fixture(name)
@@ -178,6 +329,7 @@ def test_generated_excludes_and_layouts(tmp_path_factory, case):
     layout, formats, entries = case
     report = _report(layout, formats, entries, tmp_path_factory.mktemp("prop", numbered=True))
     assert violations(report) == []
+    assert one_truth_violations(report) == []
     ref = reference(layout, report)
     mismatched = [m for m, (scheme, q) in ref.items() if (scheme == "nvfp4") != q]
     stored_quantized = [m for m, (scheme, _) in ref.items() if scheme == "nvfp4"]

@@ -1,8 +1,10 @@
-"""Divisibility checks that make a TP / EP size fail at load (rules/engines/common.yaml `divisibility`).
+"""Divisibility checks of a TP / EP size (rules/engines/common.yaml `divisibility`), each one the engine's
+own check at the line its rule cites.
 
 Each check names a quantity computed here from the config; the constant it must divide or be a
 multiple of comes from the rule (or from the checkpoint's declared FP8 block). Rules whose fix is
-`ep` pass once --ep-size = tp removes the expert TP split.
+`ep` pass once --ep-size = tp removes the expert TP split. A rule of severity `warning` is one where
+the engine only logs or pads: it never stops a plan, the plan carries its message.
 """
 
 from __future__ import annotations
@@ -23,6 +25,16 @@ class CheckResult:
     message: str  # empty when ok
     fix: str | None  # "ep" when --ep-size = tp fixes it
     source: str
+    severity: str = "error"  # "warning": the engine only logs or pads there
+
+    @property
+    def blocks(self) -> bool:
+        """The engine refuses (or loads wrong) at this size."""
+        return not self.ok and self.severity == "error"
+
+    @property
+    def warns(self) -> bool:
+        return not self.ok and self.severity == "warning"
 
 
 def _moe_tp(tp: int, ep: int) -> int:
@@ -34,7 +46,27 @@ def _per_rank(total: int | None, ranks: int) -> Fraction | None:
     return None if total is None else Fraction(total, ranks)
 
 
+def gated_experts(ck: Checkpoint) -> bool:
+    """Gated (act-and-mul) routed experts: a stored gate projection next to up / down. Nemotron-H's relu2
+    experts store only up_proj / down_proj and both engines build them with is_gated=False
+    (SG:models/nemotron_h.py:287, VL:model_executor/models/nemotron_h.py NemotronHMoE)."""
+    suffixes = {g.module.rsplit(".", 1)[-1] for g in ck.inventory.main_groups() if g.component == "routed_expert"}
+    return bool(suffixes & {"gate_proj", "w1", "gate_up_proj", "w13"})
+
+
+def _gated_per_rank(ck: Checkpoint, tp: int, ep: int) -> Fraction | None:
+    return _per_rank(ck.config.moe_intermediate_size, _moe_tp(tp, ep)) if gated_experts(ck) else None
+
+
+def _scale_columns(ck: Checkpoint, tp: int, ep: int) -> Fraction | None:
+    per_rank = _per_rank(ck.config.moe_intermediate_size, _moe_tp(tp, ep))
+    return None if per_rank is None else per_rank / 16
+
+
 QUANTITIES: dict[str, Callable[[Checkpoint, int, int], Fraction | int | None]] = {
+    "moe_intermediate": lambda ck, tp, ep: ck.config.moe_intermediate_size,
+    "gated_moe_intermediate_per_rank": _gated_per_rank,
+    "moe_scale_columns_per_rank": _scale_columns,
     "attention_heads": lambda ck, tp, ep: ck.config.num_attention_heads,
     "kv_heads": lambda ck, tp, ep: ck.config.num_key_value_heads,
     "linear_value_heads": lambda ck, tp, ep: ck.config.text.get("linear_num_value_heads"),
@@ -66,7 +98,7 @@ def component_quant(ck: Checkpoint, components: tuple[str, ...], default: str) -
 
 
 def _divisor(rule: Mapping[str, Any], tp: int, ep: int) -> int:
-    return tp if rule.get("divisor", "tp") == "tp" else ep
+    return {"tp": tp, "ep": ep, "moe_tp": _moe_tp(tp, ep)}[rule.get("divisor", "tp")]
 
 
 def _multiple(rule: Mapping[str, Any], ck: Checkpoint) -> int | None:
@@ -103,6 +135,6 @@ def run_checks(ck: Checkpoint, facts: PlanFacts, tp: int, ep: int) -> tuple[Chec
                 continue
             ok = Fraction(value).denominator == 1 and int(value) % multiple == 0
         shown = f"{float(value):g}" if isinstance(value, Fraction) else str(value)
-        message = "" if ok else rule["message"].format(value=shown, tp=tp, ep=ep, multiple=multiple)
-        results.append(CheckResult(rule["id"], ok, message, rule["fix"], rule["source"]))
+        message = "" if ok else rule["message"].format(value=shown, tp=tp, ep=ep, multiple=multiple, divisor=divisor)
+        results.append(CheckResult(rule["id"], ok, message, rule["fix"], rule["source"], rule["severity"]))
     return tuple(results)

@@ -23,14 +23,14 @@ class Option:
 
     @property
     def loads(self) -> bool:
-        return all(c.ok for c in self.checks)
+        return not any(c.blocks for c in self.checks)
 
     @property
     def fits(self) -> bool:
         return self.kv.fits_one_request
 
     def why_not(self, gib: int) -> str:
-        failed = [c.message for c in self.checks if not c.ok]
+        failed = [c.message for c in self.checks if c.blocks]
         if failed:
             return "; ".join(failed)
         if not self.fits:
@@ -52,7 +52,7 @@ def evaluate(ck: Checkpoint, gpu: GpuSpec, facts: PlanFacts, tp: int, ep: int, c
 
 def closeness(o: Option) -> tuple:
     # The option to explain when none works: fewest failed checks, then the smallest memory miss.
-    return (o.loads, -sum(1 for c in o.checks if not c.ok), -o.kv.miss_bytes)
+    return (o.loads, -sum(1 for c in o.checks if c.blocks), -o.kv.miss_bytes)
 
 
 def ep_order(moe: bool, tp: int, goal: str) -> tuple[int, ...]:

@@ -154,6 +154,9 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
                          f", lowered so the KV pool still holds one {context}-token request"))
     notes = [Note(n["severity"], n["message"], n["source"]) for n in common.get("notes", []) if holds(n["when"], facts, source=engine_rule_file("common"))]
     notes += [Note("info", text, "ckptinspect plan: --gpu-memory / --gpu-spec") for text in gpu_notes(spec_gpu)]
+    # The engine only logs or pads at these checks: the plan runs and says what the engine will say.
+    notes += [Note("warning", f"TP {chosen.memory.tp} EP {chosen.memory.ep}: {c.message}", c.source)
+              for c in chosen.checks if c.warns]
     if idle_reason:
         notes.append(Note("warning", idle_reason, "ckptinspect plan: divisibility checks (rules/engines/common.yaml)"))
         replicas = next((n for n in counts if n < gpus and gpus % n == 0 and works(n)), None)
@@ -170,7 +173,7 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
         notes.append(Note("warning", f"--context {context} exceeds the model's max_position_embeddings "
                           f"{cfg.max_position_embeddings}: SGLang refuses it unless "
                           "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (quality beyond the trained length is not assured)",
-                          "SG:configs/model_config.py (derived context_length check)"))
+                          "SG:configs/model_config.py:1291-1316 ModelConfig._derive_context_length (ValueError unless the variable is set)"))
     speculative, commands, more_notes = build_commands(
         ck, mtp, facts, engines, chosen, context=context, goal=goal, probe_report=probe_report,
         running=chosen.kv.max_running_requests if not solution else running_target, running_reason=running_reason,

@@ -72,7 +72,24 @@ def read_declared(config: Mapping[str, Any], hf_quant: Any,
         group_size = _group_size(qc)
         kv = _kv_scheme(qc.get("kv_cache_scheme"))
         excludes.extend(_lists_from_qc(qc, qc_source, method))
-        if method == "fp8" and isinstance(qc.get("ignore"), list) and qc["ignore"]:
+        hybrid = (str(qc.get("quant_algo", "")).upper() == "MIXED_PRECISION"
+                  and str(qc.get("moe_quant_algo", "")).upper() == "NVFP4" and qc.get("group_size") is not None)
+        if method == "fp8" and isinstance(qc.get("ignore"), list) and qc["ignore"] and hybrid:
+            # nvidia's DeepSeek-V4 NVFP4 exports: the list names FP8 Linears (built FP8, as stored) and the
+            # MXFP4 MTP experts, which both engines keep MXFP4 because their hybrid paths read it for MoEs.
+            findings.append(Finding(
+                "fp8-ignore-read-for-experts-only", "info",
+                f"{qc_source}.ignore lists {len(qc['ignore'])} entries. FP8 configs do not read it for Linears "
+                "(only ignored_layers / modules_to_not_convert): SGLang and vLLM build the Linears it names FP8. "
+                "For this hybrid FP8 + NVFP4 layout (quant_algo MIXED_PRECISION, moe_quant_algo NVFP4) both read "
+                "it for the routed experts: expert layers it names keep their source MXFP4 format, the others are "
+                "built NVFP4",
+                subject=f"{qc_source}.ignore",
+                reference="SG:model_loader/loader.py:222-250 (HybridFp8NvFp4Config: NVFP4 excludes = ignore + "
+                          "model.decoder.* + stages.*); VL:models/deepseek_v41/quant_config.py:111-124, 195-219 "
+                          "(v0.33.0 on CUDA / ROCm: _modelopt_ignore, _is_nvfp4_expert_layer)",
+                hint="a Linear it names that ships unquantized needs modules_to_not_convert as well"))
+        elif method == "fp8" and isinstance(qc.get("ignore"), list) and qc["ignore"]:
             findings.append(Finding(
                 "fp8-ignore-not-read", "warning",
                 f"{qc_source}.ignore lists {len(qc['ignore'])} module(s), but FP8 configs read only "

@@ -143,8 +143,11 @@ def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool 
     facts = ctx.facts
     label = facts.checkpoint.declared.label
     forced = forced_modules(ctx) if label is not None else []
-    # Contexts of one engine at other versions usually build the same plan: share it per checkpoint.
-    key = (names, ctx.draft_quant, tuple(forced), ctx.engine.runtime_names, exhaustive)
+    # Contexts of one engine at other versions usually build the same plan: share it per checkpoint, keyed
+    # also by the rules/quant entry that answers at this version (its reading may change between releases).
+    entry = rule_at(module_quant_rules(ctx.engine.engine), ctx.facts.engine_method, ctx.version)
+    key = (names, ctx.draft_quant, tuple(forced), ctx.engine.runtime_names, exhaustive, ctx.engine.engine,
+           None if entry is None else (tuple(entry["methods"]), entry.get("versions"), entry["procedure"]))
     cached = facts.plan_cache.get(key)
     if cached is not None:
         return cached

@@ -19,6 +19,7 @@ from ckptinspect.readiness.model import (
     DEFAULT_SEVERITY, ENGINES, Check, Defect, DraftQuantRule, EngineRule, ExpertLayout,
     FamilyRule, ForcedUnquantized, MtpLayout, Requirement, RuleSet, RuntimeName,
 )
+from ckptinspect.rules.conditions import names_used
 from ckptinspect.rules.documents import rules_root, validate_document
 from ckptinspect.rules.mirror import builtin_rule_document
 from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
@@ -123,6 +124,30 @@ def merge_documents(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict
     return out
 
 
+# Conditions over what is stored only; a defect naming one must also name the per-module facts (what the
+# engine builds per MTP module, the report's module table) it rests on (family.schema.json per_module_facts).
+STORED_ONLY = frozenset({"partial_quant_in_mtp", "mtp_scheme_is"})
+
+
+def _condition_keys(when: Any) -> set[str]:
+    """Every condition name used in ``when`` (the rules engine walks it: ckptinspect/rules/conditions.py)."""
+    return names_used(when)
+
+
+def per_module_problem(defect: Mapping[str, Any]) -> str:
+    """Why a defect breaks the per-module rule, or "": a defect over stored-only conditions names its
+    per_module_facts, and each of those holds at the top level of its ``when`` (so the defect cannot
+    fire unless the module table says so)."""
+    condition = defect.get("when") if isinstance(defect.get("when"), Mapping) else {}
+    facts = defect.get("per_module_facts")
+    if facts is None:
+        stored = sorted(_condition_keys(condition) & STORED_ONLY)
+        return (f"uses {', '.join(stored)} (stored facts only) but names no per_module_facts: say which "
+                "per-module answer (what the engine builds) the defect depends on") if stored else ""
+    missing = [f for f in facts if f not in condition]
+    return f"per_module_facts {', '.join(missing)} not a top-level condition of its when" if missing else ""
+
+
 def _when(raw: Any) -> Mapping[str, Any] | None:
     return dict(raw) if raw is not None else None
 
@@ -158,6 +183,11 @@ def _build(fid: str, doc: Mapping[str, Any], path: str, origin: int) -> FamilyRu
         files=tuple(mtp_doc.get("files", ())),
         depth_flag_keys=tuple(depth.get("flag_keys", ())),
     )
+    for name, raw in doc.get("engines", {}).items():
+        for i, d in enumerate(raw.get("defects", ()) if isinstance(raw, Mapping) else ()):
+            problem = per_module_problem(d)
+            if problem:
+                raise RuleError(f"$.engines.{name}.defects[{i}] ({d.get('code')}): {problem}", path=path)
     engines = {name: _engine(name, doc["engines"][name]) for name in ENGINES if name in doc.get("engines", {})}
     if not abstract:
         missing = [name for name in ENGINES if name not in engines]
@@ -198,7 +228,8 @@ def _engine(name: str, raw: Mapping[str, Any]) -> EngineRule:
     defects = tuple(
         Defect(code=d["code"], when=dict(d["when"]), verdict=d["verdict"],
                severity=d.get("severity", DEFAULT_SEVERITY[d["verdict"]]), message=d["message"],
-               remedy=d.get("remedy"), reference=d.get("reference"), versions=d.get("versions"))
+               remedy=d.get("remedy"), reference=d.get("reference"), versions=d.get("versions"),
+               per_module_facts=tuple(d.get("per_module_facts", ())))
         for d in raw.get("defects", ())
         if d["code"] not in dropped
     )

@@ -27,6 +27,7 @@ class Defect:
     remedy: str | None = None
     reference: str | None = None
     versions: str | None = None  # engine versions the defect applies to; None = all
+    per_module_facts: tuple[str, ...] = ()  # the per-module conditions of ``when`` it rests on (module table)
 
 
 @dataclass(frozen=True)

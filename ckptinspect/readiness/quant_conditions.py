@@ -202,7 +202,51 @@ def _declared_list_misses(ctx: "EngineContext", arg: Any) -> bool:
     return bool(missed)
 
 
+# The scheme family a declared label builds, for ``schemes: true`` below (None: not decided from the label).
+_LABEL_SCHEMES = (("mxfp4", {"mxfp4"}), ("nvfp4", {"nvfp4"}), ("fp4", {"nvfp4"}), ("fp8", {"fp8_block", "fp8_channel", "fp8_tensor"}),
+                  ("int8", {"int8"}), ("w8a8", {"int8"}), ("awq", {"int4_awq"}), ("gptq", {"int4_gptq"}),
+                  ("int4", {"int4_pack", "int4_awq", "int4_gptq"}))
+
+
+def label_schemes(label: str) -> set[str] | None:
+    low = label.lower()
+    return next((schemes for key, schemes in _LABEL_SCHEMES if key in low), None)
+
+
+def _built_unlike_stored(ctx: "EngineContext", arg: Any) -> bool:
+    """Per MTP module of the report's module table: the engine builds it quantized while it is stored
+    unquantized or the reverse, or its quantization config refuses it; ``schemes: true`` also counts a
+    quantized module built from a label whose scheme family is not the stored one (an MXFP4 module
+    under a global NVFP4 / FP8 label). What a family defect that claims "the tensors do not fit" must
+    rest on: a stored fact alone never says what the engine builds."""
+    spec = arg if isinstance(arg, Mapping) else {}
+    wanted = _components(spec)
+    hits = []
+    for m in build_plan(ctx):
+        if wanted is not None and m.component not in wanted:
+            continue
+        if "load_error" in m.reasons or any((b is not None) != m.stored_quantized for b in m.built):
+            hits.append(f"{m.module} (stored {m.stored}, built {'/'.join(sorted({b or 'unquantized' for b in m.built}))})")
+            continue
+        if spec.get("schemes") and m.stored_quantized:
+            built = {b for b in m.built if b is not None}
+            families = [label_schemes(b) for b in built]
+            if any(f is not None and m.stored not in f for f in families):
+                hits.append(f"{m.module} (stored {m.stored}, built {'/'.join(sorted(built))})")
+    if hits:
+        ctx.details["built_unlike_stored"] = listed_sample(hits, 3)
+    return bool(hits) if arg is not False else not hits
+
+
+def _declared_list_covers(ctx: "EngineContext", arg: Any) -> bool:
+    """Every name matches some pattern of the list (the negation of declared_list_misses, as a per-module
+    fact a defect can name)."""
+    return not _declared_list_misses(ctx, arg)
+
+
 QUANT_CONDITIONS: dict[str, Callable[["EngineContext", Any], bool]] = {
+    "mtp_module_built_unlike_stored": _built_unlike_stored,
+    "declared_list_covers": _declared_list_covers,
     "declared_keys": _declared_keys,
     "declared_list_misses": _declared_list_misses,
     "mtp_engine_load_error": _engine_load_error,

@@ -93,12 +93,12 @@ def _kv_json(kv: KvCapacity, gib: int) -> dict[str, Any]:
 
 
 def _check_json(c: CheckResult) -> dict[str, Any]:
-    return {"id": c.id, "ok": c.ok, "message": c.message, "fix": c.fix, "source": c.source}
+    return {"id": c.id, "ok": c.ok, "severity": c.severity, "message": c.message, "fix": c.fix, "source": c.source}
 
 
 def _option_json(o: Option, gib: int) -> dict[str, Any]:
     return {**_memory_json(o.memory, gib), "loads": o.loads, "fits": o.fits,
-            "failed_checks": [_check_json(c) for c in o.checks if not c.ok],
+            "failed_checks": [_check_json(c) for c in o.checks if c.blocks],
             "kv_tokens": o.kv.tokens, "miss_gib": round(o.kv.miss_bytes / gib, 2)}
 
 

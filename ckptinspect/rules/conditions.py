@@ -58,6 +58,21 @@ def condition_keys(kind: str) -> frozenset[str]:
     return frozenset(_table(kind))
 
 
+def names_used(when: Any) -> set[str]:
+    """Every condition name a ``when`` mapping uses, nested under ``not`` / ``any`` included (for checks
+    over rule files, e.g. readiness/loader.py per_module_problem)."""
+    if not isinstance(when, Mapping):
+        return set()
+    names = set(when)
+    for key, value in when.items():
+        if key == "not":
+            names |= names_used(value)
+        elif key == "any" and isinstance(value, list):
+            for item in value:
+                names |= names_used(item)
+    return names
+
+
 def evaluate(when: Mapping[str, Any] | None, context: Any, kind: str, *, source: str | None = None) -> bool:
     """True when every condition of ``when`` holds for ``context``.
 
