@@ -81,7 +81,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
               max_prompts: int | None = None, head_factory: Callable | None = None,
               corpus: str | None = None, continuations: str | None = None,
               save_continuations_to: str | None = None, max_gpu_memory: float | None = None,
-              stream_chunk_tokens: int = 32768, cost_calibration: str | None = None,
+              stream_chunk_tokens: int | None = None, cost_calibration: str | None = None,
               categories: Seq[str] | None = None, experts_implementation: str = "auto",
               synthetic_len: int = 1024, stream_store: str = "auto") -> ProbeResult:
     """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md. ``batch_size`` None: greedy
