@@ -103,15 +103,17 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     bare = estimate_at(0, 0)
     fixed = bare["resident"] + bare["mtp"]
     layer_floor = bare["total"] + longest * token_bytes
-    scoring_floor = -(-(fixed + min(scratch_at(1, longest, None, LOGITS_TOKENS >> 7),
-                                    scratch_at(1, longest, ATTENTION_MIN_BLOCK, LOGITS_TOKENS >> 7))) // AUTO_FRACTION)
+    least_scratch = min(scratch_at(1, longest, None, LOGITS_TOKENS >> 7),
+                        scratch_at(1, longest, ATTENTION_MIN_BLOCK, LOGITS_TOKENS >> 7))
+    scoring_floor = -(-(fixed + least_scratch) // AUTO_FRACTION)
     floor = int(max(layer_floor, scoring_floor)) + 64  # + rounding of the budget's fraction
     if limit < floor:
         raise StreamFloorError(
             f"even layer-streamed the probe needs at least {_gib(floor)} and {_gib(limit)} is available: resident "
             f"{_gib(bare['resident'])}, MTP layer {_gib(bare['mtp'])}, one layer {_gib(bare['layer'])} and the next "
             f"read ahead {_gib(bare['next_layer'])}, one chunk of the longest sequence ({longest} tokens) "
-            f"{_gib(longest * token_bytes)}, and its scoring scratch alone; the corpus size does not matter (it is "
+            f"{_gib(longest * token_bytes)}, and in the scoring phase the same resident parts and MTP layer with that "
+            f"sequence's scoring scratch {_gib(least_scratch)} in {AUTO_FRACTION:.0%} of the budget; the corpus size does not matter (it is "
             "streamed in chunks sized to the budget): allow at least that much with --max-gpu-memory, use "
             "--main-url, or a GPU with more memory", floor_bytes=floor, path=model_dir)
     cap = max(chunk_tokens or DEFAULT_CHUNK_TOKENS, 1)

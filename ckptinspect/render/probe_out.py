@@ -58,6 +58,23 @@ def tally_json(tally: Any) -> dict[str, Any]:
     }
 
 
+def _throughput(result: Any) -> dict[str, Any]:
+    """Teacher mode against its ceiling: the main model's own forward over the scored tokens (its
+    prefill, timed in this run as ``hidden_forward``) against the whole scoring (forward + MTP chain
+    + walk); ``fraction_of_prefill`` 1.0 would be a probe as fast as the model's prefill alone."""
+    t = result.timings_s
+    tokens = result.extra.get("tokens_scored")
+    forward = t.get("hidden_forward", 0.0)
+    if result.mode != "teacher" or not tokens or forward <= 0:
+        return {}
+    scoring = forward + t.get("mtp_chain", 0.0) + t.get("walk", 0.0)
+    return {"throughput": {"tokens_scored": tokens, "prefill_tokens_per_s": round(tokens / forward, 1),
+                           "probe_tokens_per_s": round(tokens / scoring, 1),
+                           "fraction_of_prefill": round(forward / scoring, 4),
+                           "chain_parts_s": {k[len("chain_"):]: round(v, 4) for k, v in t.items()
+                                             if k.startswith("chain_")}}}
+
+
 def _overlap(per_layer: list[dict[str, float]]) -> dict[str, float | None]:
     """How well the layer reads hid behind the compute, over the layers after the first (whose read
     has nothing to overlap): the median of each layer's wall time over its read time (1.0: the disk
@@ -114,6 +131,7 @@ def probe_json(result: Any) -> dict[str, Any]:
         "recommendation": result.recommendation,
         "elapsed_s": result.elapsed_s,
         "timings_s": dict(result.timings_s),
+        **_throughput(result),
         **result.extra,
         **({"streaming": stream_json(result.streaming)} if result.streaming is not None else {}),
         "findings": [finding_json(f) for f in result.findings],
