@@ -128,7 +128,8 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
         if dev_chunk >= longest:
             padded, _ = padded_at(dev_chunk)
             dev_chunk = fit(padded)
-        if store == "device" or (dev_chunk >= max(longest, min(cap, DEVICE_STORE_MIN_CHUNK))):
+        scoring_fits = int(limit * AUTO_FRACTION) - fixed - padded * row_bytes >= least_scratch
+        if store == "device" or (scoring_fits and dev_chunk >= max(longest, min(cap, DEVICE_STORE_MIN_CHUNK))):
             chosen, chunk = "device", max(longest, dev_chunk)
     padded, chunk_peak = padded_at(chunk)
     if chosen == "host":
