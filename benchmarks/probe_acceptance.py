@@ -111,21 +111,26 @@ def in_process(source: str, log: str) -> dict:
     return {"exit": code, "error": "no RESULT line"}
 
 
-def dense(results: dict, corpus: str, log: str, out: str) -> None:
+def dense(results: dict, corpus: str, log: str, out: str, save=lambda: None) -> None:
     path = os.path.join(WORK, "deepseek2b")
     results["dense_build"] = in_process(
         f"import json, probe_gpu\nprobe_gpu.WORK = {WORK!r}\nprint('RESULT ' + json.dumps(probe_gpu.build_deepseek({path!r})))",
         log)
+    save()
     results["hf_mtp"] = in_process(
         f"import json, probe_gpu\nprint('RESULT ' + json.dumps(probe_gpu.hf_mtp({path!r})))", log)
+    save()
     results["greedy"] = probe(path, os.path.join(out, "greedy.json"), log, "--mode", "greedy", "--steps", "3",
                               "--max-new-tokens", "256")
+    save()
     results["teacher"] = probe(path, os.path.join(out, "teacher.json"), log, "--mode", "teacher", "--corpus", corpus)
+    save()
     results["synthetic"] = probe(path, os.path.join(out, "synthetic.json"), log, "--categories", "synthetic",
                                  "--max-new-tokens", "64")
+    save()
 
 
-def q397(results: dict, corpus: str, log: str, out: str, budgets=BUDGETS_GIB) -> None:
+def q397(results: dict, corpus: str, log: str, out: str, budgets=BUDGETS_GIB, save=lambda: None) -> None:
     path = os.path.join(WORK, "q397-trunc")
     results["q397_build"] = in_process(
         f"import json, probe_gpu_q397\nprint('RESULT ' + json.dumps(probe_gpu_q397.build({path!r})))", log)
@@ -136,6 +141,10 @@ def q397(results: dict, corpus: str, log: str, out: str, budgets=BUDGETS_GIB) ->
         if "streaming" in row:
             row["extrapolation"] = extrapolate(row)
         results[f"q397_{gib}"] = row
+        save()
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)  # 31 GB
 
 
 def extrapolate(row: dict) -> dict:
@@ -193,7 +202,7 @@ def table(r: dict) -> list[str]:
     if s:
         rows.append(("probe --categories synthetic", f"{s['scored']} samples in {s['elapsed_s']:.1f} s" if s.get("exit") == 0
                      else f"exit {s['exit']}: {s['error'][-120:]}", "completes", "yes" if s.get("exit") == 0 else "no"))
-    for gib in BUDGETS_GIB:
+    for gib in sorted((int(k[5:]) for k in r if k.startswith("q397_") and k[5:].isdigit()), reverse=True):
         q = r.get(f"q397_{gib}")
         if not q:
             continue
@@ -251,7 +260,11 @@ def main() -> None:
     ap.add_argument("--commit", default=None)
     ap.add_argument("--benchmarks-md", default=os.path.join(ROOT, "BENCHMARKS.md"))
     ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--table-from", default=None, help="print the table (and append it) of an earlier acceptance.json")
     args = ap.parse_args()
+    if args.table_from:
+        report(json.load(open(args.table_from)), args)
+        return
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(WORK, exist_ok=True)
     log = os.path.join(args.out, "acceptance.log")
@@ -263,22 +276,28 @@ def main() -> None:
                        "transformers": transformers.__version__, "python": sys.version.split()[0]}}
     r["corpus"] = corpus_file(os.path.join(WORK, "corpus.jsonl"))
     parts = args.parts.split(",")
+    r["parts"] = parts
 
     def save():
         with open(os.path.join(args.out, "acceptance.json"), "w") as fh:
             json.dump(r, fh, indent=1, default=str)
 
-    if "dense" in parts:
-        dense(r, r["corpus"]["path"], log, args.out)
-        save()
-    if "q397" in parts:
-        q397(r, r["corpus"]["path"], log, args.out, tuple(int(b) for b in args.budgets.split(",")))
+    for part in parts:
+        if part == "dense":
+            dense(r, r["corpus"]["path"], log, args.out, save)
+        elif part == "q397":
+            q397(r, r["corpus"]["path"], log, args.out, tuple(int(b) for b in args.budgets.split(",")), save)
         save()
     if "engine" in parts:
         engine(r)
     save()
+    report(r, args)
+
+
+def report(r: dict, args) -> None:
     lines = table(r)
     env = r["env"]
+    parts = r.get("parts", [])
     head = (f"`scripts/gpu_acceptance.sh` ({','.join(parts)}) on {env['gpu']}, {env['date']}, commit {env['commit']}, "
             f"torch {env['torch']}, transformers {env['transformers']}; corpus: {r['corpus']['documents']} whole files, "
             f"{r['corpus']['bytes']:,} bytes of the {r['corpus']['source']} sources")
