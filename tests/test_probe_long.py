@@ -177,3 +177,39 @@ def test_synthetic_category_beside_the_real_ones(tmp_path):
     teacher = probe_json(run_probe(fixture("mimo"), categories=["synthetic"], synthetic_len=48, steps=2,
                                    mode="teacher", progress=False))
     assert set(teacher["categories"]) == {"synthetic"} and teacher["tokens_scored"] == 24 * 48
+
+
+def test_streamed_at_the_floor_budget_gives_the_unbounded_numbers(tmp_path):
+    """Issue 33: documents 8x longer than the model's positions, a corpus whose one-batch scoring
+    activations are over 10x the budget, and the smallest budget the streamed run accepts (the floor
+    its refusal names): exactly the unbounded run's numbers, the chunk sized to the budget."""
+    from ckptinspect.probe.checkpoint import open_checkpoint
+    from ckptinspect.probe.scoring import forward_bytes_per_token, scoring_bytes
+    from ckptinspect.probe.streamed_run import StreamFloorError
+
+    kind = "qwen35moe"
+    cfg = open_checkpoint(fixture(kind)).checkpoint.config
+    positions = cfg.raw["max_position_embeddings"]
+    docs = [(TEXT * 60)[i * 11:][:8 * positions + 40 * i] for i in range(2)]  # byte-level: one token a byte
+    corpus = tmp_path / "long.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": d, "category": "ab"[i]}) for i, d in enumerate(docs)) + "\n")
+    kw = dict(corpus=str(corpus), steps=3, mode="teacher", progress=False)
+    unbounded = probe_json(run_probe(fixture(kind), **kw))
+    assert unbounded["main_model"]["source"] == "in-process transformers"
+    with pytest.raises(StreamFloorError) as refused:
+        run_probe(fixture(kind), max_gpu_memory=1e-4, **kw)
+    floor = refused.value.floor_bytes
+    assert "needs at least" in str(refused.value) and "the corpus size does not matter" in str(refused.value)
+    longest = max(len(d) for d in docs) + 2  # + the tokenizer's own tokens
+    everything = scoring_bytes(len(docs), longest, cfg.vocab_size, cfg.hidden_size, 3, torch.float32,
+                               cfg.num_attention_heads, None, forward_bytes_per_token(cfg, torch.float32))
+    assert everything >= 10 * floor, (everything, floor)
+    with pytest.raises(StreamFloorError):  # one byte less than the floor is refused
+        run_probe(fixture(kind), max_gpu_memory=(floor - 1) / 2**30, **kw)
+    bounded = probe_json(run_probe(fixture(kind), max_gpu_memory=(floor + 1) / 2**30, **kw))
+    info = bounded["streaming"]
+    assert bounded["main_model"]["source"] == "layer-streamed transformers"
+    assert min(len(d) for d in docs) >= 8 * positions
+    assert info["chunk_tokens"] >= longest - 2 and info["estimate_bytes"]["total"] <= info["limit_bytes"]
+    assert bounded["attention"]["blocked_batches"] >= 1  # the scoring scratch at its smallest: blocked attention
+    _same(unbounded, bounded)

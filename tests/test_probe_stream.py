@@ -73,10 +73,10 @@ def test_streaming_holds_one_layer_at_a_time(tmp_path, monkeypatch):
     seen: list[int] = []
     original = stream.StreamedMain._layer_state
 
-    def spy(self, index, layer):
+    def spy(self, index, layer, stored):
         materialized = [i for i, lay in enumerate(self.layers) if not all(p.is_meta for p in lay.parameters())]
         seen.append(len(materialized))
-        return original(self, index, layer)
+        return original(self, index, layer, stored)
 
     monkeypatch.setattr(stream.StreamedMain, "_layer_state", spy)
     run_probe(fixture("qwen35moe"), prompts=write_prompts(tmp_path, PROMPTS[:2]), steps=1, mode="teacher",

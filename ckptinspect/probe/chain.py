@@ -28,6 +28,42 @@ from ckptinspect.probe.heads.base import MtpHead
 class ChainOutput:
     drafts: torch.Tensor  # [K, B, S] argmax draft token of depth j at start t
     min_pq: torch.Tensor | None  # [K, B, S] sum_v min(p_draft, q_target) at temperature T (NaN: no target)
+    target_argmax: torch.Tensor | None = None  # [B, N] the target's argmax at positions 1..N-1 (0 at position 0)
+
+
+class PartClock:
+    """Seconds per part of the chain (``chain_mtp_layer``, ``chain_draft_logits``, ``chain_compare``) without
+    synchronizing inside it: CUDA events around each part, read once at the end (``add_to``)."""
+
+    def __init__(self, device) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self.marks: list[tuple[str, object, object]] = []
+        self.cpu: dict[str, float] = {}
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        import time
+
+        return time.perf_counter()
+
+    def part(self, name: str, start) -> object:
+        end = self.mark()
+        if self.cuda:
+            self.marks.append((name, start, end))
+        else:
+            self.cpu[name] = self.cpu.get(name, 0.0) + end - start
+        return end
+
+    def add_to(self, timings: dict[str, float]) -> None:
+        if self.cuda and self.marks:
+            self.marks[-1][2].synchronize()
+        for name, a, b in self.marks:
+            timings[name] = timings.get(name, 0.0) + a.elapsed_time(b) / 1e3
+        for name, v in self.cpu.items():
+            timings[name] = timings.get(name, 0.0) + v
 
 
 def stream_mask(depth: int, seq: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -55,12 +91,15 @@ def stream_mask(depth: int, seq: int, dtype: torch.dtype, device) -> torch.Tenso
 @torch.no_grad()
 def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: int, *,
               target_logits_fn=None, temperature: float = 1.0, attention_block: int | None = None,
-              logits_tokens: int = 2048) -> ChainOutput:
+              logits_tokens: int = 2048, parts: dict[str, float] | None = None) -> ChainOutput:
     """``tokens`` [B, N], ``hidden`` [B, N, H] (target, post-final-norm). Right padding is harmless:
     every query only attends earlier positions. ``attention_block``: compute the streams' attention
     ``stream_attention.streams_attention`` this many starts at a time instead of through the dense
     mask (long documents; same numbers). Logits, drafts and sum(min(p, q)) are taken
-    ``logits_tokens`` (batch rows x positions) at a time, so no batch x S x vocab tensor exists."""
+    ``logits_tokens`` (batch rows x positions) at a time, so no batch x S x vocab tensor exists. The
+    target's argmax at every position comes from depth 1's target logits (no pass of its own).
+    ``parts``: seconds of the MTP layer, the draft logits + argmax and the comparison with the target
+    (``PartClock``) are added to it."""
     bsz, n = tokens.shape
     seq = n - 1
     origin = hidden.device
@@ -71,7 +110,10 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
     embs = [head.embed(tokens[:, 1:]).to(hidden.dtype)]
     hids = [hidden[:, :-1]]
     drafts, min_pq = [], []
+    clock = PartClock(device) if parts is not None else None
+    target_argmax = (torch.zeros(bsz, n, dtype=torch.long, device=device) if target_logits_fn is not None else None)
     for depth in range(1, steps + 1):
+        at = clock.mark() if clock else None
         emb = torch.cat(embs, dim=1)
         hid = torch.cat(hids, dim=1)
         pos = torch.cat([base_pos + i for i in range(depth)], dim=1)
@@ -83,6 +125,7 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
         else:
             mask = stream_mask(depth, seq, hidden.dtype, device).expand(bsz, -1, -1, -1)
             out = head.step(emb, hid, pos, mask)[:, -seq:]
+        at = clock.part("chain_mtp_layer", at) if clock else None
         d = torch.empty(bsz, seq, dtype=torch.long, device=device)
         pq = torch.full((bsz, seq), float("nan"), device=device) if target_logits_fn is not None else None
         span = max(1, logits_tokens // bsz)
@@ -90,26 +133,35 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
             hi = min(seq, lo + span)
             logits = head.logits(out[:, lo:hi])
             d[:, lo:hi] = logits.argmax(dim=-1).to(device)
+            at = clock.part("chain_draft_logits", at) if clock else None
             if pq is not None:
-                _min_pq(pq, logits, target_logits_fn, depth, n, temperature, lo)
+                _min_pq(pq, logits, target_logits_fn, depth, n, temperature, lo,
+                        target_argmax if depth == 1 else None)
+                at = clock.part("chain_compare", at) if clock else None
             del logits
         drafts.append(d)
         if pq is not None:
             min_pq.append(pq)
         embs.append(head.embed(d).to(hidden.dtype))
         hids.append(out.to(hidden.dtype))
+    if clock:
+        clock.add_to(parts)
     return ChainOutput(torch.stack(drafts).to(origin),
-                       torch.stack([m.to(origin) for m in min_pq]) if min_pq else None)
+                       torch.stack([m.to(origin) for m in min_pq]) if min_pq else None,
+                       None if target_argmax is None else target_argmax.to(origin))
 
 
 def _min_pq(out: torch.Tensor, draft_logits: torch.Tensor, target_logits_fn, depth: int, n: int,
-            temperature: float, lo: int) -> None:
+            temperature: float, lo: int, argmax_out: torch.Tensor | None = None) -> None:
     """Into ``out[:, lo:lo+w]``: sum_v min(p, q), p = draft at start t (predicting x_{t+depth+1}),
-    q = target at position t+depth; starts past n-1-depth have no target position (left NaN)."""
+    q = target at position t+depth; starts past n-1-depth have no target position (left NaN).
+    ``argmax_out`` [B, N]: the target's argmax at those positions is written into it too."""
     valid = min(lo + draft_logits.shape[1], n - depth) - lo  # starts t with t+depth <= n-1
     if valid <= 0:
         return
     q_logits = target_logits_fn(lo + depth, lo + depth + valid)
+    if argmax_out is not None:
+        argmax_out[:, lo + depth:lo + depth + valid] = q_logits.argmax(dim=-1).to(argmax_out.device)
     t = max(temperature, 1e-6)
     p = torch.softmax(draft_logits[:, :valid].float() / t, dim=-1)
     q = torch.softmax(q_logits.to(p.device).float() / t, dim=-1)

@@ -59,12 +59,13 @@ def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode:
         return lm_head(hidden[:, start:end])
 
     chain = run_chain(head, ids, hidden, steps, target_logits_fn=target_logits if with_target else None,
-                      temperature=temperature, attention_block=attention_block, logits_tokens=logits_tokens)
+                      temperature=temperature, attention_block=attention_block, logits_tokens=logits_tokens,
+                      parts=timings)
     drafts = chain.drafts.cpu().numpy()  # [K, B, S]
     min_pq = chain.min_pq.cpu().numpy() if chain.min_pq is not None else None
-    span = max(1, logits_tokens // len(batch))  # positions per LM-head call: batch x span logits at a time
-    argmax = (torch.cat([lm_head(hidden[:, i:i + span]).argmax(-1) for i in range(0, n, span)], dim=1).cpu().numpy()
-              if with_target else np.zeros((len(batch), n), dtype=np.int64))
+    # the target's argmax (positions >= 1; scoring never reads position 0) from the chain's depth-1 comparison
+    argmax = (chain.target_argmax.cpu().numpy() if chain.target_argmax is not None
+              else np.zeros((len(batch), n), dtype=np.int64))
     clock.lap("mtp_chain")
     tallies: dict[str, Tally] = {}
     for b, seq in enumerate(batch):

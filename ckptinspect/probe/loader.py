@@ -128,11 +128,81 @@ def needs_dequant(metas: Mapping[str, TensorMeta]) -> bool:
     return any(quant_kind(n, metas) in DEQUANTIZERS for n in metas)
 
 
+_TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                 "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                 "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+def data_offsets(path: str) -> dict[str, tuple[int, int]]:
+    """(start, end) file offsets of each tensor's bytes in a safetensors file (its header read once)."""
+    try:
+        with open(path, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+    except (OSError, ValueError) as exc:
+        raise ProbeError(f"cannot read the safetensors header ({exc})", path=path) from exc
+    base = 8 + size
+    return {k: (base + v["data_offsets"][0], base + v["data_offsets"][1]) for k, v in header.items()
+            if k != "__metadata__"}
+
+
+def read_stored(model_dir: str, metas: Mapping[str, TensorMeta], names: list[str], buffer: torch.Tensor,
+                offsets: dict[str, dict[str, tuple[int, int]]]) -> dict[str, torch.Tensor] | None:
+    """The stored (undequantized) tensors ``names``, read from their shards into ``buffer`` (a uint8
+    host tensor, pinned where the caller wants an asynchronous copy to a GPU): one ``readinto`` per run
+    of adjacent tensors, which releases the interpreter lock while the disk works, so a caller's
+    thread overlaps it with computation. Returns views of ``buffer`` (valid until it is reused), or
+    None when a dtype has no torch equivalent or the buffer is too small (the caller reads through
+    safetensors instead). ``offsets`` caches each shard's header."""
+    spans = []
+    for name in names:
+        meta = metas[name]
+        if meta.dtype not in _TORCH_DTYPES:
+            return None
+        if meta.shard not in offsets:
+            offsets[meta.shard] = data_offsets(os.path.join(model_dir, meta.shard))
+        start, end = offsets[meta.shard][name]
+        spans.append((meta.shard, start, end, name))
+    spans.sort()
+    if sum(end - start for _, start, end, _ in spans) > buffer.numel():
+        return None
+    view = memoryview(buffer.numpy()) if buffer.numel() else memoryview(b"")
+    out: dict[str, torch.Tensor] = {}
+    at = 0
+    i = 0
+    while i < len(spans):  # a run: tensors that follow each other in one shard, read in one call
+        shard, start, end, _ = spans[i]
+        j = i + 1
+        while j < len(spans) and spans[j][0] == shard and spans[j][1] == end:
+            end = spans[j][2]
+            j += 1
+        with open(os.path.join(model_dir, shard), "rb", buffering=0) as fh:
+            fh.seek(start)
+            got, want = 0, end - start
+            while got < want:
+                n = fh.readinto(view[at + got:at + want])
+                if not n:
+                    raise ProbeError(f"file ends inside tensor data (offset {start + got})",
+                                     path=os.path.join(model_dir, shard))
+                got += n
+        for _, s, e, name in spans[i:j]:
+            meta = metas[name]
+            raw = buffer[at + s - start:at + e - start]
+            out[name] = raw.view(_TORCH_DTYPES[meta.dtype]).view(meta.shape) if e > s else torch.empty(
+                meta.shape, dtype=_TORCH_DTYPES[meta.dtype])
+        at += end - start
+        i = j
+    return out
+
+
 def iter_tensors(model_dir: str, metas: Mapping[str, TensorMeta], keep: Callable[[str], bool],
-                 dtype: torch.dtype, device: Any = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+                 dtype: torch.dtype, device: Any = "cpu",
+                 stored: Mapping[str, torch.Tensor] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) for kept tensors, dequantized to ``dtype``, companions folded in. The
     stored bytes are read straight onto ``device`` and dequantized there (a GPU does it in place of
-    the CPU). Only tensors in ``metas`` (the report inventory's, in the index's shards) are read."""
+    the CPU). Only tensors in ``metas`` (the report inventory's, in the index's shards) are read.
+    ``stored``: tensors already read (``read_stored``, or copied to the device ahead), used in place of
+    the shards for the names it holds."""
     from safetensors import safe_open
 
     by_shard: dict[str, list[str]] = {}
@@ -142,6 +212,8 @@ def iter_tensors(model_dir: str, metas: Mapping[str, TensorMeta], keep: Callable
     handles: dict[str, Any] = {}
 
     def get(name: str) -> torch.Tensor:
+        if stored is not None and name in stored:
+            return stored[name]
         shard = metas[name].shard
         if shard not in handles:
             handles[shard] = safe_open(os.path.join(model_dir, shard), framework="pt", device=str(device))

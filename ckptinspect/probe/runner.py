@@ -18,8 +18,8 @@ from ckptinspect.probe.prompts import encode_prompt, load_prompts, load_tokenize
 from ckptinspect.probe.readiness_gate import check_mtp_usable
 from ckptinspect.probe.result import ProbeResult, build_result
 from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, SLACK_BYTES, decode_bytes,
-                                       estimate_bytes, forward_bytes_per_token, plan_batches, score_all, scoring_bytes,
-                                       weight_bytes)
+                                       estimate_bytes, forward_bytes_per_token, generation_bytes, plan_batches,
+                                       score_all, scoring_bytes, weight_bytes)
 from ckptinspect.probe.streamed_run import attention_counts
 from ckptinspect.probe.sequences import generate_sequences, save_continuations, teacher_sequences
 
@@ -81,7 +81,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
               max_prompts: int | None = None, head_factory: Callable | None = None,
               corpus: str | None = None, continuations: str | None = None,
               save_continuations_to: str | None = None, max_gpu_memory: float | None = None,
-              stream_chunk_tokens: int = 32768, cost_calibration: str | None = None,
+              stream_chunk_tokens: int | None = None, cost_calibration: str | None = None,
               categories: Seq[str] | None = None, experts_implementation: str = "auto",
               synthetic_len: int = 1024, stream_store: str = "auto") -> ProbeResult:
     """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md. ``batch_size`` None: greedy
@@ -148,9 +148,11 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
 
         prompt_list = prompt_list + synthetic_prompts(min(vocab or len(tok), len(tok)), tok.all_special_ids,
                                                       length=synthetic_len)
+    longest_prompt = 0
     if mode == "greedy":
         encoded = [encode_prompt(tok, p, chat=True, vocab_size=vocab, source=model_dir) for p in prompt_list]
         lengths = [len(e) + max_new_tokens for e in encoded]
+        longest_prompt = max(len(e) for e in encoded)
     else:
         sequences = teacher_sequences(tok, prompt_list, corpus, continuations,
                                       vocab, model_dir)
@@ -176,10 +178,17 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
 
     def need_at(batch: int) -> int:  # the widest batch of this many rows: dense attention if it fits, else blocked
         b = min(batch, count)
+        if mode == "greedy":
+            # Generation runs the whole batch at once; the scoring after it is planned in sub-batches
+            # (plan_batches) that fit the same budget, so only generation and one row's scoring bound it.
+            return fixed + max(generation_bytes(b, longest_prompt, longest, cfg, torch_dtype, fwd, vocab or 0,
+                                                decode_at(b)), least_scoring)
         dense = scratch_at(b, longest, None)
         scratch = dense if dense <= budget else min(dense, scratch_at(b, longest, ATTENTION_MIN_BLOCK))
         return fixed + max(scratch, decode_at(b))
 
+    least_scoring = min(scratch_at(1, longest, None, LOGITS_TOKENS >> 7),
+                        scratch_at(1, longest, ATTENTION_MIN_BLOCK, LOGITS_TOKENS >> 7))
     batch_source = "given"
     if batch_size is None:
         if mode == "greedy":
@@ -241,9 +250,11 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
             peaks["generate"] = torch.cuda.max_memory_allocated(first_device)
         if save_continuations_to:
             save_continuations(save_continuations_to, sequences, model_dir=model_dir, max_new_tokens=max_new_tokens)
-        # the batch that passed the memory check fits whatever the fraction left
+        if first_device.type == "cuda":  # generation's KV cache and transients go back before scoring
+            torch.cuda.empty_cache()
+        # scoring in sub-batches that fit the budget; a given batch that passed the memory check fits too
         batches = plan_batches([len(q.tokens) for q in sequences], batch_size,
-                               max(budget, need - fixed - decode_at(batch_size), need_at(batch_size) - fixed),
+                               max(budget, need_at(batch_size) - fixed - decode_at(batch_size)),
                                scratch_at, heads=cfg.num_attention_heads or 1, source=model_dir)
     tallies = score_all(main, head, sequences, steps, mode=mode, temperature=temperature, batches=batches,
                         pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, device=first_device,
@@ -252,6 +263,8 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                         dtype=str(torch_dtype).replace("torch.", ""), main_source="in-process transformers",
                         dequantized=tmp is not None, timings=timings,
                         extra={"tokens_scored": sum(len(s.tokens) for s in sequences), "memory_estimate_bytes": need,
+                               "scoring_estimate_bytes": fixed + max(scratch_at(len(b.indices), b.width, b.attention_block,
+                                                                                b.logits_tokens) for b in batches),
                                "batch_size": max(len(b.indices) for b in batches) if mode == "teacher" else batch_size,
                                "batch_size_source": batch_source, "attention": attention_counts(batches),
                                "experts_implementation": experts,

@@ -78,6 +78,31 @@ def decode_bytes(batch: int, top_k: int, expert_params: int, dtype: torch.dtype)
     return batch * top_k * expert_params * torch.tensor([], dtype=dtype).element_size()
 
 
+def kv_bytes_per_token(cfg, dtype: torch.dtype) -> int:
+    """transformers' KV cache per token over all decoder layers (generation): keys and values at the
+    compute dtype. MLA (DeepSeek) caches the decompressed per-head keys (nope + rope dims) and values;
+    otherwise key/value heads x head_dim each. Linear-attention layers keep a fixed-size state, counted
+    like attention layers here (an over-estimate, never an under-estimate)."""
+    per = torch.tensor([], dtype=dtype).element_size()
+    heads = cfg.num_attention_heads or 1
+    if cfg.kv_lora_rank:
+        width = heads * ((cfg.qk_nope_head_dim or 0) + (cfg.qk_rope_head_dim or 0) + (cfg.v_head_dim or 0))
+    else:
+        kv_heads = cfg.num_key_value_heads or heads
+        width = 2 * kv_heads * (cfg.head_dim or cfg.hidden_size // heads)
+    return width * per * cfg.num_hidden_layers
+
+
+def generation_bytes(batch: int, prompt: int, total: int, cfg, dtype: torch.dtype, forward_per_token: int,
+                     vocab: int, decode: int) -> int:
+    """Peak transient of greedy generation for ``batch`` prompts of at most ``prompt`` tokens growing to
+    ``total``: the KV cache of the whole length, plus the larger of the prefill's layer activations
+    and float32 last-position logits, and the decode step's ``decode`` (``decode_bytes``)."""
+    per = torch.tensor([], dtype=dtype).element_size()
+    return batch * total * kv_bytes_per_token(cfg, dtype) + max(batch * prompt * forward_per_token + batch * vocab * (per + 4),
+                                                                decode)
+
+
 def estimate_bytes(metas, dtype: torch.dtype, *, batch: int = 0, seq: int = 0, vocab: int = 0, hidden: int = 0,
                    steps: int = 1, heads: int = 0, decode: int = 0, block: int | None = None,
                    forward_per_token: int = 0) -> int:

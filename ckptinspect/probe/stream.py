@@ -18,6 +18,7 @@ in rounds when even the host cannot hold its activations).
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -25,19 +26,25 @@ import torch
 
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe import loader
+from ckptinspect.probe.heads.fusion import EXPERT_TENSOR
 
 
 @dataclass
 class StreamStats:
     layers: int = 0
     bytes_read: int = 0  # stored (quantized) bytes read from the shards for the decoder layers
-    read_s: float = 0.0  # reading + dequantizing + loading layer weights
+    read_s: float = 0.0  # reading the layers' stored bytes from the shards (a background thread)
+    load_s: float = 0.0  # waiting for the read, copying to the device, dequantizing, fusing, assigning
     compute_s: float = 0.0  # running the tokens through the layers
+    wall_s: float = 0.0  # the layer loop's wall time: load_s + compute_s (the reads overlap the compute)
     max_layer_bytes: int = 0  # largest dequantized layer, bytes on the device
     per_layer: list[dict[str, float]] = field(default_factory=list)
     store: str = "device"  # where the residual stream waits between layers: device | host
     store_bytes_moved: int = 0  # host <-> device copies of the residual stream (store "host")
     rounds: int = 1  # passes over the layers (the corpus taken in rounds when the host cannot hold it)
+    chunk_tokens: int = 0  # padded tokens per chunk (sized to the budget unless given)
+    overlapped: bool = False  # whether layer i+1 was read while layer i computed
+
 
 
 def _sync(device: torch.device) -> None:
@@ -64,9 +71,6 @@ class StreamedMain:
                  chunk_tokens: int = 32768, store: str = "device") -> None:
         from transformers import AutoModelForCausalLM
 
-        from ckptinspect.probe.heads.fusion import fuse_expert_tensors
-
-        self._fuse = fuse_expert_tensors
         self.model_dir, self.metas, self.inventory = model_dir, probe_ckpt.metas, probe_ckpt.inventory
         self.dtype, self.device, self.chunk_tokens = dtype, torch.device(device), chunk_tokens
         # The in-memory path dequantizes into a BF16 copy when computing in FP32 (loader.prepare_loadable_dir);
@@ -122,18 +126,52 @@ class StreamedMain:
                              path=self.model_dir)
 
     # -- one layer ----------------------------------------------------------------------------
-    def _layer_state(self, index: int, layer) -> dict[str, torch.Tensor]:
+    def _layer_state(self, index: int, layer, stored: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """Layer ``index``'s tensors under transformers' names, dequantized on the device; routed
+        experts stored one per tensor are written straight into the fused 3-D stack transformers holds
+        (never the per-expert tensors and the stack at once: one layer, not two, on the device)."""
         names = _layer_names(self.inventory, index)
-        raw = {_local(n, index): t for n, t in
-               loader.iter_tensors(self.model_dir, self.metas, set(names).__contains__, self.read_dtype,
-                                   device=self.device)}
-        expected = set(layer.state_dict())
-        state = self._fuse(raw, expected)
+        own = layer.state_dict()
+        state: dict[str, torch.Tensor] = {}
+        fused: dict[str, torch.Tensor] = {}
+        filled: dict[str, int] = {}
+        for name, t in loader.iter_tensors(self.model_dir, self.metas, set(names).__contains__, self.read_dtype,
+                                           device=self.device, stored=stored):
+            local = _local(name, index)
+            m = EXPERT_TENSOR.match(local)
+            if m is None or f"{m['pre']}.gate_up_proj" not in own:
+                state[local] = t
+                continue
+            key = f"{m['pre']}.down_proj" if m["proj"] == "down_proj" else f"{m['pre']}.gate_up_proj"
+            ref = own.get(key)
+            if ref is None:
+                raise ProbeError(f"decoder layer {index}: {local} has no fused {key} in transformers' layer",
+                                 path=self.model_dir)
+            if key not in fused:
+                fused[key] = torch.empty(ref.shape, dtype=ref.dtype, device=self.device)
+            e, half = int(m["e"]), ref.shape[1] // 2
+            if e >= ref.shape[0]:
+                raise ProbeError(f"decoder layer {index}: expert {e} over the {ref.shape[0]} experts of {key}",
+                                 path=self.model_dir)
+            dst = (fused[key][e] if m["proj"] == "down_proj" else
+                   fused[key][e, :half] if m["proj"] == "gate_proj" else fused[key][e, half:])
+            if tuple(dst.shape) != tuple(t.shape):
+                raise ProbeError(f"decoder layer {index}: {local} has shape {tuple(t.shape)}, transformers' {key} "
+                                 f"holds {tuple(dst.shape)} per expert", path=self.model_dir)
+            dst.copy_(t)
+            filled[key] = filled.get(key, 0) + 1
+            del t
+        for key, t in fused.items():  # gate and up per expert fill gate_up_proj; down_proj once per expert
+            want = t.shape[0] * (1 if key.endswith("down_proj") else 2)
+            if filled.get(key, 0) != want:
+                raise ProbeError(f"decoder layer {index}: experts under {key} are incomplete ({filled.get(key, 0)} of "
+                                 f"{want} tensors)", path=self.model_dir)
+        state.update(fused)
+        expected = set(own)
         missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
         if missing or extra:
             raise ProbeError(f"decoder layer {index}: checkpoint tensors do not match transformers' layer "
                              f"(missing {missing[:3]}, unexpected {extra[:3]})", path=self.model_dir)
-        own = layer.state_dict()
         for k, v in state.items():
             if tuple(v.shape) != tuple(own[k].shape):
                 raise ProbeError(f"decoder layer {index}: {k} has shape {tuple(v.shape)}, transformers expects "
@@ -181,41 +219,104 @@ class StreamedMain:
     @torch.no_grad()
     def hidden_chunks(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
         """Post-final-norm hidden states of each id chunk [b, n], one pass over the layers for all
-        chunks; returned in the store (device or pinned host memory)."""
+        chunks; returned in the store (device or pinned host memory). Layer i+1's stored bytes are
+        read (``_LayerReader``: disk -> host buffer -> device, on a thread and a side stream) while
+        layer i computes."""
         states: list[torch.Tensor | None] = [None] * len(chunks)
-        for index, layer in enumerate(self.layers):
-            t0 = time.perf_counter()
-            layer.load_state_dict(self._layer_state(index, layer), strict=True, assign=True)
-            stray = [n for n, b in layer.named_buffers() if b.is_meta]
-            if stray:
-                raise ProbeError(f"decoder layer {index} has buffers the streamer cannot rebuild: {stray[:3]}")
-            _sync(self.device)
-            t1 = time.perf_counter()
-            layer_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
-            for c, ids in enumerate(chunks):
-                box: list = []
-                self._decoder(ids, ("capture", index, box))
-                if len(box) != 1:
-                    raise ProbeError(f"the decoder called layer {index} {len(box)} times for one forward")
-                first, args, kwargs = box[0]
-                hidden = first if index == 0 else self._fetch(states[c])
-                out = self._originals[index](hidden, *args, **kwargs)
-                states[c] = self._keep(out[0] if isinstance(out, tuple) else out)
-                del box, first, args, kwargs, hidden, out
-            _sync(self.device)
-            t2 = time.perf_counter()
-            layer.to("meta")  # frees the layer's weights before the next layer is read
-            self.stats.layers += 1
-            self.stats.read_s += t1 - t0
-            self.stats.compute_s += t2 - t1
-            self.stats.max_layer_bytes = max(self.stats.max_layer_bytes, layer_bytes)
-            self.stats.per_layer.append({"read_s": t1 - t0, "compute_s": t2 - t1})
+        reader = _LayerReader(self)
+        try:
+            pending = reader.submit(0)
+            for index, layer in enumerate(self.layers):
+                t0 = time.perf_counter()
+                stored, read_s = pending.result()
+                t_wait = time.perf_counter() - t0
+                reader.adopt(stored)
+                layer.load_state_dict(self._layer_state(index, layer, stored), strict=True, assign=True)
+                del stored
+                stray = [n for n, b in layer.named_buffers() if b.is_meta]
+                if stray:
+                    raise ProbeError(f"decoder layer {index} has buffers the streamer cannot rebuild: {stray[:3]}")
+                _sync(self.device)
+                t1 = time.perf_counter()
+                if index + 1 < len(self.layers):  # the next layer's read runs while this one computes
+                    pending = reader.submit(index + 1)
+                layer_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
+                for c, ids in enumerate(chunks):
+                    box: list = []
+                    self._decoder(ids, ("capture", index, box))
+                    if len(box) != 1:
+                        raise ProbeError(f"the decoder called layer {index} {len(box)} times for one forward")
+                    first, args, kwargs = box[0]
+                    hidden = first if index == 0 else self._fetch(states[c])
+                    out = self._originals[index](hidden, *args, **kwargs)
+                    states[c] = self._keep(out[0] if isinstance(out, tuple) else out)
+                    del box, first, args, kwargs, hidden, out
+                _sync(self.device)
+                t2 = time.perf_counter()
+                layer.to("meta")  # frees the layer's weights before the next layer is loaded
+                self.stats.layers += 1
+                self.stats.read_s += read_s
+                self.stats.load_s += t1 - t0
+                self.stats.compute_s += t2 - t1
+                self.stats.wall_s += t2 - t0
+                self.stats.max_layer_bytes = max(self.stats.max_layer_bytes, layer_bytes)
+                self.stats.per_layer.append({"read_s": read_s, "wait_s": t_wait, "load_s": t1 - t0 - t_wait,
+                                             "compute_s": t2 - t1, "wall_s": t2 - t0})
+            self.stats.overlapped = reader.overlaps
+        finally:
+            reader.close()
         finals = []
         for c, ids in enumerate(chunks):
             finals.append(self._keep(self._decoder(ids, ("replay", self._fetch(states[c])))))
             states[c] = None
         _sync(self.device)
         return finals
+
+
+class _LayerReader:
+    """Reads one decoder layer's stored (still quantized) bytes ahead, on one background thread: from
+    the shards into a host buffer (pinned on a GPU; two, used in turn, each the largest layer's stored
+    size, allocated once), then to the device on a side stream. Device memory: the stored bytes of the
+    layer read ahead (``stream_estimate``'s "next layer"), beside the layer computing. When a tensor's
+    dtype has no torch equivalent the main thread reads through safetensors as before (no overlap)."""
+
+    def __init__(self, owner: "StreamedMain") -> None:
+        self.owner, self.device = owner, owner.device
+        cuda = self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.device) if cuda else None
+        sizes = [sum(owner.metas[n].nbytes for n in _layer_names(owner.inventory, i)) for i in range(len(owner.layers))]
+        self.buffers = [torch.empty(max(sizes, default=0), dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
+        self.offsets: dict[str, dict[str, tuple[int, int]]] = {}
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ckptinspect-layer-read")
+        self.overlaps = True
+
+    def submit(self, index: int) -> Future:
+        return self.pool.submit(self._read, index, self.buffers[index % 2])
+
+    def _read(self, index: int, buffer: torch.Tensor) -> tuple[dict[str, torch.Tensor] | None, float]:
+        t0 = time.perf_counter()
+        names = _layer_names(self.owner.inventory, index)
+        host = loader.read_stored(self.owner.model_dir, self.owner.metas, names, buffer, self.offsets)
+        if host is None:
+            self.overlaps = False
+            return None, 0.0
+        if self.stream is None:  # CPU: private copies (the buffer is reused two layers on)
+            return {k: v.clone() for k, v in host.items()}, time.perf_counter() - t0
+        with torch.cuda.stream(self.stream):
+            on_device = {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
+        self.stream.synchronize()  # the buffer is free again and the tensors are whole
+        return on_device, time.perf_counter() - t0
+
+    def adopt(self, stored: dict[str, torch.Tensor] | None) -> None:
+        """The main stream uses tensors the side stream allocated: tell the allocator, so that their
+        memory is not handed out again before the main stream's work on them is done."""
+        if stored and self.stream is not None:
+            main = torch.cuda.current_stream(self.device)
+            for t in stored.values():
+                t.record_stream(main)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def chunk_rows(lengths: list[int], chunk_tokens: int) -> list[list[int]]:
@@ -246,19 +347,48 @@ def largest_layer_bytes(probe_ckpt, dtype: torch.dtype) -> int:
     return max(sizes.values(), default=0)
 
 
+def largest_stored_layer_bytes(probe_ckpt) -> int:
+    """The largest decoder layer's bytes as stored (quantized where the checkpoint is): what the
+    read-ahead holds on the device while the layer before it computes."""
+    sizes: dict[int, int] = {}
+    for g in probe_ckpt.inventory.groups:
+        if g.layer is not None and g.mtp_layer is None:
+            sizes[g.layer] = sizes.get(g.layer, 0) + g.bytes
+    return max(sizes.values(), default=0)
+
+
 def stream_estimate(probe_ckpt, dtype: torch.dtype, *, chunk_tokens: int, forward_per_token: int, store_tokens: int,
                     mtp_bytes: int, scoring: int) -> Mapping[str, int]:
     """Peak device bytes of a streamed run: resident parts + the MTP layer + the store's device share
     (``store_tokens`` x hidden: the corpus's residual stream when it waits on the device, 0 when it
-    waits in host memory) + the larger of the layer phase (two copies of the largest layer: the
-    per-expert tensors and their fused stack coexist while a layer loads; one chunk's layer
-    activations, ``scoring.forward_bytes_per_token`` each, plus its residual stream in and out) and
-    the scoring phase (``scoring`` of the largest batch)."""
+    waits in host memory) + the larger of the layer phase and the scoring phase (``scoring`` of the
+    largest batch). The layer phase: the layer computing (dequantized, experts written straight into
+    their fused stack), the next layer's stored bytes read ahead onto the device, one tensor's
+    dequantization transient, and one chunk's layer activations (``scoring.forward_bytes_per_token``
+    each, plus its residual stream in and out, ``chunk_token_bytes``)."""
     per = torch.tensor([], dtype=dtype).element_size()
     hidden = probe_ckpt.checkpoint.config.hidden_size
-    parts = {"resident": resident_bytes(probe_ckpt, dtype), "layer": 2 * largest_layer_bytes(probe_ckpt, dtype),
-             "mtp": mtp_bytes, "chunk": chunk_tokens * (forward_per_token + 3 * hidden * per),
+    parts = {"resident": resident_bytes(probe_ckpt, dtype), "layer": largest_layer_bytes(probe_ckpt, dtype),
+             "next_layer": largest_stored_layer_bytes(probe_ckpt), "transient": tensor_transient_bytes(probe_ckpt),
+             "mtp": mtp_bytes, "chunk": chunk_tokens * chunk_token_bytes(forward_per_token, hidden, per),
              "store": store_tokens * hidden * per, "scoring": scoring}
     parts["total"] = (parts["resident"] + parts["mtp"] + parts["store"]
-                      + max(parts["layer"] + parts["chunk"], parts["scoring"]))
+                      + max(parts["layer"] + parts["next_layer"] + parts["transient"] + parts["chunk"],
+                            parts["scoring"]))
     return parts
+
+
+def chunk_token_bytes(forward_per_token: int, hidden: int, per: int) -> int:
+    """Device bytes per padded token of a chunk in the layer phase: the layer's activations and the
+    residual stream in, out and as the next layer's input."""
+    return forward_per_token + 3 * hidden * per
+
+
+def tensor_transient_bytes(probe_ckpt) -> int:
+    """One decoder-layer tensor's load transient: the largest one's elements in float32, twice (the
+    dequantizer's temporaries; a stored BF16 tensor needs less)."""
+    largest = 0
+    for g in probe_ckpt.inventory.groups:
+        if g.layer is not None and g.mtp_layer is None:
+            largest = max(largest, g.params // max(1, g.tensors))
+    return 2 * 4 * largest

@@ -38,73 +38,115 @@ def host_budget() -> int:
         return 1 << 62
 
 
-def plan_store(estimate_at, tokens: int, row_bytes: int, limit: int, store: str, host: int) -> tuple[str, int]:
-    """(store, rounds). ``estimate_at(store_tokens)`` is the streamed device estimate with that many
-    tokens' residual stream on the device. The device store needs no copies, so it is taken when the
-    whole corpus fits beside the layer; else the host store (a copy in and out per chunk and layer,
-    ~2 x tokens x hidden bytes over PCIe per layer against seconds of weight reading; BENCHMARKS.md
-    section 11 measures both); rounds only when the host cannot hold the corpus's stream either (each
-    round reads every layer again)."""
-    if store == "device" or (store == "auto" and estimate_at(tokens) <= limit):
-        return "device", 1
-    return "host", max(1, -(-tokens * row_bytes // max(host, 1)))
+class StreamFloorError(ProbeError):
+    """The budget is under what a streamed run needs at its smallest (``floor_bytes``)."""
+
+    def __init__(self, message: str, *, floor_bytes: int, path: str | None = None) -> None:
+        super().__init__(message, path=path)
+        self.floor_bytes = floor_bytes
+
+
+# The layer phase's chunk when the budget allows more: on an H200 (BENCHMARKS.md section 11) chunks of
+# 16k-67k tokens ran within timing noise, and one forward of 300k tokens allocated past the estimate.
+DEFAULT_CHUNK_TOKENS = 32768
+# The device store (no host copies) is taken only where it leaves the chunk at least this many tokens:
+# a smaller chunk costs more per token than the store's host copies (BENCHMARKS.md section 11).
+DEVICE_STORE_MIN_CHUNK = 8192
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.2f} MiB"
 
 
 def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], tok, *, common: dict, mode: str,
                  device: str, dtype: torch.dtype, max_rows: int, progress: bool, need: int, limit: int,
-                 chunk_tokens: int, timings: dict[str, float], trust_remote_code: bool = False,
+                 chunk_tokens: int | None, timings: dict[str, float], trust_remote_code: bool = False,
                  experts_implementation: str = "auto", batch_info: dict | None = None, store: str = "auto"):
+    """``chunk_tokens``: the layer phase's padded tokens per chunk at most (None: DEFAULT_CHUNK_TOKENS);
+    the run takes the largest chunk that fits ``limit`` beside the resident parts, the MTP layer, the
+    layer computing and the next one read ahead. The floor (refused below, naming it): those parts, one
+    chunk of the longest sequence, and the scoring scratch of the longest sequence alone."""
     from ckptinspect.probe.result import Streaming, build_result
     from ckptinspect.probe.heads.build import build_head
-    from ckptinspect.probe.scoring import (AUTO_FRACTION, LOGITS_TOKENS, Batch, forward_bytes_per_token, plan_batches,
-                                           score_all, scoring_bytes)
-    from ckptinspect.probe.stream import StreamedMain, chunk_rows, stream_estimate
+    from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, Batch,
+                                           forward_bytes_per_token, plan_batches, score_all, scoring_bytes)
+    from ckptinspect.probe.stream import StreamedMain, chunk_rows, chunk_token_bytes, stream_estimate
 
     if store not in STORES:
         raise ProbeError(f"unknown stream store {store!r} ({', '.join(STORES)})")
+    if device.startswith("cuda"):  # the peak counter below needs an initialised CUDA (a fresh process has none)
+        torch.cuda.init()
     cfg = probe_ckpt.checkpoint.config
     t0 = time.perf_counter()
     prefix = spec.concrete_prefix(cfg.num_hidden_layers)
     per = torch.tensor([], dtype=dtype).element_size()
     mtp_bytes = loader.logical_params(probe_ckpt.metas, lambda n: n.startswith(prefix)) * per
     lengths = [len(s.tokens) for s in sequences]
-    chunk_tokens = max(chunk_tokens, 1)
-    chunks_all = chunk_rows(lengths, chunk_tokens)
-    padded = sum(len(c) * max(lengths[i] for i in c) for c in chunks_all)
-    chunk_peak = max(len(c) * max(lengths[i] for i in c) for c in chunks_all)
+    longest = max(lengths)
     fwd = forward_bytes_per_token(cfg, dtype)
+    token_bytes = chunk_token_bytes(fwd, cfg.hidden_size, per)
+    row_bytes = cfg.hidden_size * per
 
     def scratch_at(rows, width, block, logits_tokens=LOGITS_TOKENS):
         return scoring_bytes(rows, width, cfg.vocab_size or 0, cfg.hidden_size, common["steps"], dtype,
                              cfg.num_attention_heads or 0, block, 0, logits_tokens, fwd)
 
-    def estimate_at(store_tokens, scoring=0):
+    def estimate_at(store_tokens, chunk_peak, scoring=0):
         return dict(stream_estimate(probe_ckpt, dtype, chunk_tokens=chunk_peak, forward_per_token=fwd,
                                     store_tokens=store_tokens, mtp_bytes=mtp_bytes, scoring=scoring))
 
-    base = estimate_at(0)
-    fixed = base["resident"] + base["mtp"]
-    if base["total"] > limit:
-        raise ProbeError(f"even layer-streamed the probe needs about {base['total'] / 2**30:.1f} GiB (one layer x2 "
-                         f"{base['layer'] / 2**30:.1f} GiB, one chunk of {chunk_peak} tokens "
-                         f"{base['chunk'] / 2**30:.1f} GiB, resident {base['resident'] / 2**30:.1f} GiB, MTP layer "
-                         f"{base['mtp'] / 2**30:.1f} GiB) but {limit / 2**30:.1f} GiB is available; the corpus size "
-                         "does not matter (its activations wait in host memory): use --main-url, or a GPU with "
-                         "more memory", path=model_dir)
-    chosen, rounds = plan_store(lambda n: estimate_at(n)["total"], padded, cfg.hidden_size * per, limit, store,
-                                host_budget())
+    def padded_at(chunk: int) -> tuple[int, int]:  # (padded tokens of the corpus, the largest chunk's)
+        rows = chunk_rows(lengths, chunk)
+        return (sum(len(c) * max(lengths[i] for i in c) for c in rows),
+                max(len(c) * max(lengths[i] for i in c) for c in rows))
+
+    bare = estimate_at(0, 0)
+    fixed = bare["resident"] + bare["mtp"]
+    layer_floor = bare["total"] + longest * token_bytes
+    least_scratch = min(scratch_at(1, longest, None, LOGITS_TOKENS >> 7),
+                        scratch_at(1, longest, ATTENTION_MIN_BLOCK, LOGITS_TOKENS >> 7))
+    scoring_floor = -(-(fixed + least_scratch) // AUTO_FRACTION)
+    floor = int(max(layer_floor, scoring_floor)) + 64  # + rounding of the budget's fraction
+    if limit < floor:
+        raise StreamFloorError(
+            f"even layer-streamed the probe needs at least {_gib(floor)} and {_gib(limit)} is available: resident "
+            f"{_gib(bare['resident'])}, MTP layer {_gib(bare['mtp'])}, one layer {_gib(bare['layer'])} and the next "
+            f"read ahead {_gib(bare['next_layer'])}, one chunk of the longest sequence ({longest} tokens) "
+            f"{_gib(longest * token_bytes)}, and in the scoring phase the same resident parts and MTP layer with that "
+            f"sequence's scoring scratch {_gib(least_scratch)} in {AUTO_FRACTION:.0%} of the budget; the corpus size does not matter (it is "
+            "streamed in chunks sized to the budget): allow at least that much with --max-gpu-memory, use "
+            "--main-url, or a GPU with more memory", floor_bytes=floor, path=model_dir)
+    cap = max(chunk_tokens or DEFAULT_CHUNK_TOKENS, 1)
+
+    def fit(store_tokens: int) -> int:  # the largest chunk (padded tokens) beside the store, at most cap
+        return min(cap, max(0, limit - bare["total"] - store_tokens * row_bytes) // token_bytes)
+
+    chosen, rounds, chunk = "host", 1, max(longest, fit(0))
+    if store in ("auto", "device"):
+        padded, _ = padded_at(cap)
+        dev_chunk = fit(padded)
+        if dev_chunk >= longest:
+            padded, _ = padded_at(dev_chunk)
+            dev_chunk = fit(padded)
+        scoring_fits = int(limit * AUTO_FRACTION) - fixed - padded * row_bytes >= least_scratch
+        if store == "device" or (scoring_fits and dev_chunk >= max(longest, min(cap, DEVICE_STORE_MIN_CHUNK))):
+            chosen, chunk = "device", max(longest, dev_chunk)
+    padded, chunk_peak = padded_at(chunk)
+    if chosen == "host":
+        rounds = max(1, -(-padded * row_bytes // max(host_budget(), 1)))
     store_tokens = padded if chosen == "device" else 0
     # scoring batches fit what the layer phase leaves (the two phases do not overlap)
-    budget = int(limit * AUTO_FRACTION) - fixed - store_tokens * cfg.hidden_size * per
+    budget = int(limit * AUTO_FRACTION) - fixed - store_tokens * row_bytes
     batches_all = plan_batches(lengths, max_rows, budget, scratch_at, heads=cfg.num_attention_heads or 1,
                                source=model_dir)
     scoring_peak = max(scratch_at(len(b.indices), b.width, b.attention_block, b.logits_tokens) for b in batches_all)
-    estimate = estimate_at(store_tokens, scoring_peak)
+    estimate = estimate_at(store_tokens, chunk_peak, scoring_peak)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     config = hf_config(model_dir, dict(cfg.raw), spec, trust_remote_code)
-    streamed = StreamedMain(model_dir, probe_ckpt, config, dtype=dtype, device=device, chunk_tokens=chunk_tokens,
+    streamed = StreamedMain(model_dir, probe_ckpt, config, dtype=dtype, device=device, chunk_tokens=chunk,
                             store=chosen)
+    streamed.stats.chunk_tokens = chunk
     main = streamed.model
     experts = loader.set_experts_implementation(main, experts_implementation, decode_on_gpu=False)
     head = build_head(spec, main, model_dir, model_dir, probe_ckpt.metas)
@@ -123,7 +165,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
         groups[-1].append(i)
         filled += lengths[i]
     for group in groups:
-        chunks = [[group[k] for k in rows] for rows in chunk_rows([lengths[i] for i in group], chunk_tokens)]
+        chunks = [[group[k] for k in rows] for rows in chunk_rows([lengths[i] for i in group], chunk)]
         ids = []
         where: dict[int, tuple[int, int]] = {}
         for c, rows in enumerate(chunks):

@@ -58,11 +58,42 @@ def tally_json(tally: Any) -> dict[str, Any]:
     }
 
 
+def _throughput(result: Any) -> dict[str, Any]:
+    """Teacher mode against its ceiling: the main model's own forward over the scored tokens (its
+    prefill, timed in this run as ``hidden_forward``) against the whole scoring (forward + MTP chain
+    + walk); ``fraction_of_prefill`` 1.0 would be a probe as fast as the model's prefill alone."""
+    t = result.timings_s
+    tokens = result.extra.get("tokens_scored")
+    forward = t.get("hidden_forward", 0.0)
+    if result.mode != "teacher" or not tokens or forward <= 0:
+        return {}
+    scoring = forward + t.get("mtp_chain", 0.0) + t.get("walk", 0.0)
+    return {"throughput": {"tokens_scored": tokens, "prefill_tokens_per_s": round(tokens / forward, 1),
+                           "probe_tokens_per_s": round(tokens / scoring, 1),
+                           "fraction_of_prefill": round(forward / scoring, 4),
+                           "chain_parts_s": {k[len("chain_"):]: round(v, 4) for k, v in t.items()
+                                             if k.startswith("chain_")}}}
+
+
+def _overlap(per_layer: list[dict[str, float]]) -> dict[str, float | None]:
+    """How well the layer reads hid behind the compute, over the layers after the first (whose read
+    has nothing to overlap): the median of each layer's wall time over its read time (1.0: the disk
+    alone set the pace) and the share of the read time the main thread did not wait for."""
+    rows = per_layer[1:] or per_layer
+    ratios = sorted(r["wall_s"] / r["read_s"] for r in rows if r.get("read_s") and "wall_s" in r)
+    read = sum(r.get("read_s", 0.0) for r in rows)
+    waited = sum(r.get("wait_s", 0.0) for r in rows)
+    return {"wall_over_read_median": round(ratios[len(ratios) // 2], 3) if ratios else None,
+            "read_hidden_fraction": round(max(0.0, read - waited) / read, 3) if read else None}
+
+
 def stream_json(streaming: Any) -> dict[str, Any]:
     """The ``streaming`` object of a layer-streamed run (``probe.result.Streaming``)."""
     st = streaming.stats
     out = {"layers": st.layers, "bytes_read": st.bytes_read, "read_s": round(st.read_s, 3),
-           "compute_s": round(st.compute_s, 3), "max_layer_bytes": st.max_layer_bytes,
+           "load_s": round(st.load_s, 3), "compute_s": round(st.compute_s, 3), "wall_s": round(st.wall_s, 3),
+           "chunk_tokens": st.chunk_tokens, "read_ahead": st.overlapped, "overlap": _overlap(st.per_layer),
+           "max_layer_bytes": st.max_layer_bytes,
            "read_bandwidth_gb_s": round(st.bytes_read / st.read_s / 1e9, 3) if st.read_s else None,
            "per_layer": [{k: round(v, 4) for k, v in row.items()} for row in st.per_layer],
            "store": st.store, "rounds": st.rounds, "store_bytes_moved": st.store_bytes_moved,
@@ -100,6 +131,7 @@ def probe_json(result: Any) -> dict[str, Any]:
         "recommendation": result.recommendation,
         "elapsed_s": result.elapsed_s,
         "timings_s": dict(result.timings_s),
+        **_throughput(result),
         **result.extra,
         **({"streaming": stream_json(result.streaming)} if result.streaming is not None else {}),
         "findings": [finding_json(f) for f in result.findings],

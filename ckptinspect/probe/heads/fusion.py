@@ -23,7 +23,7 @@ from ckptinspect.errors import ProbeError
 from ckptinspect.probe.heads import HeadSpec
 from ckptinspect.probe.heads.base import MtpHead
 
-_EXPERT = re.compile(r"^(?P<pre>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+EXPERT_TENSOR = re.compile(r"^(?P<pre>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 
 
 def fuse_expert_tensors(tensors: Mapping[str, torch.Tensor], expected: set[str]) -> dict[str, torch.Tensor]:
@@ -35,7 +35,7 @@ def fuse_expert_tensors(tensors: Mapping[str, torch.Tensor], expected: set[str])
     out: dict[str, torch.Tensor] = {}
     per_expert: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
     for name, t in tensors.items():
-        m = _EXPERT.match(name)
+        m = EXPERT_TENSOR.match(name)
         if m and f"{m['pre']}.gate_up_proj" in expected:
             per_expert.setdefault(m["pre"], {}).setdefault(m["proj"], {})[int(m["e"])] = t
         else:
