@@ -163,16 +163,19 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
     return diff_checkpoints(a, b, ra.mtp, rb.mtp)
 
 
-def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str | None = None,
+def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token: str | None = None,
              progress: bool = False) -> "RawCheckpoint":
     """Write ``ref``'s config files, index and every shard header into ``output`` (.json.gz); returns the
     ``RawCheckpoint`` that was saved (its ``stats`` say how it was read)."""
     from ckptinspect.sources import open_source
     from ckptinspect.sources.snapshot import write_snapshot
 
+    from ckptinspect.snapshot_output import refuse_directory_name, refuse_protected_output, write_error
+
+    refuse_directory_name(output)
     if not str(output).endswith(".json.gz"):
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
-    from ckptinspect.snapshot_output import refuse_protected_output, write_error
+    output = Path(output)
 
     ref, revision = normalize_ref(check_ref(ref), revision)
     with _not_found_context(ref):
@@ -186,6 +189,25 @@ def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str 
     except OSError as exc:
         raise write_error(exc, output) from None
     return raw
+
+
+def check_probe_outputs(ref: str, outputs: dict[str, str | None]) -> None:
+    """Before a probe runs: each output path (``{"-o": path, "--plot": path, ...}``, None skipped) must
+    not name a directory and must lie outside the model directory and any Hugging Face cache repo folder
+    (snapshot_output.py's rule; no command writes into a model directory)."""
+    import os
+
+    from ckptinspect.snapshot_output import refuse_output_in, refuse_output_in_model_dir
+
+    wanted = {flag: path for flag, path in outputs.items() if path}
+    if not wanted:
+        return
+    model_dir = ref.split("@", 1)[0] if not os.path.isdir(ref) else ref
+    for flag, path in wanted.items():
+        if os.path.isdir(model_dir):
+            refuse_output_in_model_dir(model_dir, path, f"the probe's {flag} file")
+        else:  # a repo id: its weights are in the HF cache, whose repo folders are refused below
+            refuse_output_in((), path, f"the probe's {flag} file")
 
 
 def probe(ref: str, **options: Any) -> "ProbeResult":
