@@ -179,7 +179,7 @@ def _check_typed_keys(raw: Mapping[str, Any], source: str) -> None:
                 if value is None:
                     continue
                 if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= cap:
-                    raise ConfigError(f"'{prefix}{key}' must be an integer from 0 to {cap:,}, got "
+                    raise ConfigError(f"{prefix}{key} must be a non-negative integer (at most {cap:,}), got "
                                       f"{_shown(value)}", path=source)
         for cap, keys in TYPED_LIST_KEYS.values():
             for key in keys:
@@ -189,7 +189,7 @@ def _check_typed_keys(raw: Mapping[str, Any], source: str) -> None:
                 limit = COUNT_CAPS["num_hidden_layers"] * 2
                 if not isinstance(value, list) or len(value) > limit or any(
                         isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= cap for v in value):
-                    raise ConfigError(f"'{prefix}{key}' must be a list of at most {limit:,} integers from 0 to "
+                    raise ConfigError(f"{prefix}{key} must be a list of at most {limit:,} integers from 0 to "
                                       f"{cap:,}, got {_shown(value)}", path=source)
 
 
