@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError, probe_install_hint
 from ckptinspect.records import VERDICT_RANK
 from ckptinspect.refs import check_ref, looks_like_repo_id, normalize_ref
+from ckptinspect.snapshot_output import refuse_probe_outputs as check_probe_outputs  # before a probe runs
 
 if TYPE_CHECKING:  # the return types, named without importing their stages at import time
     from ckptinspect.diff import CheckpointDiff
@@ -168,12 +169,10 @@ def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token
     """Write ``ref``'s config files, index and every shard header into ``output`` (.json.gz); returns the
     ``RawCheckpoint`` that was saved (its ``stats`` say how it was read)."""
     from ckptinspect.sources import open_source
+    from ckptinspect.snapshot_output import refuse_protected_output, write_error
     from ckptinspect.sources.snapshot import write_snapshot
 
-    from ckptinspect.snapshot_output import refuse_directory_name, refuse_protected_output, write_error
-
-    refuse_directory_name(output)
-    if not str(output).endswith(".json.gz"):
+    if not str(output).endswith(".json.gz"):  # also refuses "x.json.gz/" (a directory's name)
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
     output = Path(output)
 
@@ -189,25 +188,6 @@ def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token
     except OSError as exc:
         raise write_error(exc, output) from None
     return raw
-
-
-def check_probe_outputs(ref: str, outputs: dict[str, str | None]) -> None:
-    """Before a probe runs: each output path (``{"-o": path, "--plot": path, ...}``, None skipped) must
-    not name a directory and must lie outside the model directory and any Hugging Face cache repo folder
-    (snapshot_output.py's rule; no command writes into a model directory)."""
-    import os
-
-    from ckptinspect.snapshot_output import refuse_output_in, refuse_output_in_model_dir
-
-    wanted = {flag: path for flag, path in outputs.items() if path}
-    if not wanted:
-        return
-    model_dir = ref.split("@", 1)[0] if not os.path.isdir(ref) else ref
-    for flag, path in wanted.items():
-        if os.path.isdir(model_dir):
-            refuse_output_in_model_dir(model_dir, path, f"the probe's {flag} file")
-        else:  # a repo id: its weights are in the HF cache, whose repo folders are refused below
-            refuse_output_in((), path, f"the probe's {flag} file")
 
 
 def probe(ref: str, **options: Any) -> "ProbeResult":

@@ -56,6 +56,17 @@ def refuse_output_in_model_dir(model_dir: str | os.PathLike, output: str | os.Pa
     refuse_output_in([(Path(model_dir).expanduser().resolve(), "the model directory")], output, what)
 
 
+def refuse_probe_outputs(ref: str, outputs: Mapping[str, str | None]) -> None:
+    """``refuse_output_in`` for each of the probe's output files (flag -> path, None skipped): the model
+    directory when ``ref`` is one (a repo id's weights are in the HF cache, whose folders are refused
+    anyway)."""
+    model_dir = ref if os.path.isdir(ref) else None
+    for flag, path in outputs.items():
+        if path:
+            protected = [(Path(model_dir).expanduser().resolve(), "the model directory")] if model_dir else []
+            refuse_output_in(protected, path, f"the probe's {flag} file")
+
+
 def _protected(raw: Any) -> list[tuple[Path, str]]:
     found: list[tuple[Path, str]] = []
     if raw.kind in ("local", "hf-cache"):
