@@ -279,3 +279,15 @@ def test_a_gguf_truncated_while_it_is_read_is_one_line_not_sigbus(tmp_path):
     done = _run(str(path), code=SHRINK_WHILE_READING)
     assert done.returncode != -7 and done.returncode != 135, "SIGBUS"
     _one_error_line(done, "truncated GGUF header")
+
+
+def test_a_huge_sparse_rule_file_in_audit_rules_dir_is_one_line(tmp_path, make_fixture):
+    """The audit cache hashes --rules-dir files into its key: through the guarded reader (a sparse 4 GiB
+    file was read whole: MemoryError)."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    _sparse(rules / "huge.yaml", 4 << 30)
+    done = _run("audit", str(make_fixture("deepseek_v3_fp8")), "--rules-dir", str(rules),
+                env={"CKPTINSPECT_CACHE_DIR": str(tmp_path / "cache"),
+                     "CKPTINSPECT_CACHE_KEY_FILE": str(tmp_path / "config" / "cache-key")})
+    _one_error_line(done, "huge.yaml")

@@ -45,13 +45,21 @@ def code_fingerprint(rules_dirs: Sequence[Path] = ()) -> str:
     import ckptinspect
     from ckptinspect.rules.documents import rules_root
 
+    from ckptinspect.errors import RuleError
+    from ckptinspect.guarded_file import read_bytes
+    from ckptinspect.safe_yaml import MAX_RULE_FILE_BYTES
+
     digest = hashlib.sha256()
     roots = [Path(ckptinspect.__file__).resolve().parent, rules_root(), *(Path(d) for d in rules_dirs)]
-    for root in roots:
+    for n, root in enumerate(roots):
         files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".yml", ".json"))
         for path in files:
             digest.update(str(path.relative_to(root)).encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
+            # a --rules-dir file is the user's: the guarded reader and the rule-file cap (a sparse 4 GiB
+            # "rules.yaml" is one error line, not a MemoryError); the package's own files are ours
+            data = read_bytes(path, what="rule file", cap=MAX_RULE_FILE_BYTES, error=RuleError) if n >= 2 \
+                else path.read_bytes()
+            digest.update(data + b"\0")
     return digest.hexdigest()
 
 
