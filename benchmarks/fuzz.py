@@ -1,13 +1,18 @@
-"""Fuzz benchmark: >= 100,000 structurally mutated inputs through the parser, the JSON readers and `report`.
+"""Fuzz benchmark: >= 100,000 structurally mutated inputs through the parser, the JSON readers, `report`,
+GGUF headers, files of repo ids and audit cache entries.
 
 Cases (fixtures/fuzzcase.py) mutate the bundled real-layout checkpoint (Qwen3.5 NVFP4 tiny): shard
 headers (parse_header, fast path checked against the exact path), config.json / hf_quant_config.json /
 the index (the JSON decoder and the readers behind the report), and whole `ckptinspect report` runs in
 process through the CLI entry point on a working copy (exit 0 or 2 only, one error line, the model
-directory bit-identical after). Each case runs under a per-case time bound (SIGALRM); a case over it
-counts as a hang. Prints the counts, uncaught exceptions, hangs, other failures and the peak RSS.
+directory bit-identical after). fixtures/fuzzcase_inputs.py adds byte-mutated GGUF headers (parsed whole
+and grown on demand, then through the GGUF report pipeline), mutated `audit --repos-file` files and
+mutated / forged audit cache entries (a miss unless untouched). Each case runs under a per-case time
+bound (SIGALRM); a case over it counts as a hang. Prints the counts, uncaught exceptions, hangs, other
+failures and the peak RSS.
 
-Usage: python benchmarks/fuzz.py [--cases 100000] [--report-share 0.05] [--json-share 0.25] [--seed 0]
+Usage: python benchmarks/fuzz.py [--cases 100000] [--report-share 0.05] [--json-share 0.25]
+       [--gguf-share 0] [--ids-share 0] [--audit-share 0] [--seed 0]
 Exit status 1 when any case failed.
 """
 
@@ -31,6 +36,9 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=100_000)
     parser.add_argument("--report-share", type=float, default=0.05, help="share of whole `report` runs")
     parser.add_argument("--json-share", type=float, default=0.25, help="share of JSON-file cases")
+    parser.add_argument("--gguf-share", type=float, default=0.0, help="share of GGUF header cases")
+    parser.add_argument("--ids-share", type=float, default=0.0, help="share of `audit --repos-file` cases")
+    parser.add_argument("--audit-share", type=float, default=0.0, help="share of audit cache entry cases")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bound", type=float, default=5.0, help="per-case time bound, seconds")
     parser.add_argument("--show", type=int, default=5, help="failures to print in full")
@@ -38,8 +46,18 @@ def main() -> int:
 
     from fixtures.fuzzcase import Corpus, ReportFuzzer, header_case, json_case
 
+    from fixtures.fuzzcase_inputs import AuditEntryFuzzer, GgufCorpus, gguf_case, ids_file_case
+
     corpus = Corpus()
-    reports = ReportFuzzer(Path(tempfile.mkdtemp(prefix="ckptinspect-fuzz-")), corpus)
+    workdir = Path(tempfile.mkdtemp(prefix="ckptinspect-fuzz-"))
+    reports = ReportFuzzer(workdir, corpus)
+    gguf = GgufCorpus(workdir / "gguf") if args.gguf_share else None
+    entries = AuditEntryFuzzer(workdir / "audit") if args.audit_share else None
+    shares = [(args.report_share, lambda rng: reports.case(rng, bound_s=args.bound)),
+              (args.json_share, lambda rng: json_case(corpus, rng, bound_s=args.bound)),
+              (args.gguf_share, lambda rng: gguf_case(gguf, rng, bound_s=args.bound)),
+              (args.ids_share, lambda rng: ids_file_case(workdir, rng, bound_s=args.bound)),
+              (args.audit_share, lambda rng: entries.case(rng, bound_s=args.bound))]
     master = random.Random(args.seed)
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     failures = []
@@ -49,11 +67,13 @@ def main() -> int:
         rng = random.Random(master.getrandbits(64))
         pick = rng.random()
         t = time.perf_counter()
-        if pick < args.report_share:
-            outcome = reports.case(rng, bound_s=args.bound)
-        elif pick < args.report_share + args.json_share:
-            outcome = json_case(corpus, rng, bound_s=args.bound)
-        else:
+        outcome = None
+        for share, run in shares:
+            if pick < share:
+                outcome = run(rng)
+                break
+            pick -= share
+        if outcome is None:
             outcome = header_case(corpus, rng, bound_s=args.bound)
         slowest = max(slowest, time.perf_counter() - t)
         counts[outcome.kind][outcome.status] += 1

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError, probe_install_hint
 from ckptinspect.records import VERDICT_RANK
 from ckptinspect.refs import check_ref, looks_like_repo_id, normalize_ref
+from ckptinspect.snapshot_output import refuse_probe_outputs as check_probe_outputs  # before a probe runs
 
 if TYPE_CHECKING:  # the return types, named without importing their stages at import time
     from ckptinspect.diff import CheckpointDiff
@@ -164,16 +165,17 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
     return diff_checkpoints(a, b, ra.mtp, rb.mtp)
 
 
-def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str | None = None,
+def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token: str | None = None,
              progress: bool = False) -> "RawCheckpoint":
     """Write ``ref``'s config files, index and every shard header into ``output`` (.json.gz); returns the
     ``RawCheckpoint`` that was saved (its ``stats`` say how it was read)."""
     from ckptinspect.sources import open_source
+    from ckptinspect.snapshot_output import refuse_protected_output, write_error
     from ckptinspect.sources.snapshot import write_snapshot
 
-    if not str(output).endswith(".json.gz"):
+    if not str(output).endswith(".json.gz"):  # also refuses "x.json.gz/" (a directory's name)
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
-    from ckptinspect.snapshot_output import refuse_protected_output, write_error
+    output = Path(output)
 
     ref, revision = normalize_ref(check_ref(ref), revision)
     with _not_found_context(ref):

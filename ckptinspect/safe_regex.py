@@ -53,18 +53,55 @@ def _re2() -> Any:
     return re2
 
 
+# translate() answers by pattern, exceptions included: an exclude list's entries are asked again for every
+# engine and module kind (13 times per report), and re-deriving 100,000 entries each time took a minute.
+# Bounded: a report holds at most a few lists of MAX_LIST_PATTERNS evaluated entries each.
+_TRANSLATED: dict[str, str | UnsupportedPattern] = {}
+_TRANSLATED_MAX = 1 << 18
+# Regex / wildcard entries of one list that are evaluated (real lists: 10 to ~1,000 entries). A longer
+# list is never guessed at: its lookups raise UnsupportedPattern (the caller's "not evaluated" finding),
+# so a hostile 100,000-entry list costs a second, not a minute per command.
+MAX_LIST_PATTERNS = 10_000
+
+
+def _python_parses(pattern: str) -> None:
+    """Python's verdict on ``pattern`` (re.error etc.). Parsing alone (``re._parser``) gives every error
+    ``re.compile`` gives except look-behind width, which only the compiler checks: a pattern with a
+    look-behind is compiled (RE2 refuses look-arounds anyway). Parsing is ~5x cheaper than compiling."""
+    parser = getattr(re, "_parser", None)
+    with warnings.catch_warnings():  # a stranger's pattern must not print FutureWarnings
+        warnings.simplefilter("ignore")
+        if parser is None or "(?<" in pattern:
+            re.compile(pattern)
+        else:
+            parser.parse(pattern)
+
+
 def translate(pattern: str) -> str:
     """The RE2 pattern with the match answers of Python's ``re`` for ``pattern``.
 
     Raises:
         UnsupportedPattern: too long, invalid for Python, or using a construct listed in the module docstring.
     """
+    known = _TRANSLATED.get(pattern)
+    if known is None:
+        try:
+            known = _translate(pattern)
+        except UnsupportedPattern as exc:
+            known = exc
+        if len(_TRANSLATED) >= _TRANSLATED_MAX:
+            _TRANSLATED.clear()
+        _TRANSLATED[pattern] = known
+    if isinstance(known, UnsupportedPattern):
+        raise UnsupportedPattern(str(known))
+    return known
+
+
+def _translate(pattern: str) -> str:
     if len(pattern) > MAX_PATTERN_CHARS:
         raise UnsupportedPattern(f"longer than {MAX_PATTERN_CHARS} characters")
     try:
-        with warnings.catch_warnings():  # a stranger's pattern must not print FutureWarnings
-            warnings.simplefilter("ignore")
-            re.compile(pattern)  # parsing is linear; only matching backtracks
+        _python_parses(pattern)  # parsing is linear; only matching backtracks
     except re.error as exc:
         raise UnsupportedPattern(f"invalid regex: {exc}") from None
     except (OverflowError, RecursionError, ValueError) as exc:  # huge repeat counts, deep nesting
@@ -169,9 +206,27 @@ def _literal(ch: str) -> str:
     return f"\\x{{{ord(ch):x}}}"
 
 
+_GLOBS: dict[str, str | UnsupportedPattern] = {}
+
+
 def translate_glob(glob: str) -> str:
     """The RE2 pattern of an ``fnmatch.fnmatchcase`` glob (``*`` and ``?`` match any character, newlines
     included; a set of plain name characters; everything else literal), without anchors."""
+    known = _GLOBS.get(glob)
+    if known is None:
+        try:
+            known = _translate_glob(glob)
+        except UnsupportedPattern as exc:
+            known = exc
+        if len(_GLOBS) >= _TRANSLATED_MAX:
+            _GLOBS.clear()
+        _GLOBS[glob] = known
+    if isinstance(known, UnsupportedPattern):
+        raise UnsupportedPattern(str(known))
+    return known
+
+
+def _translate_glob(glob: str) -> str:
     if len(glob) > MAX_PATTERN_CHARS:
         raise UnsupportedPattern(f"longer than {MAX_PATTERN_CHARS} characters")
     out: list[str] = []
@@ -250,18 +305,48 @@ def search(pattern: str, text: str) -> bool:
     return _compiled(pattern).search(text) is not None
 
 
+SET_CHUNK = 2048  # patterns per RE2 set: one set of 100,000 patterns fails to compile
+
+
 @functools.lru_cache(maxsize=64)
-def _match_set(bodies: tuple[str, ...]) -> Any:
-    return compile_re2_match_set([translate(b) for b in bodies]) if bodies else None
+def _match_sets(bodies: tuple[str, ...], globs: bool = False) -> tuple[Any, ...] | UnsupportedPattern:
+    """RE2 sets of ``bodies`` (``re.match`` patterns, or with ``globs`` whole-name fnmatch globs) in chunks
+    of SET_CHUNK, in order; a failure is returned, not raised, so it is cached like a success (a list is
+    asked about many times)."""
+    if len(bodies) > MAX_LIST_PATTERNS:
+        return UnsupportedPattern(f"{len(bodies):,} {'wildcard' if globs else 'regex'} entries in one list, over "
+                                  f"the {MAX_LIST_PATTERNS:,} evaluated")
+    try:
+        unique = {b: (translate_glob(b) + r"\z" if globs else translate(b)) for b in dict.fromkeys(bodies)}
+        ordered = [unique[b] for b in bodies]
+        return tuple(compile_re2_match_set(ordered[start:start + SET_CHUNK])
+                     for start in range(0, len(ordered), SET_CHUNK))
+    except UnsupportedPattern as exc:
+        return exc
 
 
 def first_match_index(text: str, bodies: tuple[str, ...]) -> int | None:
     """The index of the first of ``bodies`` (Python ``re.match`` patterns, in list order) that matches at
-    the start of ``text``, None for none: a list of 100,000 regexes is compiled into one RE2 set once and
-    each text is matched against all of them in one linear-time pass (raises UnsupportedPattern)."""
-    matcher = _match_set(bodies)
-    hits = matcher.Match(text) if matcher is not None else None
-    return min(hits) if hits else None
+    the start of ``text``, None for none: the list is compiled into RE2 sets once and each text is matched
+    against all of them in one linear-time pass per set (raises UnsupportedPattern: an entry RE2 cannot
+    evaluate, or more than MAX_LIST_PATTERNS entries)."""
+    return _first_index(text, _match_sets(bodies))
+
+
+def first_glob_match_index(text: str, globs: tuple[str, ...]) -> int | None:
+    """The index of the first of ``globs`` that ``fnmatch.fnmatchcase(text, glob)`` accepts, None for
+    none, as ``first_match_index`` does it (raises UnsupportedPattern)."""
+    return _first_index(text, _match_sets(globs, True))
+
+
+def _first_index(text: str, sets: tuple[Any, ...] | UnsupportedPattern) -> int | None:
+    if isinstance(sets, UnsupportedPattern):
+        raise UnsupportedPattern(str(sets))
+    for chunk, matcher in enumerate(sets):
+        hits = matcher.Match(text)
+        if hits:
+            return chunk * SET_CHUNK + min(hits)
+    return None
 
 
 def python_accepts(pattern: str) -> bool:

@@ -18,6 +18,8 @@ def isolate_hf(monkeypatch: Any, home: Path) -> None:
     # The tool's own caches (headers read from the Hub: sources/header_cache.py) beside it, per test.
     monkeypatch.setenv("CKPTINSPECT_CACHE_DIR", str(home.parent / f"{home.name}-ckptinspect-cache"))
     monkeypatch.setenv("CKPTINSPECT_HEADER_CACHE", "1")  # off elsewhere in the session (conftest.py)
+    # The caches' MAC key (ckptinspect/cache_auth.py) outside that cache directory, never the user's own.
+    monkeypatch.setenv("CKPTINSPECT_CACHE_KEY_FILE", str(home.parent / f"{home.name}-config" / "cache-key"))
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HF_HUB_OFFLINE", "HF_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(constants, "HF_HOME", str(home))

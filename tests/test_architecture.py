@@ -119,6 +119,7 @@ JSON_WRITERS = {
     "ckptinspect/probe/sequences.py": "the --save-continuations file the probe reads back",
     "ckptinspect/probe/loader.py": "config / index files of the probe's temporary model directory",
     "ckptinspect/audit/cache.py": "the audit cache file (report documents by commit, read back by a later audit)",
+    "ckptinspect/probe/prompts/__init__.py": "the chat template and its inputs sent to the bounded render child",
 }
 # Module names for the checkers' own examples (assembled, so that the docs test's path scan, which
 # reads this file too, does not take them for files that should exist).

@@ -65,3 +65,50 @@ def test_mutations_reach_both_answers(tmp_path):
             if statuses >= {"accepted", "rejected"}:
                 break
         assert statuses == {"accepted", "rejected"}, (kind, statuses)
+
+
+# -- GGUF headers, files of repo ids, audit cache entries (fixtures/fuzzcase_inputs.py) ----------------
+from fixtures.fuzzcase_inputs import AuditEntryFuzzer, GgufCorpus, gguf_case, ids_file_case  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gguf_corpus(tmp_path_factory) -> GgufCorpus:
+    pytest.importorskip("gguf")
+    return GgufCorpus(tmp_path_factory.mktemp("gguf"))
+
+
+@pytest.fixture(scope="module")
+def audit_entries(tmp_path_factory) -> AuditEntryFuzzer:
+    return AuditEntryFuzzer(tmp_path_factory.mktemp("audit"))
+
+
+@settings(FAST, max_examples=400)
+@given(rng=SEEDS)
+def test_gguf_header_fuzz_is_accepted_or_one_line(gguf_corpus: GgufCorpus, rng: random.Random):
+    outcome = gguf_case(gguf_corpus, rng)
+    assert outcome.ok, f"{outcome.target} {outcome.status}: {outcome.detail}"
+
+
+@settings(FAST, max_examples=150)
+@given(rng=SEEDS)
+def test_repos_file_fuzz_is_accepted_or_one_line(tmp_path_factory, rng: random.Random):
+    outcome = ids_file_case(tmp_path_factory.getbasetemp(), rng)
+    assert outcome.ok, f"{outcome.status}: {outcome.detail}"
+
+
+@settings(FAST, max_examples=100)
+@given(rng=SEEDS)
+def test_a_changed_audit_cache_entry_is_a_miss_never_an_answer(audit_entries: AuditEntryFuzzer, rng: random.Random):
+    outcome = audit_entries.case(rng)
+    assert outcome.ok, f"{outcome.status}: {outcome.detail}"
+
+
+def test_the_new_mutations_reach_both_answers(gguf_corpus: GgufCorpus, tmp_path):
+    """GGUF and repos-file mutations are neither all fatal nor all harmless (fixed seeds)."""
+    for run in (lambda r: gguf_case(gguf_corpus, r), lambda r: ids_file_case(tmp_path, r)):
+        statuses: set[str] = set()
+        for seed in range(200):
+            statuses.add(run(random.Random(seed)).status)
+            if statuses >= {"accepted", "rejected"}:
+                break
+        assert statuses == {"accepted", "rejected"}, statuses

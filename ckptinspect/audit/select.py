@@ -33,6 +33,12 @@ MAX_LISTED = 100_000  # repos one listing may name (the Hub's largest bases have
 MAX_PAGE_BYTES = 64 * 1024 * 1024  # one page of 1,000 entries with their commits is ~100 KB
 LISTING = "model listing"  # how the listing's requests are named in error lines
 _NEXT = re.compile(r'<([^>]{1,8192})>\s*;\s*rel="?next"?', re.IGNORECASE)
+# --repos-file: read through the guarded reader (a regular file, refused over the cap before anything is
+# read), so a FIFO, /dev/zero or a sparse 2 GiB file is one error line, not a hang or a MemoryError. An
+# audit of the largest Hub orgs is a few thousand repos; 100,000 ids of up to 1,000 characters is far above.
+MAX_IDS_FILE_BYTES = 8 * 1024 * 1024
+MAX_IDS = 100_000
+MAX_ID_CHARS = 1_000
 
 
 @dataclass(frozen=True)
@@ -64,11 +70,11 @@ class Selection:
 
 
 def read_ids_file(path: Path) -> list[str]:
-    """One repo id per line; blank lines and ``#`` comments skipped."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NotFoundError(f"cannot read the file of repo ids: {exc}", path=str(path)) from None
+    """One repo id per line; blank lines and ``#`` comments skipped. At most ``MAX_IDS`` ids of at most
+    ``MAX_ID_CHARS`` characters, no control characters; anything else is one error naming the file."""
+    from ckptinspect.guarded_file import read_text
+
+    text = read_text(path, what="the file of repo ids", cap=MAX_IDS_FILE_BYTES)
     ids = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -76,6 +82,11 @@ def read_ids_file(path: Path) -> list[str]:
             continue
         if len(line.split()) != 1:
             raise CkptInspectError(f"line {n}: one repo id per line, got {line[:80]!r}", path=str(path))
+        if len(line) > MAX_ID_CHARS or not line.isprintable():
+            raise CkptInspectError(f"line {n}: not a repo id ({len(line):,} characters, {line[:80]!r})",
+                                   path=str(path))
+        if len(ids) == MAX_IDS:
+            raise CkptInspectError(f"more than {MAX_IDS:,} repo ids", path=str(path))
         ids.append(line)
     return ids
 

@@ -100,6 +100,8 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
                                                  "never from the network (download them first)")
     if fmt == "markdown":
         raise not_applicable("probe", "--format markdown", "the probe writes text or json")
+    # before anything runs: no output may land in the model directory or name a directory
+    api.check_probe_outputs(model, {"-o": output, "--plot": plot, "--save-continuations": save_continuations})
     gpu = api.find_gpu(gpu, spec_file=gpu_spec)  # an unknown name fails here, before torch loads
     progress = progress_enabled(quiet)
     # The probe's batches vary in shape; without expandable segments the CUDA cache fragments (a

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 import click
 
@@ -16,10 +16,11 @@ EXAMPLES = (
 
 @click.command("snapshot", cls=Command, examples=EXAMPLES)
 @click.argument("model")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+# a str, not a Path: pathlib drops a trailing slash, and `-o x.json.gz/` names a directory (an error)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Snapshot file to write (.json.gz).")
 @checkpoint_options()
-def snapshot(model: str, output: Path, fmt: str, revision: str | None, token: str | None, quiet: bool,
+def snapshot(model: str, output: str, fmt: str, revision: str | None, token: str | None, quiet: bool,
              verbose: bool) -> None:
     """Write MODEL's config files, index and every shard header into one gzip JSON file.
 
@@ -38,4 +39,4 @@ def snapshot(model: str, output: Path, fmt: str, revision: str | None, token: st
     if verbose:
         click.echo(snapshot_stats(raw), err=True)
     if not quiet:
-        click.echo(snapshot_summary(raw, output, output.stat().st_size))
+        click.echo(snapshot_summary(raw, output, os.stat(output).st_size))

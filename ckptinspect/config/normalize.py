@@ -45,6 +45,25 @@ REQUIRED = ("num_hidden_layers", "hidden_size")
 # hostile 10**12 would otherwise hang the report. Real checkpoints have <= ~200 layers and <= 512
 # routed experts per layer; the caps leave 50-100x headroom.
 COUNT_CAPS = {"num_hidden_layers": 10_000, "routed_experts": 65_536}
+# Keys read straight from the config by the planner (plan/kvcache.py, plan/fit.py) and readiness (the
+# family rules' MTP depth and expert-count keys), outside ALIASES: checked here, once, so a list where an
+# integer belongs (DSA `index_head_dim: [128]`) or an integer where a list belongs (DeepSeek-V4
+# `compress_ratios: 4`) is one line naming config.json and the key, not a traceback in the plan.
+# kind -> (upper bound, keys); None / absent is always allowed (the reader's default applies).
+TYPED_KEYS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "layers": (COUNT_CAPS["num_hidden_layers"], (
+        "num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "n_mtp_layers", "num_mtp_modules")),
+    "experts": (COUNT_CAPS["routed_experts"], (
+        "mtp_num_experts", "dspark_n_routed_experts", "num_routed_experts")),
+    "size": (1 << 20, (
+        "index_head_dim", "index_topk", "index_n_heads", "window_size", "full_attention_interval",
+        "linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim",
+        "linear_conv_kernel_dim")),
+}
+# kind -> (upper bound per item, keys) for lists of integers, at most one item per layer (+ MTP layers)
+TYPED_LIST_KEYS: dict[str, tuple[int, tuple[str, ...]]] = {"size": (1 << 20, ("compress_ratios",))}
+# Sub-objects whose keys the rules read by dotted path (``mtp_config.num_nextn_predict_layers``)
+TYPED_SCOPES = ("text_config", "llm_config", "language_config", "mtp_config")
 # Every integer fact must fit in a signed 64-bit integer, as in the engines' own config classes; a
 # 400-digit value would otherwise overflow float arithmetic in the plan (OverflowError).
 MAX_CONFIG_INT = 2 ** 63 - 1
@@ -67,6 +86,7 @@ def normalize_config(raw: Any, *, source: str = SOURCE) -> ModelConfig:
             text_path, text = key, nested
             break
 
+    _check_typed_keys(raw, source)
     values: dict[str, int | None] = {}
     for fact, aliases in ALIASES.items():
         values[fact] = _int_alias(text, aliases, text_path, source)
@@ -148,6 +168,38 @@ def _int_alias(text: Mapping[str, Any], aliases: tuple[str, ...], text_path: str
                               path=source)
         return value
     return None
+
+
+def _check_typed_keys(raw: Mapping[str, Any], source: str) -> None:
+    scopes = [("", raw)] + [(f"{name}.", raw[name]) for name in TYPED_SCOPES if isinstance(raw.get(name), dict)]
+    for prefix, scope in scopes:
+        for cap, keys in TYPED_KEYS.values():
+            for key in keys:
+                value = scope.get(key)
+                if value is None:
+                    continue
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= cap:
+                    raise ConfigError(f"{prefix}{key} must be a non-negative integer (at most {cap:,}), got "
+                                      f"{_shown(value)}", path=source)
+        for cap, keys in TYPED_LIST_KEYS.values():
+            for key in keys:
+                value = scope.get(key)
+                if value is None:
+                    continue
+                limit = COUNT_CAPS["num_hidden_layers"] * 2
+                if not isinstance(value, list) or len(value) > limit or any(
+                        isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= cap for v in value):
+                    raise ConfigError(f"{prefix}{key} must be a list of at most {limit:,} integers from 0 to "
+                                      f"{cap:,}, got {_shown(value)}", path=source)
+
+
+def _shown(value: Any) -> str:
+    """A short, bounded rendering of a bad value (a 4,000-digit integer or a long list is not echoed)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** 18:
+        return f"an integer of {len(str(abs(value))):,} digits"
+    if isinstance(value, (list, dict)):
+        return f"a {type(value).__name__} of {len(value):,} items" if len(value) > 8 else repr(value)[:120]
+    return repr(value)[:120]
 
 
 def _layer_types(text: Mapping[str, Any], layers: int, source: str) -> tuple[str, ...]:

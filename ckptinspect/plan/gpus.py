@@ -39,13 +39,45 @@ class GpuSpec:
     catalog_memory_gib: float | None = None  # the catalog's figure when --gpu-memory replaced it
 
 
+# Finite bounds for every number of a GPU entry, far above any real card (the largest has 288 GiB,
+# 8 TB/s, ~20 PFLOPS of FP4): the schema says "a number > 0", which YAML's .inf and .nan and a
+# 4,000-digit integer all are, and each ended in a traceback (StopIteration, OverflowError) or reached
+# --format json as Infinity / NaN.
+NUMBER_BOUNDS = {"memory_gib": 1e5, "bandwidth_tbps": 1e4, "tflops": 1e7}
+
+
+def _number(value: Any, what: str, hi: float, where: str, *, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PlanError(f"GPU entry {what} must be a number, got {type(value).__name__}", path=where or None)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = float("inf")
+    if not 0 < number <= hi:  # also false for NaN
+        shown = f"{value!r}" if isinstance(value, float) else f"an integer of {len(str(abs(value)))} digits" \
+            if abs(value) > 10 ** 30 else f"{value!r}"
+        raise PlanError(f"GPU entry {what} is {shown}; it must be a finite number in (0, {hi:g}]",
+                        path=where or None)
+    return number
+
+
 def _spec(entry: Mapping[str, Any], spec_file: str = "") -> GpuSpec:
     tf = entry["tflops"]
+    where = spec_file or "rules/gpus.yaml"
+    name = entry["name"]
+    for k in ("bf16", "fp8", "fp4"):  # checked; kept as written (the plan prints them as given)
+        _number(tf.get(k), f"{name!r} tflops.{k}", NUMBER_BOUNDS["tflops"], where, optional=True)
+    tflops = {k: tf.get(k) for k in ("bf16", "fp8", "fp4")}
     return GpuSpec(
-        name=entry["name"], aliases=tuple(entry["aliases"]), vendor=entry["vendor"], arch=entry["arch"],
-        compute_capability=str(entry["compute_capability"]), memory_gib=float(entry["memory_gib"]),
-        bandwidth_tbps=float(entry["bandwidth_tbps"]), tflops_bf16=tf["bf16"], tflops_fp8=tf["fp8"],
-        tflops_fp4=tf["fp4"], interconnect=entry["interconnect"],
+        name=name, aliases=tuple(entry["aliases"]), vendor=entry["vendor"], arch=entry["arch"],
+        compute_capability=str(entry["compute_capability"]),
+        memory_gib=_number(entry["memory_gib"], f"{name!r} memory_gib", NUMBER_BOUNDS["memory_gib"], where),
+        bandwidth_tbps=_number(entry["bandwidth_tbps"], f"{name!r} bandwidth_tbps", NUMBER_BOUNDS["bandwidth_tbps"],
+                               where),
+        tflops_bf16=tflops["bf16"], tflops_fp8=tflops["fp8"], tflops_fp4=tflops["fp4"],
+        interconnect=entry["interconnect"],
         interconnect_detail=entry.get("interconnect_detail", ""), source=entry["source"], spec_file=spec_file,
     )
 
@@ -134,7 +166,7 @@ def find_gpu(name: str | GpuSpec, *, spec_file: str | Path | None = None,
         if gpu is None:
             raise unknown_gpu(name, gpus)
     if memory_gib is not None:
-        if not memory_gib > 0:
+        if not 0 < memory_gib <= NUMBER_BOUNDS["memory_gib"]:
             raise PlanError(f"--gpu-memory must be a positive number of GiB, got {memory_gib:g}")
         gpu = replace(gpu, memory_gib=float(memory_gib),
                       catalog_memory_gib=gpu.catalog_memory_gib or gpu.memory_gib)

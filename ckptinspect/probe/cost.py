@@ -36,25 +36,31 @@ class Efficiency:
 
 
 DEFAULT_EFFICIENCY = Efficiency()
+MAX_CALIBRATION_BYTES = 1024 * 1024  # a calibration file is a few hundred bytes
 
 
 def load_efficiency(path: str) -> Efficiency:
     """A calibration file: {"bandwidth_efficiency", "flop_efficiency", "overhead_s", "gpu", ...}."""
-    import json
+    import math
 
     from ckptinspect.errors import ProbeError
+    from ckptinspect.guarded_file import read_json
 
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        eff = Efficiency(float(data["bandwidth_efficiency"]), float(data["flop_efficiency"]),
-                         float(data.get("overhead_s", 0.0)), f"calibrated: {path}")
-    except OSError as exc:
-        raise ProbeError(f"cannot read the cost calibration ({exc.strerror})", path=path) from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ProbeError(f"not a cost calibration file ({type(exc).__name__}: {exc})", path=path) from None
-    if not (0 < eff.bandwidth <= 1 and 0 < eff.flops <= 1 and eff.overhead_s >= 0):
-        raise ProbeError("cost calibration out of range (efficiencies in (0, 1], overhead >= 0)", path=path)
+    # The guarded reader: a FIFO or /dev/zero is one error line, not a hang or a full memory.
+    data = read_json(path, what="cost calibration", cap=MAX_CALIBRATION_BYTES, error=ProbeError)
+    values = []
+    for name, default in (("bandwidth_efficiency", None), ("flop_efficiency", None), ("overhead_s", 0.0)):
+        value = data.get(name, default) if isinstance(data, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProbeError(f"not a cost calibration file ({name!r} is not a number)", path=path)
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf
+        values.append(value)
+    eff = Efficiency(values[0], values[1], values[2], f"calibrated: {path}")
+    if not (0 < eff.bandwidth <= 1 and 0 < eff.flops <= 1 and 0 <= eff.overhead_s < 3600):
+        raise ProbeError("cost calibration out of range (efficiencies in (0, 1], overhead in [0, 3600) s)", path=path)
     return eff
 
 

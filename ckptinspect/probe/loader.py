@@ -57,14 +57,16 @@ def resolve_model_dir(ref: str) -> str:
 
 
 def read_config(model_dir: str) -> dict[str, Any]:
+    from ckptinspect.guarded_file import read_json
+
     path = os.path.join(model_dir, "config.json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except FileNotFoundError as exc:
-        raise ProbeError("config.json not found", path=model_dir) from exc
-    except json.JSONDecodeError as exc:
-        raise ProbeError(f"config.json is not valid JSON ({exc})", path=path) from exc
+    if not os.path.lexists(path):
+        raise ProbeError("config.json not found", path=model_dir)
+    # The guarded reader and the bounded decoder, as `report` reads it (16 MiB, the same cap).
+    config = read_json(path, what="config.json", cap=16 * 1024 * 1024, error=ProbeError)
+    if not isinstance(config, dict):
+        raise ProbeError("config.json is not a JSON object", path=path)
+    return config
 
 
 def _numel(shape: tuple[int, ...]) -> int:

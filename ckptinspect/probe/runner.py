@@ -108,6 +108,10 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
 
     efficiency = load_efficiency(cost_calibration) if cost_calibration else DEFAULT_EFFICIENCY
     model_dir = loader.resolve_model_dir(model)
+    if save_continuations_to:  # refused before the run, not after it (no command writes into a model dir)
+        from ckptinspect.snapshot_output import refuse_output_in_model_dir
+
+        refuse_output_in_model_dir(model_dir, save_continuations_to, "the --save-continuations file")
     probe_ckpt = open_checkpoint(model_dir)
     config = dict(probe_ckpt.checkpoint.config.raw)
     vocab = probe_ckpt.checkpoint.config.vocab_size

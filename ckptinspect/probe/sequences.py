@@ -8,6 +8,8 @@ import json
 import torch
 
 from ckptinspect.errors import ProbeError
+from ckptinspect.guarded_file import MAX_PROMPTS_BYTES, read_text
+from ckptinspect.json_text import decode_json
 from ckptinspect.probe.evaluate import Sequence
 from ckptinspect.probe.prompts import Prompt, check_ids, encode_prompt, load_corpus
 
@@ -46,6 +48,9 @@ def generate_sequences(main, tok, prompts: list[Prompt], max_new_tokens: int, ba
 
 def save_continuations(path: str, sequences: list[Sequence], *, model_dir: str, max_new_tokens: int) -> None:
     """The main model's greedy continuations, reused by ``--mode teacher --continuations`` runs."""
+    from ckptinspect.snapshot_output import refuse_output_in_model_dir
+
+    refuse_output_in_model_dir(model_dir, path, "the --save-continuations file")  # also for library callers
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(json.dumps({"ckptinspect_continuations": CONTINUATIONS_VERSION, "model_dir": model_dir,
                              "max_new_tokens": max_new_tokens}) + "\n")
@@ -54,17 +59,18 @@ def save_continuations(path: str, sequences: list[Sequence], *, model_dir: str, 
 
 
 def load_continuations(path: str, vocab_size: int | None) -> list[Sequence]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = [json.loads(line) for line in fh if line.strip()]
-    except OSError as exc:
-        raise ProbeError(f"cannot read continuations ({exc.strerror})", path=path) from exc
-    except json.JSONDecodeError as exc:
-        raise ProbeError(f"continuations file is not JSON lines ({exc.msg})", path=path) from exc
-    if not lines or lines[0].get("ckptinspect_continuations") != CONTINUATIONS_VERSION:
+    # The guarded reader (a regular file under the cap, valid UTF-8) and the bounded JSON decoder per line:
+    # a FIFO, binary bytes or deep nesting is one error line naming the file.
+    text = read_text(path, what="continuations file", cap=MAX_PROMPTS_BYTES, error=ProbeError)
+    lines = [decode_json(line, source=path, error=ProbeError, what=f"line {no}: continuations file is not JSON lines:")
+             for no, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if not lines or not isinstance(lines[0], dict) \
+            or lines[0].get("ckptinspect_continuations") != CONTINUATIONS_VERSION:
         raise ProbeError("not a continuations file written by `ckptinspect probe --save-continuations`", path=path)
     out = []
     for no, row in enumerate(lines[1:], start=2):
+        if not isinstance(row, dict):
+            raise ProbeError(f"line {no}: not a JSON object", path=path)
         tokens, plen = row.get("tokens"), row.get("prompt_len")
         if not (isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) and isinstance(plen, int)
                 and 1 <= plen <= len(tokens)):

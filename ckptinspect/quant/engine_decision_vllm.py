@@ -18,13 +18,11 @@ Shorthand: VL: = vllm-project/vllm:vllm/model_executor/layers/quantization/ at v
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any, Mapping
 
 from ckptinspect import safe_regex
 from ckptinspect.quant.built_as import ERROR, QUANTIZED, UNQUANTIZED
 from ckptinspect.records import DeclaredQuant
-from ckptinspect.safe_regex import translate_glob
 
 _SHARDS_DIFFER = "vLLM raises 'Detected some but not all shards of {} are quantized'"
 _SCHEMES_DIFFER = "vLLM raises 'Found different quantization schemes for the shards of {}'"
@@ -107,11 +105,6 @@ def vllm_awq_skip_substring(rule, declared, prefix, kind, packed):  # noqa: ANN0
 
 # --- VL:modelopt.py ModelOptQuantConfigBase.is_layer_excluded -------------------------------------
 
-@lru_cache(maxsize=64)
-def _glob_set(entries: tuple[str, ...]) -> Any:
-    return safe_regex.compile_re2_match_set([translate_glob(e) + r"\z" for e in entries]) if entries else None
-
-
 def _modelopt_list(rule: Mapping[str, Any], declared: DeclaredQuant) -> tuple[str, list[str]]:
     """hf_quant_config.json: ``quantization.exclude_modules``; config.json: the first of the rule's
     ``lists`` present (0.33: ``ignore``, else ``exclude_modules``) (ModelOptQuantConfigBase.from_config)."""
@@ -132,9 +125,8 @@ def _modelopt_excluded(prefix: str, entries: list[str], packed: Mapping[str, lis
     sub = next((e for e in entries if e != prefix and (e in prefix or (bare is not None and e in bare))), None)
     if sub is not None:
         return True, sub
-    matcher = _glob_set(tuple(entries))
-    hits = matcher.Match(prefix) if matcher is not None else None
-    return (True, entries[min(hits)]) if hits else (False, "")
+    index = safe_regex.first_glob_match_index(prefix, tuple(entries))  # over 10,000 entries: not evaluated
+    return (True, entries[index]) if index is not None else (False, "")
 
 
 def _modelopt_decision(rule, declared, prefix, packed):  # noqa: ANN001, ANN202

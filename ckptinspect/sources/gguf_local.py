@@ -1,7 +1,10 @@
 """GGUF models on disk: one file, a split set, a directory of quants, or a repo in the HF cache.
 
-Headers are parsed straight from a read-only memory map (header/gguf.py reads only the header's pages,
-never tensor data). ``claims_local_gguf`` / ``claims_gguf_repo`` are the GGUF kinds' claims in the
+Headers are read with bounded ``pread`` calls, extended on demand up to the end of the tensor infos
+(header/gguf.py asks for the header's bytes only, never tensor data). Not a memory map: a file that
+shrinks while it is mapped (a download being replaced, a truncating writer) kills the process with
+SIGBUS on the next touched page, and no exception handler can turn that into an error line; a short
+``pread`` is a truncated header, one error line. ``claims_local_gguf`` / ``claims_gguf_repo`` are the GGUF kinds' claims in the
 source registry (sources/__init__.py); ``open_gguf_if_gguf`` opens what they claim.
 
 A reference is GGUF when it is a ``.gguf`` file, a directory holding GGUF files and no safetensors
@@ -11,7 +14,6 @@ Hub's convention for GGUF repos), or cached locally with GGUF files only.
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,18 +32,33 @@ def read_gguf_header(path: Path, *, source: str) -> GgufHeader:
     """Parse one local GGUF file's header (regular files only; one-line errors naming ``source``)."""
     fd, size = open_regular(path, source=source, what="GGUF file")
     try:
-        if size == 0:
-            return parse_gguf(ByteWindow(b"", source=source, file_size=0))
-        try:
-            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:
-            raise SourceError(f"cannot map the file ({exc})", path=source) from None
-        try:
-            return parse_gguf(ByteWindow(mapped, source=source, file_size=size))
-        finally:
-            mapped.close()
+        def extend(start: int, stop: int) -> bytes:
+            return _pread_range(fd, start, stop, source)
+
+        first = _pread_range(fd, 0, min(size, FIRST_READ_BYTES), source)
+        return parse_gguf(ByteWindow(first, source=source, file_size=size, extend=extend))
     finally:
         os.close(fd)
+
+
+FIRST_READ_BYTES = 1 << 20  # most headers without a vocabulary fit; a vocabulary extends it in a few reads
+_PREAD_CHUNK = 16 << 20
+
+
+def _pread_range(fd: int, start: int, stop: int, source: str) -> bytes:
+    """Bytes [start, stop) of the file, fewer when it ends (or shrank) before ``stop``."""
+    parts = []
+    pos = start
+    while pos < stop:
+        try:
+            piece = os.pread(fd, min(stop - pos, _PREAD_CHUNK), pos)
+        except OSError as exc:
+            raise SourceError(f"cannot read the GGUF file ({exc.strerror or exc})", path=source) from None
+        if not piece:
+            break
+        parts.append(piece)
+        pos += len(piece)
+    return b"".join(parts)
 
 
 def list_gguf_dir(directory: Path) -> list[str]:

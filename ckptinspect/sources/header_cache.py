@@ -17,10 +17,14 @@ huggingface_hub returns a cached file of a commit hash without a request (file_d
 Entries live in ``$CKPTINSPECT_CACHE_DIR/hub-headers`` (default ``$XDG_CACHE_HOME/ckptinspect`` or
 ``~/.cache/ckptinspect``), one file per key, named by the key's sha256::
 
-    MAGIC (8 bytes) | key length (4 bytes, big-endian) | key | sha256(key + payload) | payload
+    MAGIC (8 bytes) | key length (4 bytes, big-endian) | key | HMAC-SHA256(user key; key, payload) | payload
 
 where the payload is the file's first ``8 + n`` bytes (the little-endian length prefix and the header).
-A read re-derives everything: the magic, the key equal to the one asked for, the checksum, the
+The MAC is under the per-user key of ckptinspect/cache_auth.py, kept outside the cache directory: a
+checksum anyone can recompute let an edited entry (``mtp.*`` tensors renamed, sha256 recomputed) change
+the MTP verdicts (issue 36), and a cache restored from a shared CI store is writable by others. Without a
+usable key nothing is looked up or stored.
+A read re-derives everything: the magic, the key equal to the one asked for, the MAC, the
 prefix equal to the payload length and within the file size the key names, the 25,000,000-byte header limit. Anything else is a miss (the file
 is removed and the header read from the Hub): a cache can cost a request, never change an answer or
 raise. Writes are atomic (a temporary file in the same directory, then ``os.replace``; the temporary
@@ -34,6 +38,7 @@ the directory holds at most ``CKPTINSPECT_HEADER_CACHE_MAX_BYTES`` (default 512 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import re
 import stat
@@ -41,10 +46,11 @@ import struct
 import uuid
 from pathlib import Path
 
+from ckptinspect.cache_auth import cache_base, cache_key, mac
 from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH
 from ckptinspect.sources.redact import redact_url
 
-MAGIC = b"CKHDRC1\n"
+MAGIC = b"CKHDRC2\n"  # 1: sha256 entries, never trusted again
 ENABLE_ENV = "CKPTINSPECT_HEADER_CACHE"
 MAX_BYTES_ENV = "CKPTINSPECT_HEADER_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024  # ~10x the 94 headers (51.8 MB) of the 397B NVFP4 replica
@@ -58,9 +64,7 @@ _DIGEST = 32
 
 def cache_dir() -> Path:
     """``$CKPTINSPECT_CACHE_DIR/hub-headers``, the directory the tool's other caches share."""
-    base = os.environ.get("CKPTINSPECT_CACHE_DIR")
-    root = Path(base) if base else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ckptinspect"
-    return root / SUBDIR
+    return cache_base() / SUBDIR
 
 
 def enabled(option: bool | None = None) -> bool:
@@ -99,6 +103,13 @@ class HeaderCache:
         self.limit = max_bytes() if limit is None else limit
         self.stored = 0
         self._made = False  # the directory exists (made once per cache, not once per header)
+        self._secret: bytes | None | bool = False  # False: not looked up yet; None: no usable key
+
+    def secret(self) -> bytes | None:
+        """The per-user MAC key (cache_auth.py), looked up once; None: no lookups, no stores."""
+        if self._secret is False:
+            self._secret = None if self.root is None else cache_key(self.root.parent)
+        return self._secret  # type: ignore[return-value]
 
     @classmethod
     def default(cls, option: bool | None = None) -> "HeaderCache":
@@ -112,8 +123,11 @@ class HeaderCache:
         """The header (JSON bytes, without the prefix) stored under ``key``; None on any doubt."""
         if self.root is None or key is None:
             return None
+        secret = self.secret()
+        if secret is None:
+            return None
         path = self._path(key)
-        header = _read_entry(path, key)
+        header = _read_entry(path, key, secret)
         if header is None:
             return None
         try:
@@ -126,11 +140,17 @@ class HeaderCache:
         """Store ``header`` under ``key`` atomically; any OS error leaves the cache as it was."""
         if self.root is None or key is None or len(header) > MAX_HEADER_LENGTH:
             return
+        secret = self.secret()
+        if secret is None:
+            return
         prefix = struct.pack("<Q", len(header))
-        # Hashed and written piece by piece: joining the pieces first would copy each header twice more
+        # MACed and written piece by piece: joining the pieces first would copy each header twice more
         # (~50 MB per report of a 371k-tensor checkpoint), and the copies, unlike hashing and writing,
-        # hold the GIL the scan needs.
-        digest = hashlib.sha256(key)
+        # hold the GIL the scan needs. The same bytes as cache_auth.mac(secret, key, prefix + header).
+        digest = hmac.new(secret, digestmod=hashlib.sha256)
+        digest.update(len(key).to_bytes(8, "big"))
+        digest.update(key)
+        digest.update((len(prefix) + len(header)).to_bytes(8, "big"))
         digest.update(prefix)
         digest.update(header)
         head = MAGIC + struct.pack(">I", len(key)) + key + digest.digest() + prefix
@@ -180,7 +200,7 @@ class HeaderCache:
         return total
 
 
-def _read_entry(path: Path, key: bytes) -> bytes | None:
+def _read_entry(path: Path, key: bytes, secret: bytes) -> bytes | None:
     limit = len(MAGIC) + 4 + len(key) + _DIGEST + 8 + MAX_HEADER_LENGTH
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -198,13 +218,13 @@ def _read_entry(path: Path, key: bytes) -> bytes | None:
         blob = None
     finally:
         os.close(fd)
-    header = None if blob is None else _decode(blob, key)
+    header = None if blob is None else _decode(blob, key, secret)
     if header is None and blob is not None:
         _remove(path)  # a damaged or foreign entry: read again from the Hub and stored anew
     return header
 
 
-def _decode(blob: bytes, key: bytes) -> bytes | None:
+def _decode(blob: bytes, key: bytes, secret: bytes) -> bytes | None:
     head = len(MAGIC) + 4
     if len(blob) < head or blob[:len(MAGIC)] != MAGIC:
         return None
@@ -213,7 +233,7 @@ def _decode(blob: bytes, key: bytes) -> bytes | None:
         return None
     digest = blob[head + key_len:head + key_len + _DIGEST]
     payload = blob[head + key_len + _DIGEST:]
-    if len(digest) != _DIGEST or len(payload) < 8 or hashlib.sha256(key + payload).digest() != digest:
+    if len(digest) != _DIGEST or len(payload) < 8 or not hmac.compare_digest(mac(secret, key, payload), digest):
         return None
     (n,) = struct.unpack("<Q", payload[:8])
     size = int(key.rsplit(b"\0", 1)[1])  # the key is this module's own (entry_key): its last field

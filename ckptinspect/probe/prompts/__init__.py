@@ -9,6 +9,7 @@ from importlib import resources
 from ckptinspect.errors import ProbeError
 from ckptinspect.guarded_file import (MAX_PROMPTS_BYTES, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, read_bytes,
                                       read_json, read_text)
+from ckptinspect.json_text import decode_json
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,8 @@ def load_prompts(path: str | None) -> list[Prompt]:
         for no, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ProbeError(f"line {no} is not JSON ({exc.msg})", path=path) from exc
+            # the bounded decoder (json_text.py): deep nesting or a 10,000-digit number is one error line
+            obj = decode_json(line, source=path, error=ProbeError, what=f"line {no} is not JSON:")
             body = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
             if not isinstance(body, str) or not body:
                 raise ProbeError(f"line {no} has no string 'prompt' or 'text'", path=path)
@@ -70,8 +69,68 @@ def load_tokenizer(model_dir: str, vocab_size: int | None, *, trust_remote_code:
         tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ProbeError(f"no usable tokenizer ({exc})", path=model_dir) from exc
+    check_chat_template_bounded(tok, model_dir)
     tok.probe_vocab_size = vocab_size
     return tok
+
+
+# A chat template is the checkpoint's code (Jinja). transformers renders it in a sandbox that bounds
+# range() but not the work or the memory of a render: nested loops of 10^10 steps, or ``'x' * 10**10``,
+# exhaust memory before any error line. So the template is first rendered once in a child process
+# under an address-space limit and a time limit; the real render (in process, unchanged) follows only
+# when that one ends well. Real templates render in milliseconds in well under 100 MiB.
+TEMPLATE_CHECK_MEMORY_BYTES = 1024 * 1024 * 1024
+TEMPLATE_CHECK_TIMEOUT_S = 30.0
+_TEMPLATE_CHILD = r"""
+import json, resource, sys
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+data = json.loads(sys.stdin.read())
+from transformers.utils.chat_template_utils import render_jinja_template
+try:
+    out, _ = render_jinja_template(conversations=[[{"role": "user", "content": "Hello"}]],
+                                   chat_template=data["template"], add_generation_prompt=True, **data["kwargs"])
+    print(json.dumps({"ok": len(out[0])}))
+except MemoryError:
+    print(json.dumps({"problem": "exhausts memory"}))
+except BaseException as exc:
+    print(json.dumps({"ok": -1, "error": type(exc).__name__}))
+"""
+
+
+def check_chat_template_bounded(tok, source: str) -> None:
+    """ProbeError when rendering the tokenizer's chat template(s) for one short message exceeds
+    ``TEMPLATE_CHECK_MEMORY_BYTES`` or ``TEMPLATE_CHECK_TIMEOUT_S`` (a template that merely fails is
+    left to encode_prompt, which words its error)."""
+    import resource  # noqa: F401 - the child needs it; POSIX only, like the probe
+    import subprocess
+    import sys
+
+    templates = getattr(tok, "chat_template", None)
+    if isinstance(templates, str):
+        templates = [templates]
+    elif isinstance(templates, dict):
+        templates = [t for t in templates.values() if isinstance(t, str)]
+    else:
+        return
+    special = getattr(tok, "special_tokens_map", {}) or {}
+    kwargs = {k: v for k, v in special.items() if isinstance(v, (str, list))}
+    for template in templates:
+        payload = json.dumps({"template": template, "kwargs": kwargs})
+        try:
+            proc = subprocess.run([sys.executable, "-c", _TEMPLATE_CHILD, str(TEMPLATE_CHECK_MEMORY_BYTES)],
+                                  input=payload, capture_output=True, text=True, timeout=TEMPLATE_CHECK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise ProbeError(f"the checkpoint's chat template takes over {TEMPLATE_CHECK_TIMEOUT_S:.0f} s to render "
+                             "one short message", path=source) from None
+        lines = proc.stdout.strip().splitlines()
+        try:
+            answer = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            answer = {}
+        if answer.get("problem") or "ok" not in answer:
+            raise ProbeError(f"the checkpoint's chat template exhausts the {TEMPLATE_CHECK_MEMORY_BYTES >> 20} MiB "
+                             "a render of one short message may use", path=source)
 
 
 # What transformers reads to build a tokenizer and its chat template, with the cap each gets.
