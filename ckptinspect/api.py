@@ -17,16 +17,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError, probe_install_hint
+from ckptinspect.errors import CkptInspectError, GgufQuantChoice, NotFoundError, PlanError, probe_install_hint
+from ckptinspect.lookups import (family_rule, find_gpu, gpus, list_rules, split_gpu_count, split_problem,
+                                 validate_rules)
 from ckptinspect.records import VERDICT_RANK
 from ckptinspect.refs import check_ref, looks_like_repo_id, normalize_ref
 
 if TYPE_CHECKING:  # the return types, named without importing their stages at import time
     from ckptinspect.diff import CheckpointDiff
     from ckptinspect.pipeline import Report
+    from ckptinspect.records import Checkpoint
     from ckptinspect.plan import GpuSpec, Plan, PlanFailure
-    from ckptinspect.readiness.model import FamilyRule
-    from ckptinspect.readiness.validate import RuleFileCheck
     from ckptinspect.audit import AuditRow, RepoRef
     from ckptinspect.probe.result import ProbeResult
     from ckptinspect.readiness.cost import MtpCost
@@ -42,6 +43,8 @@ def _not_found_context(ref: str) -> Iterator[None]:
     try:
         yield
     except NotFoundError as exc:
+        if isinstance(exc, GgufQuantChoice):  # the repo is there: it holds several quants
+            raise
         if looks_like_repo_id(ref) and not Path(ref).exists() and not cached_files(ref)[2]:
             message = str(exc)
             if exc.path and message.startswith(f"{exc.path}: "):
@@ -81,9 +84,9 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
     ref, revision = normalize_ref(ref, revision)
     with _not_found_context(ref):
         report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
-    if report.checkpoint.format == "gguf" and (tp is not None or gpu is not None):
-        raise PlanError("--tp / --gpu describe SGLang / vLLM deployments; for a GGUF run "
-                        "`ckptinspect plan MODEL --gpu GPU --gpus N` (a llama-server command)", path=ref)
+    if report.checkpoint.format == "gguf" and tp is not None:
+        raise PlanError("--tp / --ep describe SGLang / vLLM deployments; a GGUF runs on llama.cpp: "
+                        "`--gpu GPU --gpus N` adds its llama-server plan", path=ref)
     if tp is not None:
         report = replace(report, mtp_costs=(_mtp_cost(report, tp, ep),))
     if gpu is not None and gpus is not None:
@@ -103,6 +106,10 @@ def _plan_section(report: "Report", *, gpu: "str | GpuSpec", gpus: int, context:
     # planner owns that text); the report's exit code does not change.
     from ckptinspect.plan import plan_or_failure
 
+    if report.checkpoint.format == "gguf":  # a GGUF runs on llama.cpp: its llama-server plan
+        from ckptinspect.plan.llamacpp import plan_llamacpp
+
+        return plan_llamacpp(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context)
     return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, engine=engine)
 
 
@@ -151,7 +158,7 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
         rb = build_report(ref_b, rules_dirs=tuple(rules_dirs), progress=progress, token=token)
     if stats is not None:
         stats.update(A=dict(ra.checkpoint.stats), B=dict(rb.checkpoint.stats))
-    a, b = ra.checkpoint, rb.checkpoint
+    a, b = _with_head(ra), _with_head(rb)
     if a.format != b.format:  # safetensors vs GGUF: compare under the converter's Hugging Face names
         from dataclasses import replace
 
@@ -161,6 +168,20 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
         a = replace(hf_view(a), family=b.family) if a.format == "gguf" else a
         b = replace(hf_view(b), family=a.family) if b.format == "gguf" else b
     return diff_checkpoints(a, b, ra.mtp, rb.mtp)
+
+
+def _with_head(report: "Report") -> "Checkpoint":
+    """The checkpoint with a companion-file MTP head's groups counted, as `report` counts that head."""
+    ck = report.checkpoint
+    if not report.head_groups:
+        return ck
+    from ckptinspect.records import Inventory, Totals
+
+    head, t = report.head_groups, ck.inventory.totals
+    groups = (*ck.inventory.groups, *head)
+    totals = Totals(tensors=t.tensors + sum(g.tensors for g in head), params=t.params + sum(g.params for g in head),
+                    bytes=t.bytes + sum(g.bytes for g in head))
+    return replace(ck, inventory=Inventory(groups=groups, shards=ck.inventory.shards, totals=totals))
 
 
 def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str | None = None,
@@ -258,67 +279,6 @@ def read_probe_report(path: Path) -> dict:
     return data
 
 
-# -- GPU catalog and parallel splits (option checks before any checkpoint is read) -----------------
-def gpus(spec_file: str | Path | None = None) -> "tuple[GpuSpec, ...]":
-    """Every GPU of rules/gpus.yaml (``plan.GpuSpec``), after the entries of a user GPU file."""
-    from ckptinspect.plan import load_gpus
-
-    return tuple(load_gpus(spec_file))
-
-
-def find_gpu(name: "str | GpuSpec", *, spec_file: str | Path | None = None,
-             memory_gib: float | None = None) -> "GpuSpec":
-    """The GPU named ``name`` (name, alias or nvidia-smi name; case / space / '_' insensitive) in the user
-    GPU file ``spec_file`` or the catalog, with ``memory_gib`` GiB usable if given; PlanError if none."""
-    from ckptinspect.plan import find_gpu as find
-
-    return find(name, spec_file=spec_file, memory_gib=memory_gib)
-
-
-def split_gpu_count(text: str) -> tuple[int | None, str]:
-    """``"8x NVIDIA H200"`` -> ``(8, "NVIDIA H200")``; a name without a count -> ``(None, name)``."""
-    from ckptinspect.plan.gpus import split_count
-
-    return split_count(text)
-
-
-def split_problem(tp: int, ep: int | None) -> str:
-    """Why SGLang / vLLM refuse ``--tp tp --ep ep``, or "" when both accept it."""
-    from ckptinspect.plan import split_problem as problem
-
-    return problem(tp, ep)
-
-
-# -- rule files ------------------------------------------------------------------------------------
-def list_rules(rules_dirs: Sequence[Path] = (), *, include_abstract: bool = False) -> "tuple[FamilyRule, ...]":
-    """The family rules (``readiness.FamilyRule``), built-ins plus ``rules_dirs``; abstract bases only
-    with ``include_abstract``."""
-    from ckptinspect.readiness import load_rules
-
-    ruleset = load_rules(rules_dirs)
-    return tuple(ruleset.families) if include_abstract else ruleset.concrete()
-
-
-def family_rule(family: str, rules_dirs: Sequence[Path] = ()) -> "FamilyRule":
-    """One family rule with everything it inherits resolved; RuleError naming the known ids if none."""
-    from ckptinspect.readiness import load_rules
-
-    ruleset = load_rules(rules_dirs)
-    fam = ruleset.get(family)
-    if fam is None:
-        known = ", ".join(f.id for f in ruleset.concrete())
-        raise RuleError(f"unknown family {family!r} (known: {known})")
-    return fam
-
-
-def validate_rules(paths: Sequence[Path], rules_dirs: Sequence[Path] = ()) -> "list[RuleFileCheck]":
-    """Check rule files or directories of them, in order (``readiness.validate.validate_rule_files``):
-    one ``RuleFileCheck(path, error)`` per file, ``error`` None when it passed."""
-    from ckptinspect.readiness.validate import validate_rule_files
-
-    return validate_rule_files(paths, rules_dirs)
-
-
 # -- what error messages quote ---------------------------------------------------------------------
 def hub_endpoint() -> str:
     """The Hub endpoint requests go to (HF_ENDPOINT or the default), without any userinfo password."""
@@ -367,7 +327,11 @@ def audit(refs: "Sequence[str | RepoRef]", *, gpu: str | None = None, gpus: int 
     options = AuditOptions(gpu=gpu, gpus=gpus, context=context, engine=engine, rules_dirs=tuple(rules_dirs),
                            token=token, jobs=jobs, max_requests=max_requests, deadline_s=deadline_s, cache=cache,
                            endpoint=hub_endpoint())
-    return run_audit(wanted, options, _audit_report)
+    from ckptinspect.audit.gguf_quants import expand_gguf_quants, repo_files
+
+    return expand_gguf_quants(run_audit(wanted, options, _audit_report),
+                              lambda more: run_audit(more, options, _audit_report),
+                              lambda repo: repo_files(repo, token=token, endpoint=options.endpoint))
 
 
 def _audit_report(repo_id: str, options: dict) -> str:

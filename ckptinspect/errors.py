@@ -3,6 +3,7 @@
     CkptInspectError
     ├── SourceError            a model reference that cannot be read
     │   ├── NotFoundError      missing directory / repo / revision / file
+    │   │   └── GgufQuantChoice  a GGUF directory / repo of several quants named without :TAG
     │   ├── AccessError        gated or private repo (401 / 403)
     │   └── NetworkError       timeouts, 5xx, resets, bad ranges after retries
     ├── HeaderError            a safetensors header that violates the format
@@ -37,6 +38,16 @@ class SourceError(CkptInspectError):
 
 class NotFoundError(SourceError):
     pass
+
+
+class GgufQuantChoice(NotFoundError):
+    """A directory or repo holding several GGUF quants, named without ``:TAG``; ``models`` are the quants'
+    file sets (``audit`` reads each as a row of its own)."""
+
+    def __init__(self, message: str, *, models: tuple[str, ...] = (), path: str | None = None,
+                 hint: str | None = None) -> None:
+        self.models = models
+        super().__init__(message, path=path, hint=hint)
 
 
 class AccessError(SourceError):

@@ -34,6 +34,9 @@ class Report:
     mtp: MtpAssessment | None
     plan: Any = None  # ckptinspect.plan.Plan when --gpu/--gpus were given
     mtp_costs: tuple[Any, ...] = field(default_factory=tuple)
+    # a GGUF's NextN head shipped in a companion mtp-*.gguf: its tensor groups (pipeline_gguf.py), which
+    # the checkpoint's inventory (the model's own files) does not hold
+    head_groups: tuple[Any, ...] = field(default_factory=tuple)
 
 
 def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
@@ -68,10 +71,11 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
     try:  # the worker is stopped and reaped however the report ends (close is idempotent)
         raw = _open(ref, revision=revision, token=token, progress=progress, worker=worker)
         if getattr(raw, "format", None) == "gguf":
-            from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf
+            from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf, companion_head_groups
 
             checkpoint = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
-            return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
+            mtp = assess_gguf(checkpoint, raw)
+            return Report(checkpoint=checkpoint, mtp=mtp, head_groups=companion_head_groups(checkpoint, raw, mtp))
         return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, worker=worker)
     finally:
         worker.close()

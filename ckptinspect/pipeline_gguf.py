@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from ckptinspect.config.gguf_config import gguf_declared, gguf_model_config
 from ckptinspect.inventory.gguf_inventory import build_gguf_inventory
-from ckptinspect.records import Checkpoint, Finding, Inventory, ModelConfig, MtpAssessment
+from ckptinspect.records import Checkpoint, Finding, Inventory, ModelConfig, MtpAssessment, TensorGroup
 from ckptinspect.sources.gguf_files import RawGguf
 
 
@@ -41,3 +41,16 @@ def assess_gguf(checkpoint: Checkpoint, raw: RawGguf, *, engine_version: str | N
     from ckptinspect.readiness.gguf_mtp import assess_gguf_mtp
 
     return assess_gguf_mtp(checkpoint, raw.parts, raw.companions, version=engine_version)
+
+
+def companion_head_groups(checkpoint: Checkpoint, raw: RawGguf, mtp: MtpAssessment) -> tuple[TensorGroup, ...]:
+    """The tensor groups of the NextN head when it ships in a companion ``mtp-*.gguf``, numbered as the
+    trunk's blocks after the last (``diff`` compares them with a head inside the model). A head of its own
+    architecture (blocks from 0: Gemma 4's assistant) is no NextN block of the trunk and gives none."""
+    model_files = {s.name for s in checkpoint.inventory.shards}
+    head_files = {f for layer in mtp.layers for f in layer.shards} - model_files
+    parts = [(name, header) for name, header in raw.companions if name in head_files]
+    if not parts:
+        return ()
+    groups = build_gguf_inventory(parts, checkpoint.config.num_hidden_layers).groups
+    return tuple(g for g in groups if g.mtp_layer is not None)
