@@ -17,7 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from ckptinspect.errors import CkptInspectError, GgufQuantChoice, NotFoundError, PlanError, probe_install_hint
+from ckptinspect.errors import (CkptInspectError, GgufQuantChoice, NotFoundError, PlanError, PlanNotPossible,
+                                probe_install_hint)
 from ckptinspect.lookups import (family_rule, find_gpu, gpus, list_rules, split_gpu_count, split_problem,
                                  validate_rules)
 from ckptinspect.records import VERDICT_RANK
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # the return types, named without importing their stages at i
     from ckptinspect.pipeline import Report
     from ckptinspect.records import Checkpoint
     from ckptinspect.plan import GpuSpec, Plan, PlanFailure
+    from ckptinspect.plan.llamacpp import LlamaCppPlan
     from ckptinspect.audit import AuditRow, RepoRef
     from ckptinspect.probe.result import ProbeResult
     from ckptinspect.readiness.cost import MtpCost
@@ -116,9 +118,10 @@ def _plan_section(report: "Report", *, gpu: "str | GpuSpec", gpus: int, context:
 def plan(ref: str, *, gpu: "str | GpuSpec", gpus: int, context: int | None = None, goal: str = "latency",
          engine: str = "both", probe_report: dict | None = None, max_context: bool = False, concurrency: int = 1,
          rules_dirs: Sequence[Path] = (), revision: str | None = None, token: str | None = None,
-         progress: bool = False, stats: dict | None = None) -> "Plan | PlanFailure":
-    """Fit ``ref`` on ``gpus`` x ``gpu``: a ``plan.Plan`` (memory, KV capacity, launch commands) or, when
-    nothing runs, a ``plan.PlanFailure`` saying why. ``max_context``: solve for the longest context
+         progress: bool = False, stats: dict | None = None) -> "Plan | LlamaCppPlan":
+    """Fit ``ref`` on ``gpus`` x ``gpu``: a ``plan.Plan`` (memory, KV capacity, launch commands), or a
+    ``LlamaCppPlan`` for a GGUF. Nothing that runs is ``errors.PlanNotPossible`` (a PlanError, as for an
+    unknown GPU) whose ``failure`` holds the options tried. ``max_context``: solve for the longest context
     ``concurrency`` requests get. ``gpu``: a name or a ``GpuSpec`` (``find_gpu``); ``stats``: a dict to
     fill with how the checkpoint was read."""
     from ckptinspect.pipeline import build_report
@@ -138,9 +141,12 @@ def plan(ref: str, *, gpu: "str | GpuSpec", gpus: int, context: int | None = Non
         return plan_llamacpp(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context)
     if engine == "llamacpp":
         raise PlanError(f"{ref} is not a GGUF checkpoint: llama.cpp plans are made for GGUF files")
-    return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
-                           engine=engine, probe_report=probe_report, max_context=max_context,
-                           concurrency=concurrency)
+    result = plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
+                             engine=engine, probe_report=probe_report, max_context=max_context,
+                             concurrency=concurrency)
+    if not result.ok:
+        raise PlanNotPossible(result.message, hint=result.hint, failure=result)
+    return result
 
 
 def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: bool = False,
@@ -193,6 +199,9 @@ def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str 
 
     if not str(output).endswith(".json.gz"):
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
+    if not Path(output).parent.is_dir():  # checked before any read; a typo must not grow a directory tree
+        raise CkptInspectError(f"the directory {Path(output).parent} does not exist (create it first)",
+                               path=str(output))
     from ckptinspect.snapshot_output import refuse_protected_output, write_error
 
     ref, revision = normalize_ref(check_ref(ref), revision)

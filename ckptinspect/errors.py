@@ -10,6 +10,7 @@
     ├── ConfigError            config.json / hf_quant_config.json / index malformed
     ├── RuleError              a rule file that fails its schema
     ├── PlanError              impossible plan inputs (unknown GPU, no fit)
+    │   └── PlanNotPossible    nothing runs on these GPUs (``failure``: the options tried, a hint)
     └── ProbeError             probe inputs that cannot work (no MTP, no memory)
 """
 
@@ -72,6 +73,16 @@ class RuleError(CkptInspectError):
 
 class PlanError(CkptInspectError):
     pass
+
+
+class PlanNotPossible(PlanError):
+    """``api.plan`` found no TP / EP split or context that runs on the GPUs given, as it raises PlanError
+    for a GPU it does not know; ``failure`` is the ``plan.PlanFailure`` record (every option tried, why
+    each fails, the smallest GPU count that works), which `plan --format json` prints."""
+
+    def __init__(self, message: str, *, failure: object, hint: str | None = None) -> None:
+        self.failure = failure
+        super().__init__(message, hint=hint)
 
 
 class ProbeError(CkptInspectError):
