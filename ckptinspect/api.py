@@ -17,7 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError, probe_install_hint
+from ckptinspect.errors import (CkptInspectError, GgufQuantChoice, NotFoundError, PlanError, PlanNotPossible,
+                                probe_install_hint)
+from ckptinspect.lookups import (family_rule, find_gpu, gpus, list_rules, split_gpu_count, split_problem,
+                                 validate_rules)
 from ckptinspect.records import VERDICT_RANK
 from ckptinspect.refs import check_ref, looks_like_repo_id, normalize_ref
 from ckptinspect.snapshot_output import refuse_probe_outputs as check_probe_outputs  # before a probe runs
@@ -25,9 +28,9 @@ from ckptinspect.snapshot_output import refuse_probe_outputs as check_probe_outp
 if TYPE_CHECKING:  # the return types, named without importing their stages at import time
     from ckptinspect.diff import CheckpointDiff
     from ckptinspect.pipeline import Report
+    from ckptinspect.records import Checkpoint
     from ckptinspect.plan import GpuSpec, Plan, PlanFailure
-    from ckptinspect.readiness.model import FamilyRule
-    from ckptinspect.readiness.validate import RuleFileCheck
+    from ckptinspect.plan.llamacpp import LlamaCppPlan
     from ckptinspect.audit import AuditRow, RepoRef
     from ckptinspect.probe.result import ProbeResult
     from ckptinspect.plan.mtp_cost import MtpCost
@@ -43,6 +46,8 @@ def _not_found_context(ref: str) -> Iterator[None]:
     try:
         yield
     except NotFoundError as exc:
+        if isinstance(exc, GgufQuantChoice):  # the repo is there: it holds several quants
+            raise
         if looks_like_repo_id(ref) and not Path(ref).exists() and not cached_files(ref)[2]:
             message = str(exc)
             if exc.path and message.startswith(f"{exc.path}: "):
@@ -87,9 +92,9 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
 
 def _with_sections(report: "Report", ref: str, *, tp: int | None, ep: int | None, gpu: "str | GpuSpec | None",
                    gpus: int | None, context: int | None, engine: str) -> "Report":  # MTP cost, plan
-    if report.checkpoint.format == "gguf" and (tp is not None or gpu is not None):
-        raise PlanError("--tp / --gpu describe SGLang / vLLM deployments; for a GGUF run "
-                        "`ckptinspect plan MODEL --gpu GPU --gpus N` (a llama-server command)", path=ref)
+    if report.checkpoint.format == "gguf" and tp is not None:
+        raise PlanError("--tp / --ep describe SGLang / vLLM deployments; a GGUF runs on llama.cpp: "
+                        "`--gpu GPU --gpus N` adds its llama-server plan", path=ref)
     if tp is not None:
         from ckptinspect.plan.mtp_cost import mtp_cost
 
@@ -105,15 +110,20 @@ def _plan_section(report: "Report", *, gpu: "str | GpuSpec", gpus: int, context:
     # planner owns that text); the report's exit code does not change.
     from ckptinspect.plan import plan_or_failure
 
+    if report.checkpoint.format == "gguf":  # a GGUF runs on llama.cpp: its llama-server plan
+        from ckptinspect.plan.llamacpp import plan_llamacpp
+
+        return plan_llamacpp(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context)
     return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, engine=engine)
 
 
 def plan(ref: str, *, gpu: "str | GpuSpec", gpus: int, context: int | None = None, goal: str = "latency",
          engine: str = "both", probe_report: dict | None = None, max_context: bool = False, concurrency: int = 1,
          rules_dirs: Sequence[Path] = (), revision: str | None = None, token: str | None = None,
-         progress: bool = False, stats: dict | None = None) -> "Plan | PlanFailure":
-    """Fit ``ref`` on ``gpus`` x ``gpu``: a ``plan.Plan`` (memory, KV capacity, launch commands) or, when
-    nothing runs, a ``plan.PlanFailure`` saying why. ``max_context``: solve for the longest context
+         progress: bool = False, stats: dict | None = None) -> "Plan | LlamaCppPlan":
+    """Fit ``ref`` on ``gpus`` x ``gpu``: a ``plan.Plan`` (memory, KV capacity, launch commands), or a
+    ``LlamaCppPlan`` for a GGUF. Nothing that runs is ``errors.PlanNotPossible`` (a PlanError, as for an
+    unknown GPU) whose ``failure`` holds the options tried. ``max_context``: solve for the longest context
     ``concurrency`` requests get. ``gpu``: a name or a ``GpuSpec`` (``find_gpu``); ``stats``: a dict to
     fill with how the checkpoint was read."""
     from ckptinspect.pipeline import build_report
@@ -133,9 +143,12 @@ def plan(ref: str, *, gpu: "str | GpuSpec", gpus: int, context: int | None = Non
         return plan_llamacpp(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context)
     if engine == "llamacpp":
         raise PlanError(f"{ref} is not a GGUF checkpoint: llama.cpp plans are made for GGUF files")
-    return plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
-                           engine=engine, probe_report=probe_report, max_context=max_context,
-                           concurrency=concurrency)
+    result = plan_or_failure(report.checkpoint, report.mtp, gpu=gpu, gpus=gpus, context=context, goal=goal,
+                             engine=engine, probe_report=probe_report, max_context=max_context,
+                             concurrency=concurrency)
+    if not result.ok:
+        raise PlanNotPossible(result.message, hint=result.hint, failure=result)
+    return result
 
 
 def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: bool = False,
@@ -153,7 +166,7 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
         rb = build_report(ref_b, rules_dirs=tuple(rules_dirs), progress=progress, token=token)
     if stats is not None:
         stats.update(A=dict(ra.checkpoint.stats), B=dict(rb.checkpoint.stats))
-    a, b = ra.checkpoint, rb.checkpoint
+    a, b = _with_head(ra), _with_head(rb)
     if a.format != b.format:  # safetensors vs GGUF: compare under the converter's Hugging Face names
         from dataclasses import replace
 
@@ -163,6 +176,20 @@ def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: b
         a = replace(hf_view(a), family=b.family) if a.format == "gguf" else a
         b = replace(hf_view(b), family=a.family) if b.format == "gguf" else b
     return diff_checkpoints(a, b, ra.mtp, rb.mtp)
+
+
+def _with_head(report: "Report") -> "Checkpoint":
+    """The checkpoint with a companion-file MTP head's groups counted, as `report` counts that head."""
+    ck = report.checkpoint
+    if not report.head_groups:
+        return ck
+    from ckptinspect.records import Inventory, Totals
+
+    head, t = report.head_groups, ck.inventory.totals
+    groups = (*ck.inventory.groups, *head)
+    totals = Totals(tensors=t.tensors + sum(g.tensors for g in head), params=t.params + sum(g.params for g in head),
+                    bytes=t.bytes + sum(g.bytes for g in head))
+    return replace(ck, inventory=Inventory(groups=groups, shards=ck.inventory.shards, totals=totals))
 
 
 def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token: str | None = None,
@@ -176,6 +203,9 @@ def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token
     if not str(output).endswith(".json.gz"):  # also refuses "x.json.gz/" (a directory's name)
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
     output = Path(output)
+    if not Path(output).parent.is_dir():  # checked before any read; a typo must not grow a directory tree
+        raise CkptInspectError(f"the directory {Path(output).parent} does not exist (create it first)",
+                               path=str(output))
 
     ref, revision = normalize_ref(check_ref(ref), revision)
     with _not_found_context(ref):
@@ -261,67 +291,6 @@ def read_probe_report(path: Path) -> dict:
     return data
 
 
-# -- GPU catalog and parallel splits (option checks before any checkpoint is read) -----------------
-def gpus(spec_file: str | Path | None = None) -> "tuple[GpuSpec, ...]":
-    """Every GPU of rules/gpus.yaml (``plan.GpuSpec``), after the entries of a user GPU file."""
-    from ckptinspect.plan import load_gpus
-
-    return tuple(load_gpus(spec_file))
-
-
-def find_gpu(name: "str | GpuSpec", *, spec_file: str | Path | None = None,
-             memory_gib: float | None = None) -> "GpuSpec":
-    """The GPU named ``name`` (name, alias or nvidia-smi name; case / space / '_' insensitive) in the user
-    GPU file ``spec_file`` or the catalog, with ``memory_gib`` GiB usable if given; PlanError if none."""
-    from ckptinspect.plan import find_gpu as find
-
-    return find(name, spec_file=spec_file, memory_gib=memory_gib)
-
-
-def split_gpu_count(text: str) -> tuple[int | None, str]:
-    """``"8x NVIDIA H200"`` -> ``(8, "NVIDIA H200")``; a name without a count -> ``(None, name)``."""
-    from ckptinspect.plan.gpus import split_count
-
-    return split_count(text)
-
-
-def split_problem(tp: int, ep: int | None) -> str:
-    """Why SGLang / vLLM refuse ``--tp tp --ep ep``, or "" when both accept it."""
-    from ckptinspect.plan import split_problem as problem
-
-    return problem(tp, ep)
-
-
-# -- rule files ------------------------------------------------------------------------------------
-def list_rules(rules_dirs: Sequence[Path] = (), *, include_abstract: bool = False) -> "tuple[FamilyRule, ...]":
-    """The family rules (``readiness.FamilyRule``), built-ins plus ``rules_dirs``; abstract bases only
-    with ``include_abstract``."""
-    from ckptinspect.readiness import load_rules
-
-    ruleset = load_rules(rules_dirs)
-    return tuple(ruleset.families) if include_abstract else ruleset.concrete()
-
-
-def family_rule(family: str, rules_dirs: Sequence[Path] = ()) -> "FamilyRule":
-    """One family rule with everything it inherits resolved; RuleError naming the known ids if none."""
-    from ckptinspect.readiness import load_rules
-
-    ruleset = load_rules(rules_dirs)
-    fam = ruleset.get(family)
-    if fam is None:
-        known = ", ".join(f.id for f in ruleset.concrete())
-        raise RuleError(f"unknown family {family!r} (known: {known})")
-    return fam
-
-
-def validate_rules(paths: Sequence[Path], rules_dirs: Sequence[Path] = ()) -> "list[RuleFileCheck]":
-    """Check rule files or directories of them, in order (``readiness.validate.validate_rule_files``):
-    one ``RuleFileCheck(path, error)`` per file, ``error`` None when it passed."""
-    from ckptinspect.readiness.validate import validate_rule_files
-
-    return validate_rule_files(paths, rules_dirs)
-
-
 # -- what error messages quote ---------------------------------------------------------------------
 def hub_endpoint() -> str:
     """The Hub endpoint requests go to (HF_ENDPOINT or the default), without any userinfo password."""
@@ -370,7 +339,11 @@ def audit(refs: "Sequence[str | RepoRef]", *, gpu: str | None = None, gpus: int 
     options = AuditOptions(gpu=gpu, gpus=gpus, context=context, engine=engine, rules_dirs=tuple(rules_dirs),
                            token=token, jobs=jobs, max_requests=max_requests, deadline_s=deadline_s, cache=cache,
                            endpoint=hub_endpoint())
-    return run_audit(wanted, options, _audit_report)
+    from ckptinspect.audit.gguf_quants import expand_gguf_quants, repo_files
+
+    return expand_gguf_quants(run_audit(wanted, options, _audit_report),
+                              lambda more: run_audit(more, options, _audit_report),
+                              lambda repo: repo_files(repo, token=token, endpoint=options.endpoint))
 
 
 async def _audit_report(repo_id: str, options: dict) -> str:

@@ -3,12 +3,14 @@
     CkptInspectError
     ├── SourceError            a model reference that cannot be read
     │   ├── NotFoundError      missing directory / repo / revision / file
+    │   │   └── GgufQuantChoice  a GGUF directory / repo of several quants named without :TAG
     │   ├── AccessError        gated or private repo (401 / 403)
     │   └── NetworkError       timeouts, 5xx, resets, bad ranges after retries
     ├── HeaderError            a safetensors header that violates the format
     ├── ConfigError            config.json / hf_quant_config.json / index malformed
     ├── RuleError              a rule file that fails its schema
     ├── PlanError              impossible plan inputs (unknown GPU, no fit)
+    │   └── PlanNotPossible    nothing runs on these GPUs (``failure``: the options tried, a hint)
     └── ProbeError             probe inputs that cannot work (no MTP, no memory)
 """
 
@@ -39,6 +41,16 @@ class NotFoundError(SourceError):
     pass
 
 
+class GgufQuantChoice(NotFoundError):
+    """A directory or repo holding several GGUF quants, named without ``:TAG``; ``models`` are the quants'
+    file sets (``audit`` reads each as a row of its own)."""
+
+    def __init__(self, message: str, *, models: tuple[str, ...] = (), path: str | None = None,
+                 hint: str | None = None) -> None:
+        self.models = models
+        super().__init__(message, path=path, hint=hint)
+
+
 class AccessError(SourceError):
     pass
 
@@ -61,6 +73,16 @@ class RuleError(CkptInspectError):
 
 class PlanError(CkptInspectError):
     pass
+
+
+class PlanNotPossible(PlanError):
+    """``api.plan`` found no TP / EP split or context that runs on the GPUs given, as it raises PlanError
+    for a GPU it does not know; ``failure`` is the ``plan.PlanFailure`` record (every option tried, why
+    each fails, the smallest GPU count that works), which `plan --format json` prints."""
+
+    def __init__(self, message: str, *, failure: object, hint: str | None = None) -> None:
+        self.failure = failure
+        super().__init__(message, hint=hint)
 
 
 class ProbeError(CkptInspectError):

@@ -28,7 +28,7 @@ from ckptinspect.progress import SILENT, Progress, as_progress
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
 from ckptinspect.records import (Checkpoint, Finding, IndexSummary, Inventory, ModelConfig, MtpAssessment,
-                                 RawCheckpoint)
+                                 RawCheckpoint, TensorGroup)
 from ckptinspect.sources import open_source, open_source_async
 from ckptinspect.sources.interface import CONFIG, HF_QUANT_CONFIG, INDEX, PICKLE_SUFFIXES, QUANT_MODEL_DESCRIPTION
 
@@ -41,6 +41,9 @@ class Report:
     mtp: MtpAssessment | None
     plan: Any = None  # ckptinspect.plan.Plan when --gpu/--gpus were given
     mtp_costs: tuple[Any, ...] = field(default_factory=tuple)
+    # a GGUF's NextN head shipped in a companion mtp-*.gguf: its tensor groups (companion_head_groups), which
+    # the checkpoint's inventory (the model's own files) does not hold
+    head_groups: tuple[Any, ...] = field(default_factory=tuple)
 
 
 def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
@@ -88,7 +91,8 @@ async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revis
 
 def gguf_report(raw: Any) -> Report:
     checkpoint = checkpoint_from_gguf(raw)
-    return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
+    mtp = assess_gguf(checkpoint, raw)
+    return Report(checkpoint=checkpoint, mtp=mtp, head_groups=companion_head_groups(checkpoint, raw, mtp))
 
 
 def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT) -> Report:
@@ -252,3 +256,18 @@ def assess_gguf(checkpoint: Checkpoint, raw: Any, *, engine_version: str | None 
     from ckptinspect.readiness.gguf_mtp import assess_gguf_mtp
 
     return assess_gguf_mtp(checkpoint, raw.parts, raw.companions, version=engine_version)
+
+
+def companion_head_groups(checkpoint: Checkpoint, raw: Any, mtp: MtpAssessment) -> tuple[TensorGroup, ...]:
+    """The tensor groups of the NextN head when it ships in a companion ``mtp-*.gguf``, numbered as the
+    trunk's blocks after the last (``diff`` compares them with a head inside the model). A head of its own
+    architecture (blocks from 0: Gemma 4's assistant) is no NextN block of the trunk and gives none."""
+    from ckptinspect.inventory.gguf_inventory import build_gguf_inventory
+
+    model_files = {s.name for s in checkpoint.inventory.shards}
+    head_files = {f for layer in mtp.layers for f in layer.shards} - model_files
+    parts = [(name, header) for name, header in raw.companions if name in head_files]
+    if not parts:
+        return ()
+    groups = build_gguf_inventory(parts, checkpoint.config.num_hidden_layers).groups
+    return tuple(g for g in groups if g.mtp_layer is not None)

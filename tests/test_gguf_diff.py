@@ -63,3 +63,25 @@ def test_two_quants_show_type_changes_and_a_dropped_head(quants):
     assert [f.code for f in dropped.findings] == ["mtp-dropped", "mtp-verdict-worse"]
     assert next(f for f in dropped.findings if f.code == "mtp-verdict-worse").engine == "llamacpp"
     assert all(c.mtp for c in dropped.removed)
+
+
+def test_a_companion_mtp_head_counts_as_the_head(tmp_path):
+    """Issue 34 §3: a head shipped as mtp-*.gguf next to the trunk is the same head as one inside the model
+    (main: `mtp-modules-dropped`, exit 1, while `report` on that layout says READY); a trunk without its
+    companion still trips the gate."""
+    import shutil
+
+    from conftest import run_cli
+
+    names = ["GLM-4.5-Air-Q4_K_M", "GLM-4.5-Air-trunk-Q4_K_M"]
+    build(tmp_path, names)
+    inside, companion = (str(tmp_path / MODEL_DIRS[n]) for n in names)
+    done = run_cli("diff", inside, companion, "--fail-on", "error", "--format", "json", "--quiet")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    codes = {f["code"] for f in __import__("json").loads(done.stdout)["findings"]}
+    assert not codes & {"mtp-modules-dropped", "mtp-dropped", "mtp-layers-dropped"}, codes
+    alone = tmp_path / "trunk-alone"
+    alone.mkdir()
+    shutil.copy(next(p for p in (tmp_path / MODEL_DIRS[names[1]]).iterdir() if not p.name.startswith("mtp-")), alone)
+    dropped = run_cli("diff", inside, str(alone), "--fail-on", "error", "--quiet")
+    assert dropped.returncode == 1 and "mtp-" in dropped.stderr

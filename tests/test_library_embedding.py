@@ -168,11 +168,14 @@ def test_api_return_types_name_the_records_callers_get():
     from ckptinspect.readiness.model import FamilyRule
     from ckptinspect.records import RawCheckpoint
 
+    from ckptinspect.plan.llamacpp import LlamaCppPlan
+
     names = {**vars(api), "CheckpointDiff": CheckpointDiff, "Report": Report, "GpuSpec": GpuSpec, "Plan": Plan,
-             "PlanFailure": PlanFailure, "FamilyRule": FamilyRule, "RawCheckpoint": RawCheckpoint}
+             "PlanFailure": PlanFailure, "FamilyRule": FamilyRule, "RawCheckpoint": RawCheckpoint,
+             "LlamaCppPlan": LlamaCppPlan}
     hints = {f: typing.get_type_hints(getattr(api, f), globalns=names)["return"]
              for f in ("inspect", "plan", "diff", "snapshot", "find_gpu", "family_rule")}
-    assert hints == {"inspect": Report, "plan": Plan | PlanFailure, "diff": CheckpointDiff,
+    assert hints == {"inspect": Report, "plan": Plan | LlamaCppPlan, "diff": CheckpointDiff,
                      "snapshot": RawCheckpoint, "find_gpu": GpuSpec, "family_rule": FamilyRule}
     report = api.inspect()
     assert isinstance(report, Report)
@@ -193,12 +196,15 @@ def test_no_public_api_function_returns_or_takes_any_where_a_record_exists():
     from ckptinspect.plan.mtp_cost import MtpCost
     from ckptinspect.readiness.model import FamilyRule
     from ckptinspect.readiness.validate import RuleFileCheck
-    from ckptinspect.records import RawCheckpoint
+    from ckptinspect.records import Checkpoint, RawCheckpoint
+
+    from ckptinspect.plan.llamacpp import LlamaCppPlan
 
     names = {**vars(api), **{c.__name__: c for c in (AuditRow, RepoRef, CheckpointDiff, Report, GpuSpec, Plan,
                                                       PlanFailure, ProbeResult, MtpCost, FamilyRule, RuleFileCheck,
-                                                      RawCheckpoint)}}
-    public = [f for n, f in vars(api).items() if pyinspect.isfunction(f) and f.__module__ == api.__name__]
+                                                      RawCheckpoint, LlamaCppPlan, Checkpoint)}}
+    public = [f for n, f in vars(api).items() if pyinspect.isfunction(f)
+              and f.__module__ in (api.__name__, "ckptinspect.lookups")]
     assert len(public) > 20
     for fn in public:
         hints = typing.get_type_hints(fn, globalns=names)

@@ -275,9 +275,14 @@ def test_rocm_nvfp4_uses_petit_and_warns(qwen35) -> None:
     assert any("Petit" in n.message for n in plan.notes)
 
 
-def test_context_beyond_model_max_warns() -> None:
+def test_context_beyond_model_max_sets_what_each_engine_requires() -> None:
+    """Issue 34: the command itself sets the variable the engine refuses to start without (main only warned)."""
     plan = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="b200", gpus=8, context=200_000)
-    assert any("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in n.message for n in plan.notes)
+    assert plan.commands["sglang"].shell().startswith("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 ")
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in plan.commands["vllm"].shell()
+    assert any("exceeds the model's max_position_embeddings" in n.message for n in plan.notes)
+    within = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="b200", gpus=8, context=100_000)
+    assert not any("ALLOW" in e.name for c in within.commands.values() for e in c.env)
 
 
 def test_pick_listed_as_known_bad_is_a_rule_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -337,7 +342,11 @@ def test_plan_without_readable_weights_is_a_failure_with_no_command(tmp_path: Pa
 
     (tmp_path / "config.json").write_bytes((DATA_DIR / "deepseek-ai__DeepSeek-V3__config.json").read_bytes())
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not loaded")
-    result = api.plan(str(tmp_path), gpu="h200", gpus=8)
+    from ckptinspect.errors import PlanNotPossible
+
+    with pytest.raises(PlanNotPossible) as raised:
+        api.plan(str(tmp_path), gpu="h200", gpus=8)
+    result = raised.value.failure
     assert not result.ok and "no readable weights" in result.reason and "pytorch_model.bin" in result.reason
     r = cli("plan", str(tmp_path), "--gpu", "h200", "--gpus", "8")
     assert r.returncode == 2 and "no readable weights" in r.stderr

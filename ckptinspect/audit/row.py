@@ -64,6 +64,7 @@ def row_fields(doc: Mapping[str, Any]) -> dict[str, Any]:
         "format": doc.get("format") or _format(files),  # the report's own key where it has one
         "declared": quant["declared"],
         "stored_schemes": stored,
+        "stored_shares": {k: schemes[k]["bytes"] for k in stored},  # bytes per scheme (the quant column)
         "bytes": totals["bytes"],
         "params": totals["params"],
         "family": doc["model"]["family"],
@@ -86,15 +87,39 @@ def _format(files: list[str]) -> str:
 
 
 def _fit(plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """None without --gpu/--gpus; else whether the plan fits, on how many GPUs, and the fewest."""
+    """None without --gpu/--gpus; else whether the requested context runs on the GPUs given, how many the
+    plan uses and the fewest known to hold it, never more than it uses. A plan that loads only at a
+    context the max-context solver cut down does not fit. A GGUF's plan is llama.cpp's: it fits when
+    every block is on the GPUs."""
     if plan is None:
         return None
+    if plan.get("engine") == "llamacpp":
+        return _gguf_fit(plan)
     gpu = plan["gpu"]["name"]
     if plan["status"] != "ok":
         return {"fits": False, "gpu": gpu, "gpus": plan["gpus"], "gpus_used": None, "min_gpus": None,
                 "reason": plan.get("reason")}
-    return {"fits": True, "gpu": gpu, "gpus": plan["gpus"], "gpus_used": plan["gpus_used"],
-            "min_gpus": (plan.get("min_gpus") or {}).get("count"), "reason": None}
+    least = (plan.get("min_gpus") or {}).get("count")  # the fewest GPUs holding it at default settings
+    used = plan["gpus_used"]
+    requested, context = plan.get("requested_context") or plan["context"], plan["context"]
+    solver = (plan.get("max_context") or {}).get("chosen")
+    if context < requested:
+        return {"fits": False, "gpu": gpu, "gpus": plan["gpus"], "gpus_used": used, "min_gpus": least,
+                "reason": f"only a {context:,}-token context fits on {used} (requested {requested:,})"}
+    if least is not None and least <= used:
+        return {"fits": True, "gpu": gpu, "gpus": plan["gpus"], "gpus_used": used, "min_gpus": least, "reason": None}
+    # the requested context runs on `used` GPUs only with the max-context solver's step (main printed
+    # "yes, 4 used, min 8": min_gpus counts default settings); no smaller count was tried with that step
+    return {"fits": True, "gpu": gpu, "gpus": plan["gpus"], "gpus_used": used, "min_gpus": used,
+            "reason": f"with the max-context solver's '{solver}' settings (default settings need "
+                      f"{least if least is not None else 'more'} GPUs)"}
+
+
+def _gguf_fit(plan: Mapping[str, Any]) -> dict[str, Any]:
+    on_gpu, total = plan["gpu_layers"], plan["total_layers"]
+    whole = on_gpu >= total
+    return {"fits": whole, "gpu": plan["gpu"], "gpus": plan["gpus"], "gpus_used": plan["gpus"], "min_gpus": None,
+            "reason": None if whole else f"llama.cpp offloads {on_gpu} of {total} blocks; the rest run on the CPU"}
 
 
 def judged(verdicts: Mapping[str, str], engine: str) -> tuple[str, ...]:

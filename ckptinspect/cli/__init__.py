@@ -27,6 +27,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# The exit codes every command follows (docs/cli.md, "Exit codes"; tests/test_exit_codes.py).
+EXIT_OK, EXIT_GATE, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush into the closed pipe prints nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (an embedding host): nothing to flush
+        pass
+
+
 class LazyGroup(click.Group):
     """A click group whose commands are imported on first use."""
 
@@ -52,6 +65,16 @@ class LazyGroup(click.Group):
             raise click.UsageError(f"No such command {name!r}{hint}", ctx)
         return super().resolve_command(ctx, args)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """A reader that closes stdout early (`ckptinspect audit --format jsonl | head -1`) ends the command
+        quietly with exit 141 (128 + SIGPIPE, what the shell reports for `cat` or `git` there), instead of
+        click's exit 1, which is the --fail-on gate's code."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _silence_stdout()
+            sys.exit(EXIT_BROKEN_PIPE)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, help_text) in COMMANDS.items()]
         with formatter.section("Commands"):
@@ -69,8 +92,9 @@ class LazyGroup(click.Group):
 def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout: float | None) -> None:
     """ckptinspect: what is in an LLM checkpoint, is its MTP draft layer usable, how to launch it.
 
-    Exit codes: 0 the checkpoint was read; 1 a --fail-on gate tripped; 2 bad input, usage,
-    source or network error (one line on stderr; --debug shows the traceback).
+    Exit codes (every command): 0 done; 1 a gate tripped (--fail-on, diff's gate); 2 bad input,
+    usage, source or network error (one line on stderr; --debug shows the traceback); 130
+    interrupted (Ctrl-C; 143 for SIGTERM); 141 stdout closed early (`| head`), nothing printed.
 
     Text wraps to COLUMNS or the terminal (--wide: full width); verdicts are coloured on a terminal
     unless NO_COLOR is set; progress bars show only on a terminal, never with
@@ -136,14 +160,19 @@ def main(argv: list[str] | None = None) -> Any:
         click.echo(f"error: {escape_controls(' '.join(exc.format_message().split()))}", err=True)
         sys.exit(2)
     except click.exceptions.Abort as exc:
-        if isinstance(exc.__context__, KeyboardInterrupt):  # click turns Ctrl-C into Abort: still 130
-            sys.exit(130)
+        if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         click.echo("Aborted.", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_BAD_INPUT)
     except CkptInspectError as exc:
         if debug:
             raise
         click.echo(f"error: {explain(exc)}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
-        sys.exit(130)
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:  # stdout closed while click itself wrote (help, a usage error's output)
+        _silence_stdout()
+        sys.exit(EXIT_BROKEN_PIPE)

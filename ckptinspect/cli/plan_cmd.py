@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ckptinspect.cli.options import Command, checkpoint_options, gpu_file_options, gpu_list_help, resolve_gpu, wide_option
-from ckptinspect.errors import PlanError
+from ckptinspect.errors import PlanNotPossible
 
 EXAMPLES = (
     "ckptinspect plan nvidia/Qwen3.5-397B-A17B-NVFP4 --gpu rtx-pro-6000 --gpus 8",
@@ -55,16 +55,23 @@ def plan(model: str, gpu: str, gpus: int | None, gpu_spec: Path | None, gpu_memo
         raise click.UsageError("give the GPU count: --gpus N, or --gpu '8x NAME'")
     probe = api.read_probe_report(probe_report) if probe_report else None
     stats: dict = {}
-    result = api.plan(model, gpu=spec, gpus=gpus, context=context, goal=goal, engine=engine, probe_report=probe,
-                      max_context=max_context, concurrency=concurrency, rules_dirs=rules_dirs, revision=revision,
-                      token=token, progress=progress_enabled(quiet), stats=stats)
-    if verbose:
-        from ckptinspect.render.stats_out import stats_line
 
-        click.echo(stats_line(stats, time.perf_counter() - started), err=True)
-    if not result.ok:
-        # Nothing runs: the JSON document still says why (status failed) for machines; exit 2 as before.
+    def show_stats() -> None:
+        if verbose:
+            from ckptinspect.render.stats_out import stats_line
+
+            click.echo(stats_line(stats, time.perf_counter() - started), err=True)
+
+    try:
+        result = api.plan(model, gpu=spec, gpus=gpus, context=context, goal=goal, engine=engine,
+                          probe_report=probe, max_context=max_context, concurrency=concurrency,
+                          rules_dirs=rules_dirs, revision=revision, token=token,
+                          progress=progress_enabled(quiet), stats=stats)
+    except PlanNotPossible as exc:
+        # Nothing runs: the JSON document still says why (status failed) for machines; exit 2.
+        show_stats()
         if fmt == "json":
-            click.echo(render_plan(result, "json"), nl=False)
-        raise PlanError(result.message, hint=result.hint)
+            click.echo(render_plan(exc.failure, "json"), nl=False)
+        raise
+    show_stats()
     click.echo(render_plan(result, fmt, width=output_width(fmt, wide)), nl=False)

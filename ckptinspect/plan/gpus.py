@@ -229,8 +229,18 @@ def closest_names(name: str, gpus: Sequence[GpuSpec]) -> list[str]:
 
     def same_card(key: str) -> bool:
         # the same letters reordered, or one character doubled or dropped ("h2000" -> h200, "h20o" ->
-        # h20); never a changed character
+        # h20); never a changed character, and never a different first letter: a letter in front names
+        # another product line ("gh200" is Grace Hopper, not an H200; "gb200" is not a B200)
         other = key.replace("-", "")
+        if not other or not flat or other[0] != flat[0]:
+            return False
         return sorted(other) == sorted(flat) or (abs(len(other) - len(flat)) == 1 and _one_edit(other, flat))
 
-    return list(dict.fromkeys(spellings[k] for k in close if same_card(k)))[:3]
+    def word_left_off(key: str) -> bool:
+        # an alias typed without its trailing word ("rtx6000" for the alias "rtx6000-pro"): suggested, never
+        # resolved, since the short name may be another card (RTX 6000 Ada)
+        tokens = key.split("-")
+        return len(tokens) > 1 and tokens[-1].isalpha() and "".join(tokens[:-1]) == flat
+
+    shorter = [k for k in spellings if word_left_off(k)]
+    return list(dict.fromkeys(spellings[k] for k in [*shorter, *close] if k in shorter or same_card(k)))[:3]

@@ -9,10 +9,12 @@ the result a PlanFailure (`plan_or_failure`), which make_plan raises as a PlanEr
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ckptinspect.errors import PlanError
 from ckptinspect.plan.backends import choose
+from ckptinspect.plan.command import EnvLine
 from ckptinspect.plan.fit import component_quant
 from ckptinspect.plan.gpus import GpuSpec, find_gpu, gpu_notes
 from ckptinspect.plan.kvcache import kv_capacity
@@ -169,15 +171,19 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
     if solution and solution.chosen.id != "defaults":
         notes.append(Note("warning", f"context reduced to {context} tokens for {concurrency} concurrent request(s) "
                           f"(requested {requested}); risk: {solution.chosen.risk}", solution.chosen.source))
-    if cfg.max_position_embeddings and context > cfg.max_position_embeddings:
+    beyond = bool(cfg.max_position_embeddings and context > cfg.max_position_embeddings)
+    if beyond:
         notes.append(Note("warning", f"--context {context} exceeds the model's max_position_embeddings "
-                          f"{cfg.max_position_embeddings}: SGLang refuses it unless "
-                          "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (quality beyond the trained length is not assured)",
-                          "SG:configs/model_config.py:1291-1316 ModelConfig._derive_context_length (ValueError unless the variable is set)"))
+                          f"{cfg.max_position_embeddings}: the commands set the variable each engine requires "
+                          "to start with it (quality beyond the trained length is not assured)",
+                          "SG:configs/model_config.py:1291-1316 ModelConfig._derive_context_length (ValueError unless the variable is set); VL:config/model.py _get_and_verify_max_len"))
     speculative, commands, more_notes = build_commands(
         ck, mtp, facts, engines, chosen, context=context, goal=goal, probe_report=probe_report,
         running=chosen.kv.max_running_requests if not solution else running_target, running_reason=running_reason,
         solution=solution)
+    if beyond:
+        commands = {name: replace(cmd, env=(*cmd.env, _longer_context_env(name, context, cfg.max_position_embeddings)))
+                    for name, cmd in commands.items()}
     notes.extend(more_notes)
     notes.extend(_shared_card_note(spec_gpu, commands))
     if any(speculative.values()):
@@ -189,6 +195,20 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
     return Plan(ck.ref, spec_gpu, gpus, context, goal, engines, facts.quant, ck.declared.label, cfg.attention_kind,
                 moe, chosen, reason, options, min_gpus, min_reason, mtp_dtypes(ck), _verdicts(mtp),
                 speculative, commands, tuple(notes), gib, requested, used, idle_reason, solution)
+
+
+# Each engine refuses a context above the model's derived maximum unless this variable is set: SGLang
+# 0.5.23's _derive_context_length raises "To allow overriding this maximum, set the env var
+# SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1", vLLM's _get_and_verify_max_len the same with
+# VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (the sources below).
+LONGER_CONTEXT_ENV = {"sglang": ("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "SG:configs/model_config.py _derive_context_length"),
+                      "vllm": ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "VL:config/model.py _get_and_verify_max_len")}
+
+
+def _longer_context_env(engine: str, context: int, trained: int) -> EnvLine:
+    name, source = LONGER_CONTEXT_ENV[engine]
+    return EnvLine(name, "1", f"--context {context:,} is above the model's {trained:,}; without it the engine "
+                   "refuses to start", source)
 
 
 def _failure_hint(min_gpus: int | None, by_count: dict[int, list[Option]], gpu: GpuSpec, gib: int) -> str:

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from ckptinspect.render.summary import human_bytes, stored_label
+
 AUDIT_SCHEMA_VERSION = 1
 AUDIT_SCHEMA_PATH = Path(__file__).with_name("audit.schema.json")
 
@@ -60,10 +62,8 @@ def render_audit(rows: Sequence[Any], fmt: str, *, width: int | None = None, col
 
 
 def _size(nbytes: int) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
+    """Binary units, as `report` and `plan` print the same bytes (GiB = 2**30 B)."""
+    return human_bytes(nbytes)
 
 
 def _mtp(f: dict[str, Any]) -> str:
@@ -80,10 +80,11 @@ def _mtp(f: dict[str, Any]) -> str:
 def _fit(fit: dict[str, Any] | None) -> str:
     if fit is None:
         return ""
-    if not fit["fits"]:
-        return "no"
     used, least = fit["gpus_used"], fit["min_gpus"]
-    return f"yes, {used} used" + (f", min {least}" if least and least != used else "")
+    if not fit["fits"]:
+        return "no" + (f" (needs {least})" if least and used and least > used else "")
+    return f"yes, {used} used" + (f", min {least}" if least and least < used else "") + \
+        (" (solver settings)" if fit["reason"] else "")
 
 
 def _engines(rows: Sequence[Any]) -> list[str]:
@@ -118,7 +119,8 @@ def _table(rows: Sequence[Any], fmt: str, *, width: int | None, colour: bool, fi
         else:
             f = row.fields
             worst = f["worst_finding"]
-            quant = f["declared"] or "+".join(f["stored_schemes"][:2]) or "-"
+            stored = stored_label(f.get("stored_shares") or {}, f["bytes"], top=1)
+            quant = f"{f['declared']} / {stored}" if f["declared"] else stored
             v = f["verdicts"]
             shown = quant if f["format"] == "safetensors" else f"{quant} ({f['format']})"
             cells = [row.repo, shown, _size(f["bytes"]), _mtp(f),

@@ -66,7 +66,12 @@ def report_to_json(report: Any) -> dict[str, Any]:
     if report.mtp_costs:
         doc["mtp"]["cost"] = [mtp_cost_json(c) for c in report.mtp_costs]
     if report.plan is not None:
-        doc["plan"] = plan_json(report.plan)
+        if type(report.plan).__name__ == "LlamaCppPlan":  # a GGUF's llama-server plan
+            from ckptinspect.render.llamacpp_plan_out import llamacpp_plan_json
+
+            doc["plan"] = llamacpp_plan_json(report.plan)
+        else:
+            doc["plan"] = plan_json(report.plan)
     if ck.stats:
         doc["source"]["stats"] = {k: v for k, v in ck.stats.items() if isinstance(v, (int, float, str))}
     return doc

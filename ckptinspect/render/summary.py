@@ -61,6 +61,14 @@ def experts_present(checkpoint: Checkpoint) -> Mapping[str, int | None]:
     return {"present_min": min(counts.values()), "present_max": max(counts.values()), "moe_layers": len(counts)}
 
 
+def stored_label(shares: dict[str, int], total: int, *, top: int = 2) -> str:
+    """What is stored, by share of bytes, largest first: ``nvfp4 92.6%, fp8_block 5.1%`` (``shares``:
+    scheme -> bytes). Shown beside the declared quantization, which can name another scheme (a config
+    that says fp8 over weights that are mostly NVFP4)."""
+    ranked = sorted(shares.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    return ", ".join(f"{k} {100 * v / max(1, total):.1f}%" for k, v in ranked if v) or "none"
+
+
 def human_bytes(n: int | None) -> str:
     if n is None:
         return "-"

@@ -8,7 +8,8 @@ from tabulate import tabulate
 
 from ckptinspect.render import terminal
 from ckptinspect.render.plan_out import render_plan
-from ckptinspect.render.summary import by_component, by_scheme, experts_present, human_bytes, human_count
+from ckptinspect.render.summary import (by_component, by_scheme, experts_present, human_bytes, human_count,
+                                       stored_label)
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -33,6 +34,7 @@ def sections(report: Any, colour: bool = False) -> list[tuple[str, list[str], li
         ["Attention", _attention(cfg)],
         ["Experts", experts],
         ["Declared quantization", ck.declared.label or "none"],
+        ["Stored (share of bytes)", stored_label({k: b.bytes for k, b in by_scheme(inv).items()}, inv.totals.bytes)],
         ["Tensors / params / size", f"{inv.totals.tensors:,} / {human_count(inv.totals.params)} / "
                                     f"{human_bytes(inv.totals.bytes)}"],
         ["Shards", f"{len(inv.shards)} (headers {human_bytes(sum(s.header_length + 8 for s in inv.shards))})"],
@@ -67,7 +69,8 @@ def sections(report: Any, colour: bool = False) -> list[tuple[str, list[str], li
             from ckptinspect.plan.payoff import report_line
 
             plan = getattr(report, "plan", None)
-            rows.append(["Pays off?", report_line(ck, plan.gpu if plan is not None else None)])
+            gpu = getattr(plan, "gpu", None)  # a GGUF's llama.cpp plan names its card by a string
+            rows.append(["Pays off?", report_line(ck, gpu if gpu is not None and not isinstance(gpu, str) else None)])
         out.append(("MTP summary", ["", ""], rows))
         ready_rows = [[engine, v.engine_version, terminal.verdict(v.verdict, colour), v.method or "-", v.draft_architecture or "-",
                        v.draft_quantization or "unquantized", v.layers_used, ", ".join(v.reasons) or "-"]

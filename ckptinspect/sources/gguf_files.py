@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ckptinspect.errors import ConfigError, HeaderError, NotFoundError
+from ckptinspect.errors import ConfigError, GgufQuantChoice, HeaderError, NotFoundError
 from ckptinspect.header.gguf import GgufHeader
 
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
@@ -81,8 +81,8 @@ def select_set(names: list[str], tag: str | None, *, where: str) -> tuple[str, l
     names_all = tuple(sets)
     if tag is None:
         if len(sets) > 1:
-            raise NotFoundError(f"holds {len(sets)} GGUF models; pick one with :TAG "
-                                f"({', '.join(_short(s) for s in names_all[:8])})", path=where)
+            raise GgufQuantChoice(f"holds {len(sets)} GGUF models; pick one with :TAG "
+                                  f"({', '.join(_short(s) for s in names_all[:8])})", models=names_all, path=where)
         chosen = names_all[0]
     else:
         hits = [s for s in sets if tag.lower() in s.lower()]
@@ -94,6 +94,16 @@ def select_set(names: list[str], tag: str | None, *, where: str) -> tuple[str, l
                                 f"(models: {', '.join(_short(s) for s in (hits or list(names_all))[:8])})", path=where)
         chosen = hits[0]
     return chosen, sets[chosen], names_all
+
+
+def quant_tag(names: list[str], model: str) -> str | None:
+    """The ``:TAG`` that selects the set ``model`` among ``names`` (its file name), or None when that name
+    would select another set too (the same file name in two folders)."""
+    tag = _short(model)
+    try:
+        return tag if select_set(names, tag, where="")[0] == model else None
+    except NotFoundError:
+        return None
 
 
 def companions_for(names: list[str], chosen: str) -> list[str]:
