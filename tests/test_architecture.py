@@ -116,6 +116,7 @@ JSON_WRITERS = {
     "ckptinspect/plan/vllm.py": "the value of vLLM's --speculative-config flag is a JSON string",
     "ckptinspect/probe/server_client.py": "request bodies sent to a running SGLang server",
     "ckptinspect/probe/engine_client.py": "request bodies sent to a running vLLM / SGLang server (--engine)",
+    "ckptinspect/sources/hub_session.py": "request bodies the bounded client posts to an engine or main-model server",
     "ckptinspect/probe/sequences.py": "the --save-continuations file the probe reads back",
     "ckptinspect/probe/loader.py": "config / index files of the probe's temporary model directory",
     "ckptinspect/audit/cache.py": "the audit cache file (report documents by commit, read back by a later audit)",
