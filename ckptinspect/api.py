@@ -1,5 +1,5 @@
 """The library API that the CLI and the tests call: ``inspect``, ``plan``, ``diff``, ``snapshot``,
-``probe``, ``gate``; the rule files (``list_rules``, ``family_rule``, ``validate_rules``); the GPU catalog
+``probe``, ``verify``, ``gate``; the rule files (``list_rules``, ``family_rule``, ``validate_rules``); the GPU catalog
 and split checks the CLI validates options with (``gpus``, ``find_gpu``, ``split_problem``); what the
 error messages quote (``hub_endpoint``, ``cached_files``).
 
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from ckptinspect.errors import CkptInspectError, NotFoundError, PlanError, RuleError, probe_install_hint
 from ckptinspect.records import VERDICT_RANK
 from ckptinspect.refs import check_ref, looks_like_repo_id, normalize_ref
+from ckptinspect.verify import verify_ref as verify  # noqa: F401  (docs/verify.md; the engine runs in its own Python)
 
 if TYPE_CHECKING:  # the return types, named without importing their stages at import time
     from ckptinspect.diff import CheckpointDiff

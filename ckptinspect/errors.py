@@ -9,7 +9,8 @@
     ├── ConfigError            config.json / hf_quant_config.json / index malformed
     ├── RuleError              a rule file that fails its schema
     ├── PlanError              impossible plan inputs (unknown GPU, no fit)
-    └── ProbeError             probe inputs that cannot work (no MTP, no memory)
+    ├── ProbeError             probe inputs that cannot work (no MTP, no memory)
+    └── EngineEnvError         `verify`: the engine's Python environment is missing, broken or too slow
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class PlanError(CkptInspectError):
 
 
 class ProbeError(CkptInspectError):
+    pass
+
+
+class EngineEnvError(CkptInspectError):
     pass
 
 

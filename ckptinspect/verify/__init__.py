@@ -1,0 +1,50 @@
+"""`ckptinspect verify`: the checkpoint's MTP draft dry-loaded through the installed engine's own code.
+
+``verify_ref`` reads the checkpoint (headers only, any source), builds the request (request.py), runs the
+engine's dry-load script in the engine's own Python (engine.py, engine_side/) and turns its answer into
+a ``VerifyResult`` (records.py, outcome.py). docs/verify.md describes what runs and what is substituted.
+"""
+
+from __future__ import annotations
+
+from ckptinspect.verify.records import OUTCOMES, ModuleOutcome, ParameterOutcome, StepOutcome, VerifyResult
+
+__all__ = ["OUTCOMES", "ModuleOutcome", "ParameterOutcome", "StepOutcome", "VerifyResult", "verify_ref"]
+
+
+def verify_ref(ref: str, engine: str, *, engine_python: str | None = None, engine_pythonpath: str | None = None,
+               deadline: float | None = None, revision: str | None = None, token: str | None = None,
+               progress: bool = False, method: str | None = None, trust_remote_code: bool = False) -> VerifyResult:
+    from ckptinspect.config.normalize import normalize_config
+    from ckptinspect.refs import check_ref
+    from ckptinspect.errors import ConfigError
+    from ckptinspect.inventory.mtp_prefix import compile_prefixes
+    from ckptinspect.progress import as_progress
+    from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
+    from ckptinspect.sources import open_source
+    from ckptinspect.verify.engine import SCRIPTS, engine_python as find_python, run_dryload
+    from ckptinspect.verify.outcome import result_from_answer
+    from ckptinspect.verify.request import build_request
+
+    if engine not in SCRIPTS:
+        raise ConfigError(f"--engine must be one of {', '.join(sorted(SCRIPTS))}, not {engine!r}")
+    python = find_python(engine, engine_python)
+    status = as_progress(progress, label=ref)
+    try:
+        raw = open_source(check_ref(ref), revision=revision, token=token, progress=status)
+    finally:
+        status.end()
+    if getattr(raw, "format", None) == "gguf":
+        raise ConfigError("verify dry-loads safetensors checkpoints through SGLang / vLLM; this is GGUF",
+                          path=raw.location)
+    if "config.json" not in raw.json_files:
+        raise ConfigError("no config.json in the checkpoint", path=raw.location)
+    config = normalize_config(raw.json_files["config.json"], source=f"{raw.location}/config.json")
+    # the MTP prefix templates the report's inventory uses (ckptinspect/pipeline.py checkpoint_from_raw)
+    family = load_rules(()).match(config)
+    templates = family.mtp_prefixes if family is not None else GENERIC_MTP_PREFIXES
+    prefixes = compile_prefixes(tuple(templates), config.num_hidden_layers)
+    request = build_request(raw, prefixes, config.num_hidden_layers, method=method,
+                            trust_remote_code=trust_remote_code)
+    answer, seconds = run_dryload(engine, python, request, deadline=deadline, pythonpath=engine_pythonpath)
+    return result_from_answer(raw.ref, raw.location, engine, python, answer, seconds)
