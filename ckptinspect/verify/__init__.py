@@ -9,26 +9,68 @@ from __future__ import annotations
 
 from ckptinspect.verify.records import OUTCOMES, ModuleOutcome, ParameterOutcome, StepOutcome, VerifyResult
 
-__all__ = ["OUTCOMES", "ModuleOutcome", "ParameterOutcome", "StepOutcome", "VerifyResult", "verify_ref"]
+__all__ = ["OUTCOMES", "ModuleOutcome", "ParameterOutcome", "StepOutcome", "VerifyResult", "verify_many",
+           "verify_ref"]
 
 
 def verify_ref(ref: str, engine: str, *, engine_python: str | None = None, engine_pythonpath: str | None = None,
                deadline: float | None = None, revision: str | None = None, token: str | None = None,
                progress: bool = False, method: str | None = None, trust_remote_code: bool = False) -> VerifyResult:
-    from ckptinspect.config.normalize import normalize_config
-    from ckptinspect.refs import check_ref
+    """``ref``'s draft dry-loaded by ``engine`` (docs/verify.md); EngineEnvError when there is no answer."""
     from ckptinspect.errors import ConfigError
-    from ckptinspect.inventory.mtp_prefix import compile_prefixes
-    from ckptinspect.progress import as_progress
-    from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
-    from ckptinspect.sources import open_source
     from ckptinspect.verify.engine import SCRIPTS, engine_python as find_python, run_dryload
     from ckptinspect.verify.outcome import result_from_answer
-    from ckptinspect.verify.request import build_request
 
     if engine not in SCRIPTS:
         raise ConfigError(f"--engine must be one of {', '.join(sorted(SCRIPTS))}, not {engine!r}")
     python = find_python(engine, engine_python)
+    raw, request = _request(ref, revision=revision, token=token, progress=progress, method=method,
+                            trust_remote_code=trust_remote_code)
+    answer, seconds = run_dryload(engine, python, request, deadline=deadline, pythonpath=engine_pythonpath)
+    return result_from_answer(raw.ref, raw.location, engine, python, answer, seconds)
+
+
+def verify_many(refs: list[str], engine: str, *, engine_python: str | None = None,
+                engine_pythonpath: str | None = None, deadline: float | None = None) -> list[VerifyResult | str]:
+    """Each ref dry-loaded in ONE engine process (the engine imported once): its VerifyResult, or the one
+    line of the error that stopped it (its checkpoint unreadable, or the script's own failure)."""
+    from ckptinspect.errors import CkptInspectError
+    from ckptinspect.verify.engine import engine_python as find_python, run_dryload
+    from ckptinspect.verify.outcome import result_from_answer
+
+    python = find_python(engine, engine_python)
+    raws, jobs, errors = {}, [], {}
+    for i, ref in enumerate(refs):
+        try:
+            raws[i], request = _request(ref)
+            jobs.append(request)
+        except CkptInspectError as exc:
+            errors[i] = str(exc)
+    answer, seconds = run_dryload(engine, python, {"jobs": jobs}, deadline=deadline, pythonpath=engine_pythonpath)
+    answers = iter(answer["results"])
+    out: list[VerifyResult | str] = []
+    for i in range(len(refs)):
+        if i in errors:
+            out.append(errors[i])
+            continue
+        one = next(answers)
+        out.append(f"the {engine} dry-load script failed: {one['internal_error']}" if "internal_error" in one
+                   else result_from_answer(raws[i].ref, raws[i].location, engine, python, one, seconds / len(jobs)))
+    return out
+
+
+def _request(ref: str, *, revision: str | None = None, token: str | None = None, progress: bool = False,
+             method: str | None = None, trust_remote_code: bool = False):
+    """(RawCheckpoint, dry-load request) of ``ref``, headers only."""
+    from ckptinspect.config.normalize import normalize_config
+    from ckptinspect.errors import ConfigError
+    from ckptinspect.inventory.mtp_prefix import compile_prefixes
+    from ckptinspect.progress import as_progress
+    from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
+    from ckptinspect.refs import check_ref
+    from ckptinspect.sources import open_source
+    from ckptinspect.verify.request import build_request
+
     status = as_progress(progress, label=ref)
     try:
         raw = open_source(check_ref(ref), revision=revision, token=token, progress=status)
@@ -46,5 +88,4 @@ def verify_ref(ref: str, engine: str, *, engine_python: str | None = None, engin
     prefixes = compile_prefixes(tuple(templates), config.num_hidden_layers)
     request = build_request(raw, prefixes, config.num_hidden_layers, method=method,
                             trust_remote_code=trust_remote_code)
-    answer, seconds = run_dryload(engine, python, request, deadline=deadline, pythonpath=engine_pythonpath)
-    return result_from_answer(raw.ref, raw.location, engine, python, answer, seconds)
+    return raw, request

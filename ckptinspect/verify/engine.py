@@ -76,7 +76,7 @@ def run_dryload(engine: str, python: str, request: dict[str, Any], *, deadline: 
         why = f"exit {proc.returncode}" + (f": {last}" if last else "")
         raise EngineEnvError(f"{python}: the {engine} dry-load script gave no answer ({why})",
                              hint="the environment is broken or is not the engine's")
-    if proc.returncode == EXIT_INTERNAL or "internal_error" in answer:
+    if proc.returncode == EXIT_INTERNAL or ("internal_error" in answer and "results" not in answer):
         raise EngineEnvError(f"the {engine} dry-load script failed in {python}: {answer.get('internal_error')}")
     return answer, seconds
 

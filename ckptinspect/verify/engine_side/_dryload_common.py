@@ -261,6 +261,9 @@ sys.meta_path.insert(0, _Stubs(set(%r)))
 """
 
 
+_STUBBED: list[str] = []
+
+
 def stub_missing(names: list[str], scratch: str, shims: list[str], why: str) -> None:
     """Packages named in CKPTINSPECT_VERIFY_STUB_MISSING that this environment lacks become empty stand-in
     modules, in this process and (through a sitecustomize on PYTHONPATH) in the engine's own subprocesses.
@@ -268,9 +271,13 @@ def stub_missing(names: list[str], scratch: str, shims: list[str], why: str) -> 
     import importlib.util
     import os
 
-    missing = [n for n in names if n and importlib.util.find_spec(n) is None]
+    missing = [n for n in names if n and (n in _STUBBED or importlib.util.find_spec(n) is None)]
     if not missing:
         return
+    if all(n in _STUBBED for n in missing):  # an earlier job of this process installed them
+        shims.append(f"{', '.join(missing)} absent from this environment: stand-in modules ({why})")
+        return
+    _STUBBED.extend(missing)
     source = STUB_SOURCE % (missing,)
     directory = os.path.join(scratch, "stubs")
     os.makedirs(directory, exist_ok=True)
@@ -282,16 +289,26 @@ def stub_missing(names: list[str], scratch: str, shims: list[str], why: str) -> 
 
 
 def run(main: Callable[[dict, dict], None]) -> None:
-    """Read the request, call ``main(request, result)``, answer; a failure of this script exits EXIT_INTERNAL."""
-    result: dict = {"steps": [], "shims": []}
+    """Read the request, call ``main(request, result)`` for it (or for each of its ``jobs``, in this one
+    process: the engine is imported once), answer; a failure of this script exits EXIT_INTERNAL."""
     try:
         request = read_request()
-        main(request, result)
-    except SystemExit:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - reported to the caller as this script's failure
-        result["internal_error"] = f"{type(exc).__name__}: {exc}"
-        result["traceback"] = traceback.format_exc()[-3000:]
-        answer(result)
+    except ValueError as exc:
+        answer({"internal_error": f"the request is not JSON: {exc}"})
         sys.exit(EXIT_INTERNAL)
-    answer(result)
+    jobs = request.get("jobs")
+    results = []
+    for job in (jobs if jobs is not None else [request]):
+        result: dict = {"steps": [], "shims": []}
+        try:
+            main(job, result)
+        except SystemExit:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the caller as this script's failure
+            result["internal_error"] = f"{type(exc).__name__}: {exc}"
+            result["traceback"] = traceback.format_exc()[-3000:]
+            if jobs is None:
+                answer(result)
+                sys.exit(EXIT_INTERNAL)
+        results.append(result)
+    answer({"results": results} if jobs is not None else results[0])

@@ -40,7 +40,11 @@ def main(request: dict, result: dict) -> None:
     common.stub_missing(os.environ.get("CKPTINSPECT_VERIFY_STUB_MISSING", "").split(","), scratch,
                         result["shims"], "CKPTINSPECT_VERIFY_STUB_MISSING; vLLM's multimodal model modules import "
                         "them at module level, the draft's construction and loading never call them")
+    import importlib.util
+
     try:
+        if importlib.util.find_spec("vllm") is None:  # answered before torch's slow import
+            raise ImportError("No module named 'vllm'")
         import torch
         import vllm
     except Exception as exc:  # noqa: BLE001 - any import failure means this is no working vLLM environment
@@ -53,8 +57,9 @@ def main(request: dict, result: dict) -> None:
         result["steps"].append({"step": "tensors", "ok": False,
                                 "error": f"this torch has no dtype for {', '.join(bad)}", "where": ""})
         return
-    if not torch.cpu._is_amx_tile_supported():
+    if not torch.cpu._is_amx_tile_supported() or getattr(torch.cpu, "_ckptinspect_shim", False):
         torch.cpu._is_amx_tile_supported = lambda: True
+        torch.cpu._ckptinspect_shim = True
         result["shims"].append("torch.cpu._is_amx_tile_supported -> True: vLLM's CPU FP8 kernel selection "
                                "(model_executor/kernels/linear/scaled_mm/cpu.py is_supported) requires AMX; "
                                "the kernel is only chosen, never run")
@@ -63,6 +68,7 @@ def main(request: dict, result: dict) -> None:
 
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.model_executor.model_loader.utils import get_draft_load_config, initialize_model
@@ -94,9 +100,10 @@ def main(request: dict, result: dict) -> None:
         return
     with common.Step(steps, "build draft on meta"):
         with set_current_vllm_config(draft_config):
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"file://{scratch}/process-group")
-            initialize_model_parallel(1, 1)
+            if not model_parallel_is_initialized():  # once per process (a batch of jobs shares it)
+                init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                             distributed_init_method=f"file://{scratch}/process-group")
+                initialize_model_parallel(1, 1)
             with set_default_torch_dtype(draft_model_config.dtype), torch.device("meta"):
                 model = initialize_model(vllm_config=draft_config, model_config=draft_model_config)
     if not steps[-1]["ok"]:
