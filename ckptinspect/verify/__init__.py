@@ -18,44 +18,59 @@ def verify_ref(ref: str, engine: str, *, engine_python: str | None = None, engin
                progress: bool = False, method: str | None = None, trust_remote_code: bool = False) -> VerifyResult:
     """``ref``'s draft dry-loaded by ``engine`` (docs/verify.md); EngineEnvError when there is no answer."""
     from ckptinspect.errors import ConfigError
-    from ckptinspect.verify.engine import SCRIPTS, engine_python as find_python, run_dryload
-    from ckptinspect.verify.outcome import result_from_answer
+    from ckptinspect.verify.engine import SCRIPTS
 
     if engine not in SCRIPTS:
         raise ConfigError(f"--engine must be one of {', '.join(sorted(SCRIPTS))}, not {engine!r}")
-    python = find_python(engine, engine_python)
-    raw, request = _request(ref, revision=revision, token=token, progress=progress, method=method,
-                            trust_remote_code=trust_remote_code)
-    answer, seconds = run_dryload(engine, python, request, deadline=deadline, pythonpath=engine_pythonpath)
-    return result_from_answer(raw.ref, raw.location, engine, python, answer, seconds)
+    return _run(engine, engine_python, engine_pythonpath, deadline,
+                [dict(ref=ref, revision=revision, token=token, progress=progress, method=method,
+                      trust_remote_code=trust_remote_code)], batch=False)[0]  # type: ignore[return-value]
 
 
 def verify_many(refs: list[str], engine: str, *, engine_python: str | None = None,
                 engine_pythonpath: str | None = None, deadline: float | None = None) -> list[VerifyResult | str]:
     """Each ref dry-loaded in ONE engine process (the engine imported once): its VerifyResult, or the one
     line of the error that stopped it (its checkpoint unreadable, or the script's own failure)."""
+    return _run(engine, engine_python, engine_pythonpath, deadline, [dict(ref=ref) for ref in refs], batch=True)
+
+
+def _run(engine: str, engine_python: str | None, engine_pythonpath: str | None, deadline: float | None,
+         asks: list[dict], *, batch: bool) -> list[VerifyResult | str]:
+    """Start the engine's script (it imports the engine meanwhile), read the checkpoints, send the jobs."""
+    import time
+
     from ckptinspect.errors import CkptInspectError
-    from ckptinspect.verify.engine import engine_python as find_python, run_dryload
+    from ckptinspect.verify.engine import engine_python as find_python, finish_dryload, kill_dryload, start_dryload
     from ckptinspect.verify.outcome import result_from_answer
 
     python = find_python(engine, engine_python)
+    started = time.perf_counter()
+    proc = start_dryload(engine, python, pythonpath=engine_pythonpath)
     raws, jobs, errors = {}, [], {}
-    for i, ref in enumerate(refs):
-        try:
-            raws[i], request = _request(ref)
-            jobs.append(request)
-        except CkptInspectError as exc:
-            errors[i] = str(exc)
-    answer, seconds = run_dryload(engine, python, {"jobs": jobs}, deadline=deadline, pythonpath=engine_pythonpath)
-    answers = iter(answer["results"])
+    try:
+        for i, ask in enumerate(asks):
+            try:
+                raws[i], request = _request(**ask)
+                jobs.append(request)
+            except CkptInspectError as exc:
+                if not batch:
+                    raise
+                errors[i] = str(exc)
+    except BaseException:
+        kill_dryload(proc)
+        raise
+    answer, seconds = finish_dryload(proc, engine, python, {"jobs": jobs} if batch else jobs[0],
+                                     deadline=deadline, started=started)
+    answers = iter(answer["results"] if batch else [answer])
     out: list[VerifyResult | str] = []
-    for i in range(len(refs)):
+    for i in range(len(asks)):
         if i in errors:
             out.append(errors[i])
             continue
         one = next(answers)
         out.append(f"the {engine} dry-load script failed: {one['internal_error']}" if "internal_error" in one
-                   else result_from_answer(raws[i].ref, raws[i].location, engine, python, one, seconds / len(jobs)))
+                   else result_from_answer(raws[i].ref, raws[i].location, engine, python, one,
+                                           seconds / max(1, len(jobs))))
     return out
 
 

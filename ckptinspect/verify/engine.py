@@ -42,31 +42,33 @@ def engine_python(engine: str, given: str | None) -> str:
                          hint=f"pass --engine-python PATH, the python of the environment {engine} is installed in")
 
 
-def run_dryload(engine: str, python: str, request: dict[str, Any], *, deadline: float | None = None,
-                pythonpath: str | None = None) -> tuple[dict[str, Any], float]:
-    """The script's answer (a dict) and its wall time; EngineEnvError when there is none."""
-    limit = DEFAULT_DEADLINE_S if deadline is None else deadline
+def start_dryload(engine: str, python: str, *, pythonpath: str | None = None) -> subprocess.Popen:
+    """The engine's script, started now: it imports the engine while the caller reads the headers."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    script = str(ENGINE_SIDE / SCRIPTS[engine])
-    payload = json.dumps(request, separators=(",", ":")).encode()
-    start = time.perf_counter()
     try:
-        proc = subprocess.Popen([python, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, start_new_session=True)
+        return subprocess.Popen([python, str(ENGINE_SIDE / SCRIPTS[engine])], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
     except OSError as exc:
         raise EngineEnvError(f"{python}: cannot start it ({exc.strerror or exc})", hint="--engine-python") from None
+
+
+def finish_dryload(proc: subprocess.Popen, engine: str, python: str, request: dict[str, Any], *,
+                   deadline: float | None = None, started: float) -> tuple[dict[str, Any], float]:
+    """The script's answer (a dict) and its wall time since ``started``; EngineEnvError when there is none."""
+    limit = DEFAULT_DEADLINE_S if deadline is None else deadline
+    payload = json.dumps(request, separators=(",", ":")).encode()
     try:
-        out, err = proc.communicate(payload, timeout=limit)
+        out, err = proc.communicate(payload, timeout=max(0.1, limit - (time.perf_counter() - started)))
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_dryload(proc)
         raise EngineEnvError(f"the {engine} dry-load did not answer within {limit:g} s",
                              hint="--deadline SECONDS") from None
     except BaseException:
-        _kill_group(proc)
+        kill_dryload(proc)
         raise
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - started
     stderr = err.decode(errors="replace").strip().splitlines()
     last = stderr[-1] if stderr else ""
     if proc.returncode == EXIT_ENGINE_MISSING:
@@ -92,7 +94,7 @@ def _answer(stdout: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_dryload(proc: subprocess.Popen) -> None:
     """The script and anything the engine started (its own process group, started above)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

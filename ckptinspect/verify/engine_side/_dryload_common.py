@@ -288,9 +288,12 @@ def stub_missing(names: list[str], scratch: str, shims: list[str], why: str) -> 
     shims.append(f"{', '.join(missing)} absent from this environment: stand-in modules ({why})")
 
 
-def run(main: Callable[[dict, dict], None]) -> None:
-    """Read the request, call ``main(request, result)`` for it (or for each of its ``jobs``, in this one
-    process: the engine is imported once), answer; a failure of this script exits EXIT_INTERNAL."""
+def run(main: Callable[[dict, dict], None], prepare: Callable[[], None] | None = None) -> None:
+    """``prepare()`` (the engine's imports: the caller reads the headers meanwhile), then read the request,
+    call ``main(request, result)`` for it (or for each of its ``jobs``, in this one process: the engine is
+    imported once), answer; a failure of this script exits EXIT_INTERNAL."""
+    if prepare is not None:
+        prepare()
     try:
         request = read_request()
     except ValueError as exc:

@@ -33,23 +33,13 @@ import _dryload_common as common  # noqa: E402
 
 
 def main(request: dict, result: dict) -> None:
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ["HF_HUB_OFFLINE"] = "1"  # the scratch directory is the model: nothing to fetch
-    scratch = tempfile.mkdtemp(prefix="ckptinspect-verify-")
-    common.stub_missing(os.environ.get("CKPTINSPECT_VERIFY_STUB_MISSING", "").split(","), scratch,
+    scratch = tempfile.mkdtemp(prefix="model-", dir=SCRATCH)
+    common.stub_missing(os.environ.get("CKPTINSPECT_VERIFY_STUB_MISSING", "").split(","), SCRATCH,
                         result["shims"], "CKPTINSPECT_VERIFY_STUB_MISSING; vLLM's multimodal model modules import "
                         "them at module level, the draft's construction and loading never call them")
-    import importlib.util
+    import torch
+    import vllm
 
-    try:
-        if importlib.util.find_spec("vllm") is None:  # answered before torch's slow import
-            raise ImportError("No module named 'vllm'")
-        import torch
-        import vllm
-    except Exception as exc:  # noqa: BLE001 - any import failure means this is no working vLLM environment
-        sys.stderr.write(f"vllm cannot be imported by {sys.executable}: {type(exc).__name__}: {exc}\n")
-        sys.exit(common.EXIT_ENGINE_MISSING)
     result.update(engine="vllm", engine_version=getattr(vllm, "__version__", "unknown"), python=sys.executable)
     rows = request["tensors"]
     bad = common.unknown_dtypes(torch, rows)
@@ -102,7 +92,7 @@ def main(request: dict, result: dict) -> None:
         with set_current_vllm_config(draft_config):
             if not model_parallel_is_initialized():  # once per process (a batch of jobs shares it)
                 init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                             distributed_init_method=f"file://{scratch}/process-group")
+                                             distributed_init_method=f"file://{SCRATCH}/process-group")
                 initialize_model_parallel(1, 1)
             with set_default_torch_dtype(draft_model_config.dtype), torch.device("meta"):
                 model = initialize_model(vllm_config=draft_config, model_config=draft_model_config)
@@ -186,5 +176,28 @@ class _Proposer(types.SimpleNamespace):
         return False
 
 
+SCRATCH = tempfile.mkdtemp(prefix="ckptinspect-verify-")  # scratch model directories (JSON files only)
+
+
+def import_engine() -> None:
+    """vLLM and the modules the steps use, imported before the request arrives; exit EXIT_ENGINE_MISSING
+    when this Python has no working vLLM."""
+    import importlib.util
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ["HF_HUB_OFFLINE"] = "1"  # the scratch directory is the model: nothing to fetch
+    try:
+        if importlib.util.find_spec("vllm") is None:  # answered before torch's slow import
+            raise ImportError("No module named 'vllm'")
+        import torch  # noqa: F401
+        import vllm  # noqa: F401
+        import vllm.engine.arg_utils  # noqa: F401
+        import vllm.model_executor.model_loader.default_loader  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means this is no working vLLM environment
+        sys.stderr.write(f"vllm cannot be imported by {sys.executable}: {type(exc).__name__}: {exc}\n")
+        sys.exit(common.EXIT_ENGINE_MISSING)
+
+
 if __name__ == "__main__":
-    common.run(main)
+    common.run(main, prepare=import_engine)
