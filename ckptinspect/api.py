@@ -69,10 +69,11 @@ def example_ref() -> str:
 def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
             token: str | None = None, progress: bool = False, tp: int | None = None, ep: int | None = None,
             gpu: "str | GpuSpec | None" = None, gpus: int | None = None, context: int | None = None,
-            engine: str = "both") -> "Report":
+            engine: str = "both", engine_versions: "dict[str, str] | None" = None) -> "Report":
     """The `report` of ``ref`` (``None``: the bundled example) as a ``pipeline.Report``.
 
-    ``tp`` (and ``ep``) add the MTP layer's cost per GPU; ``gpu`` with ``gpus`` add a deployment plan.
+    ``tp`` (and ``ep``) add the MTP layer's cost per GPU; ``gpu`` with ``gpus`` add a deployment plan;
+    ``engine_versions`` ({"vllm": "0.33.0"}) answers for those releases instead of the rules' newest.
     """
     from ckptinspect.pipeline import build_report
 
@@ -81,7 +82,8 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
     ref = example_ref() if ref is None else check_ref(ref)
     ref, revision = normalize_ref(ref, revision)
     with _not_found_context(ref):
-        report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+        report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress,
+                              engine_versions=engine_versions)
     if report.checkpoint.format == "gguf" and (tp is not None or gpu is not None):
         raise PlanError("--tp / --gpu describe SGLang / vLLM deployments; for a GGUF run "
                         "`ckptinspect plan MODEL --gpu GPU --gpus N` (a llama-server command)", path=ref)

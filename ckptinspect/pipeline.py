@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ckptinspect.config.normalize import normalize_config
 from ckptinspect.config.quant_fields import check_quant_fields
@@ -61,7 +61,8 @@ def _open(ref: str, *, revision: str | None, token: str | None, progress: Progre
 
 
 def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
-                 token: str | None = None, progress: Progress | bool = True) -> Report:
+                 token: str | None = None, progress: Progress | bool = True,
+                 engine_versions: Mapping[str, str] | None = None) -> Report:
     """Checkpoint plus its MTP assessment."""
     progress = as_progress(progress, label=ref)
     worker = worker_feed()
@@ -72,18 +73,19 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
 
             checkpoint = checkpoint_from_gguf(raw, expert_findings=_expert_findings)
             return Report(checkpoint=checkpoint, mtp=assess_gguf(checkpoint, raw))
-        return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, worker=worker)
+        return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, worker=worker,
+                               engine_versions=engine_versions)
     finally:
         worker.close()
 
 
 def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,
-                    worker: ScanWorker | None = None) -> Report:
+                    worker: ScanWorker | None = None, engine_versions: Mapping[str, str] | None = None) -> Report:
     checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress,
                                                         worker=worker)
     from ckptinspect.readiness import assess_mtp
 
-    return Report(checkpoint=checkpoint, mtp=assess_mtp(checkpoint, family, ruleset))
+    return Report(checkpoint=checkpoint, mtp=assess_mtp(checkpoint, family, ruleset, engine_versions=engine_versions))
 
 
 def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,

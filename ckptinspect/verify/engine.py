@@ -44,11 +44,15 @@ def engine_python(engine: str, given: str | None) -> str:
 
 def start_dryload(engine: str, python: str, *, pythonpath: str | None = None) -> subprocess.Popen:
     """The engine's script, started now: it imports the engine while the caller reads the headers."""
+    script = ENGINE_SIDE / SCRIPTS[engine]
+    if not script.is_file():
+        raise EngineEnvError(f"this ckptinspect has no {engine} dry-load yet ({script.name}); docs/verify.md says "
+                             "which steps are missing", hint="--engine vllm")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     try:
-        return subprocess.Popen([python, str(ENGINE_SIDE / SCRIPTS[engine])], stdin=subprocess.PIPE,
+        return subprocess.Popen([python, str(script)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
     except OSError as exc:
         raise EngineEnvError(f"{python}: cannot start it ({exc.strerror or exc})", hint="--engine-python") from None
