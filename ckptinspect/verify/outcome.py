@@ -41,8 +41,9 @@ def result_from_answer(ref: str, location: str, engine: str, python: str, answer
         outcome=outcome_of(steps, modules, skipped, finished), method=answer.get("method"),
         draft_architectures=tuple(answer.get("draft_architectures", ())), draft_class=answer.get("draft_class"),
         quantization=answer.get("quantization"), quant_config=answer.get("quant_config"), steps=steps,
-        modules=modules, tensors_offered=int(tensors.get("offered", len(answer.get("tensors_offered", ())) or 0)),
+        modules=modules, tensors_offered=int(tensors.get("offered", 0)),
         mtp_tensors_loaded=len(tensors.get("loaded_mtp", ())), mtp_tensors_skipped=skipped,
+        mtp_tensor_targets=tuple((name, tuple(params)) for name, params in (tensors.get("mtp_targets") or {}).items()),
         other_tensors_loaded=tuple(tensors.get("loaded_other", ())),
         other_tensors_skipped=int(tensors.get("skipped_other", 0)), shims=tuple(answer.get("shims", ())),
         not_run=tuple(answer.get("not_run", ())), seconds=round(seconds, 2))

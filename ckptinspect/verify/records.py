@@ -62,6 +62,7 @@ class VerifyResult:
     tensors_offered: int
     mtp_tensors_loaded: int
     mtp_tensors_skipped: tuple[str, ...]  # stored MTP tensors the engine's load_weights never used
+    mtp_tensor_targets: tuple[tuple[str, tuple[str, ...]], ...]  # stored MTP tensor -> engine parameters it loaded into
     other_tensors_loaded: tuple[str, ...]  # non-MTP stored tensors the draft took (shared embedding, ...)
     other_tensors_skipped: int
     shims: tuple[str, ...]  # platform checks replaced for the dry-load, each with why

@@ -223,8 +223,9 @@ def tensor_outcome(rows: list, recorder: Recorder) -> dict:
             loaded_other.append(name)
         else:
             skipped_other += 1
+    targets = {name: sorted(recorder.loaded_from[name]) for name in loaded_mtp}
     return {"offered": len(rows), "loaded_mtp": loaded_mtp, "skipped_mtp": skipped_mtp,
-            "loaded_other": loaded_other, "skipped_other": skipped_other}
+            "loaded_other": loaded_other, "skipped_other": skipped_other, "mtp_targets": targets}
 
 
 STUB_SOURCE = r"""
