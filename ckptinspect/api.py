@@ -1,5 +1,5 @@
 """The library API that the CLI and the tests call: ``inspect``, ``plan``, ``diff``, ``snapshot``,
-``probe``, ``gate``; the rule files (``list_rules``, ``family_rule``, ``validate_rules``); the GPU catalog
+``probe``, ``verify``, ``gate``; the rule files (``list_rules``, ``family_rule``, ``validate_rules``); the GPU catalog
 and split checks the CLI validates options with (``gpus``, ``find_gpu``, ``split_problem``); what the
 error messages quote (``hub_endpoint``, ``cached_files``).
 
@@ -24,6 +24,7 @@ from ckptinspect.lookups import (family_rule, find_gpu, gpus, list_rules, split_
 from ckptinspect.records import VERDICT_RANK
 from ckptinspect.refs import check_ref, looks_like_repo_id, normalize_ref
 from ckptinspect.snapshot_output import refuse_probe_outputs as check_probe_outputs  # before a probe runs
+from ckptinspect.verify import verify_ref as verify  # noqa: F401  (docs/verify.md; the engine runs in its own Python)
 
 if TYPE_CHECKING:  # the return types, named without importing their stages at import time
     from ckptinspect.diff import CheckpointDiff
@@ -74,10 +75,11 @@ def example_ref() -> str:
 def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
             token: str | None = None, progress: bool = False, tp: int | None = None, ep: int | None = None,
             gpu: "str | GpuSpec | None" = None, gpus: int | None = None, context: int | None = None,
-            engine: str = "both") -> "Report":
+            engine: str = "both", engine_versions: "dict[str, str] | None" = None) -> "Report":
     """The `report` of ``ref`` (``None``: the bundled example) as a ``pipeline.Report``.
 
-    ``tp`` (and ``ep``) add the MTP layer's cost per GPU; ``gpu`` with ``gpus`` add a deployment plan.
+    ``tp`` (and ``ep``) add the MTP layer's cost per GPU; ``gpu`` with ``gpus`` add a deployment plan;
+    ``engine_versions`` ({"vllm": "0.33.0"}) answers for those releases instead of the rules' newest.
     """
     from ckptinspect.pipeline import build_report
 
@@ -86,7 +88,8 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
     ref = example_ref() if ref is None else check_ref(ref)
     ref, revision = normalize_ref(ref, revision)
     with _not_found_context(ref):
-        report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+        report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress,
+                              engine_versions=engine_versions)
     return _with_sections(report, ref, tp=tp, ep=ep, gpu=gpu, gpus=gpus, context=context, engine=engine)
 
 

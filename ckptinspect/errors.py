@@ -11,7 +11,8 @@
     ├── RuleError              a rule file that fails its schema
     ├── PlanError              impossible plan inputs (unknown GPU, no fit)
     │   └── PlanNotPossible    nothing runs on these GPUs (``failure``: the options tried, a hint)
-    └── ProbeError             probe inputs that cannot work (no MTP, no memory)
+    ├── ProbeError             probe inputs that cannot work (no MTP, no memory)
+    └── EngineEnvError         `verify`: the engine's Python environment is missing, broken or too slow
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ class PlanNotPossible(PlanError):
 
 
 class ProbeError(CkptInspectError):
+    pass
+
+
+class EngineEnvError(CkptInspectError):
     pass
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ckptinspect.config.normalize import normalize_config
 from ckptinspect.config.quant_fields import check_quant_fields
@@ -67,13 +67,14 @@ def _open(ref: str, *, revision: str | None, token: str | None, progress: Progre
 
 
 def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
-                 token: str | None = None, progress: Progress | bool = True) -> Report:
+                 token: str | None = None, progress: Progress | bool = True,
+                 engine_versions: Mapping[str, str] | None = None) -> Report:
     """Checkpoint plus its MTP assessment: the source's read, then the stages (checkpoint_from_raw)."""
     progress = as_progress(progress, label=ref)
     raw = _open(ref, revision=revision, token=token, progress=progress)
     if getattr(raw, "format", None) == "gguf":
         return gguf_report(raw)
-    return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
+    return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, engine_versions=engine_versions)
 
 
 async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
@@ -95,11 +96,12 @@ def gguf_report(raw: Any) -> Report:
     return Report(checkpoint=checkpoint, mtp=mtp, head_groups=companion_head_groups(checkpoint, raw, mtp))
 
 
-def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT) -> Report:
+def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,
+                    engine_versions: Mapping[str, str] | None = None) -> Report:
     checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
     from ckptinspect.readiness import assess_mtp
 
-    return Report(checkpoint=checkpoint, mtp=assess_mtp(checkpoint, family, ruleset))
+    return Report(checkpoint=checkpoint, mtp=assess_mtp(checkpoint, family, ruleset, engine_versions=engine_versions))
 
 
 def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,

@@ -132,10 +132,13 @@ def rules_validate_bad(ctx: Context) -> str:
 def fixture_verdicts(ctx: Context) -> str:
     from ckptinspect import api
 
-    rows = [f"{'fixture':<31} {'SGLang 0.5.23':<14} {'vLLM 0.33.0':<12} reasons (sglang | vllm)"]
+    rows = []
     for name in VERDICT_FIXTURES:
         mtp = api.inspect(str(ctx.fixture(name))).mtp
         verdicts = {e: mtp.verdicts[e] for e in ("sglang", "vllm")}
+        if not rows:  # the versions the rules answer for (the newest releases)
+            rows.append(f"{'fixture':<31} {'SGLang ' + verdicts['sglang'].engine_version:<14} "
+                        f"{'vLLM ' + verdicts['vllm'].engine_version:<12} reasons (sglang | vllm)")
         reasons = " | ".join(",".join(v.reasons) or "-" for v in verdicts.values())
         rows.append(f"{name:<31} {verdicts['sglang'].verdict:<14} {verdicts['vllm'].verdict:<12} {reasons}")
     return fence("text", "\n".join(rows))

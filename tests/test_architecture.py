@@ -45,7 +45,7 @@ def test_import_contracts_hold():
 
 # What may import ckptinspect.sources: the sources themselves and what opens a reference (the pipeline,
 # the library API and its helpers, the audit's shared network limits, the probe's local reader, the CLI).
-ABOVE_THE_SOURCES = {"sources", "pipeline", "api", "refs", "audit", "probe", "cli",
+ABOVE_THE_SOURCES = {"sources", "pipeline", "api", "refs", "audit", "probe", "cli", "verify",
                      "__init__", "__main__"}
 
 
@@ -119,6 +119,9 @@ JSON_WRITERS = {
     "ckptinspect/sources/hub_session.py": "request bodies the bounded client posts to an engine or main-model server",
     "ckptinspect/probe/sequences.py": "the --save-continuations file the probe reads back",
     "ckptinspect/probe/loader.py": "config / index files of the probe's temporary model directory",
+    "ckptinspect/verify/engine.py": "the dry-load request on the engine script's stdin",
+    "ckptinspect/verify/engine_side/_dryload_common.py": "the engine script's answer line (run by the engine's Python)",
+    "ckptinspect/verify/engine_side/vllm_dryload.py": "the config files of the engine's scratch model directory",
     "ckptinspect/audit/cache.py": "the audit cache file (report documents by commit, read back by a later audit)",
     "ckptinspect/probe/prompts/__init__.py": "the chat template and its inputs sent to the bounded render child",
 }

@@ -372,7 +372,7 @@ def test_rules_list_is_one_line_per_family_at_any_width():
 
 
 # -- the same options on every command that reads a checkpoint (issue 26 item 9) ----------------------
-READERS = ("report", "plan", "diff", "snapshot", "audit", "probe")
+READERS = ("report", "plan", "diff", "snapshot", "audit", "probe", "verify")
 SHARED = ("--format", "--revision", "--token", "--quiet", "--verbose", "--deadline", "--request-timeout")
 
 
@@ -419,6 +419,7 @@ def test_quiet_and_verbose_short_forms():
     (("audit", "org/a", "--revision", "main"), "--revision does not apply to audit"),
     (("probe", "A", "--format", "markdown"), "--format markdown does not apply to probe"),
     (("probe", "A", "--token", "hf_x"), "--token does not apply to probe"),
+    (("verify", "A", "--engine", "vllm", "--format", "markdown"), "--format markdown does not apply to verify"),
     (("probe", "org/a@v1", "--revision", "v2"), "names a revision and --revision says"),
     (("probe", ".", "--revision", "v2"), "is a local directory, not a Hub repo id"),
 ])

@@ -87,29 +87,31 @@ def test_present_and_complete_qwen3_5_nvfp4(report):
     assert sg.draft_architecture == "Qwen3_5ForCausalLMMTP" and sg.method == "NEXTN"
     assert sg.draft_quantization is None  # _mtp_quant_config: modelopt_fp4 -> None
     # vLLM builds the draft with the target's modelopt:NVFP4 config, but per module: every MTP Linear
-    # is covered by mtp.layers.0* or is the forced-BF16 mtp.fc (>= 0.33), so nothing is built NVFP4
+    # is covered by mtp.layers.0* or is the forced-BF16 mtp.fc (>= 0.32), so nothing is built NVFP4
     assert vl.draft_architecture == "Qwen3_5MoeMTP" and vl.draft_quantization is None
     assert vl.module_quantization and all(built is None for _, built in vl.module_quantization)
     older = assess_mtp(report("qwen3_5_moe_nvfp4").checkpoint, load_rules().get("qwen3_5_moe"), load_rules(),
-                       engine_versions={"vllm": "0.32.1"}).verdicts["vllm"]
-    assert older.draft_quantization == "modelopt:NVFP4"  # before 0.33 mtp.fc is built NVFP4
+                       engine_versions={"vllm": "0.31.1"}).verdicts["vllm"]
+    assert older.draft_quantization == "modelopt:NVFP4"  # before 0.32 mtp.fc is built NVFP4
     assert {m for m, built in older.module_quantization if built} == {"mtp.fc"}
     assert sg.layers_used == vl.layers_used == 1
     old = [f for f in mtp.findings if f.code == "mtp-fc-not-excluded-old-vllm"]
-    assert len(old) == 1 and old[0].severity == "info" and "mtp.fc" in old[0].message and "<0.33" in old[0].message
+    assert len(old) == 1 and old[0].severity == "info" and "mtp.fc" in old[0].message and "<0.32" in old[0].message
 
 
 def test_uncovered_mtp_fc_crashes_older_vllm(report, make_fixture):
     r = report("qwen3_5_moe_nvfp4")
     ruleset = load_rules()
     family = ruleset.get("qwen3_5_moe")
-    old = assess_mtp(r.checkpoint, family, ruleset, engine_versions={"vllm": "0.32.1"})
+    old = assess_mtp(r.checkpoint, family, ruleset, engine_versions={"vllm": "0.31.1"})
     assert old.verdicts["vllm"].verdict == "unusable"
+    # 0.32.0 forces mtp.fc BF16 already (its dry-load: tests/test_verify_vs_rules.py)
+    assert assess_mtp(r.checkpoint, family, ruleset, engine_versions={"vllm": "0.32.0"}).verdicts["vllm"].verdict == "ready"
     assert "mtp-fc-not-excluded-old-vllm" in reasons(old, "vllm")
     assert old.verdicts["sglang"].verdict == "ready"
     # the fixed export lists mtp.fc: nothing to report for any version
     fixed = report("qwen3_5_moe_mtp_fc_excluded").checkpoint
-    for version in ("0.32.1", "0.33.0"):
+    for version in ("0.31.1", "0.32.0", "0.33.0"):
         m = assess_mtp(fixed, family, ruleset, engine_versions={"vllm": version})
         assert m.verdicts["vllm"].verdict == "ready" and "mtp-fc-not-excluded-old-vllm" not in codes(m)
 
@@ -145,9 +147,21 @@ def test_declared_but_absent_is_unusable(report, name, key):
     assert finding.hint and finding.reference
 
 
-def test_deepseek_missing_layer_message_names_the_vllm_check(report):
+def test_deepseek_missing_layer_message_names_the_vllm_check(report, make_fixture):
+    """vLLM 0.33.0 raises (its MTP completeness check); 0.34.0 removed the check and loads silently."""
+    from ckptinspect.pipeline import build_report
+
     mtp = report("deepseek_v3_nvfp4_nomtp").mtp
-    msg = next(f.message for f in mtp.findings if f.code == "mtp-declared-but-absent" and f.engine == "vllm")
+    msg = next(f.message for f in mtp.findings if f.code == "mtp-declared-but-absent" and f.engine == "vllm"
+               and not f.message.startswith("[vllm "))  # the other release's entry is a tagged note
+    assert mtp.verdicts["vllm"].engine_version == "0.34.0"
+    assert "removed the MTP completeness check" in msg and "loads silently" in msg
+    assert mtp.verdicts["vllm"].verdict == "unusable"
+    old = build_report(str(make_fixture("deepseek_v3_nvfp4_nomtp")), progress=False,
+                       engine_versions={"vllm": "0.33.0"}).mtp
+    msg = next(f.message for f in old.findings if f.code == "mtp-declared-but-absent" and f.engine == "vllm"
+               and not f.message.startswith("[vllm "))
+    assert old.verdicts["vllm"].engine_version == "0.33.0"
     assert "ValueError" in msg and "#35548" in msg
 
 

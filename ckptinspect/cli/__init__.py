@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "snapshot": ("ckptinspect.cli.snapshot_cmd:snapshot", "Save all metadata of a checkpoint into one .json.gz file."),
     "probe": ("ckptinspect.cli.probe_cmd:probe", "Measure MTP draft acceptance on a GPU (needs the 'probe' extra)."),
     "audit": ("ckptinspect.cli.audit_cmd:audit", "Audit many repos at once (e.g. every quant of a base model)."),
+    "verify": ("ckptinspect.cli.verify_cmd:verify", "Dry-load the MTP draft through SGLang's / vLLM's own code (no GPU)."),
 }
 
 

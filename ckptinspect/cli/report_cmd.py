@@ -35,12 +35,14 @@ EXAMPLES = (
 @click.option("--tp", type=click.IntRange(1, 1024), default=None, help="Show the MTP layer's memory per GPU at this TP.")
 @click.option("--ep", type=click.IntRange(1, 1024), default=None,
               help="Expert parallel size for --tp (default: TP); must divide --tp, as in SGLang.")
+@click.option("--engine-version", "engine_versions", multiple=True, metavar="ENGINE=VERSION",
+              help="Answer for this engine release instead of the newest the rules know (e.g. vllm=0.33.0).")
 @checkpoint_options()
 @wide_option
 def report(model: str | None, engine: str, fail_on: str | None, rules_dirs: tuple[Path, ...],
            gpu: str | None, gpus: int | None, gpu_spec: Path | None, gpu_memory: float | None,
-           context: int | None, tp: int | None, ep: int | None, fmt: str, revision: str | None,
-           token: str | None, quiet: bool, verbose: bool, wide: bool) -> None:
+           context: int | None, tp: int | None, ep: int | None, engine_versions: tuple[str, ...], fmt: str,
+           revision: str | None, token: str | None, quiet: bool, verbose: bool, wide: bool) -> None:
     """Inspect MODEL (a directory, org/name[@revision], a .json.gz snapshot, or a GGUF model: a .gguf
     file, DIR:TAG, org/repo:TAG; see docs/gguf.md).
 
@@ -56,7 +58,7 @@ def report(model: str | None, engine: str, fail_on: str | None, rules_dirs: tupl
     _check_parallel_options(tp, ep, spec, gpus)
     result = api.inspect(model, rules_dirs=rules_dirs, revision=revision, token=token,
                          progress=progress_enabled(quiet), tp=tp, ep=ep, gpu=spec, gpus=gpus, context=context,
-                         engine=engine)
+                         engine=engine, engine_versions=_engine_versions(engine_versions))
     click.echo(render_report(result, fmt, width=output_width(fmt, wide), colour=colour_enabled()), nl=False)
     if verbose:
         from ckptinspect.render.stats_out import stats_line
@@ -70,6 +72,20 @@ def report(model: str | None, engine: str, fail_on: str | None, rules_dirs: tupl
             else:
                 click.echo(f"fail-on error: {len(tripped)} error finding(s), first: {tripped[0]}", err=True)
             sys.exit(1)
+
+
+def _engine_versions(values: tuple[str, ...]) -> dict[str, str] | None:
+    """``--engine-version vllm=0.33.0`` (repeatable) -> {"vllm": "0.33.0"}; a malformed value is a usage error."""
+    import re
+
+    out = {}
+    for value in values:
+        name, _, version = value.partition("=")
+        if name not in ("sglang", "vllm") or not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
+            raise click.BadParameter(f"{value!r} is not ENGINE=VERSION (sglang or vllm, e.g. vllm=0.33.0)",
+                                     param_hint="--engine-version")
+        out[name] = version
+    return out or None
 
 
 def _check_parallel_options(tp: int | None, ep: int | None, gpu: object, gpus: int | None) -> None:

@@ -94,10 +94,18 @@ def _resolve(fid: str, docs: Mapping[str, tuple[dict[str, Any], str, int]], chai
 
 
 def _merge_by_code(parent: list[Any], child: list[Any]) -> list[Any]:
-    out = {item["code"]: item for item in parent}
+    """The child's entries of a code replace the inherited entries of that code; a code may have several
+    entries, each for its own ``versions`` range (an engine release that changed the behaviour)."""
+    out: dict[str, list[Any]] = {}
+    for item in parent:
+        out.setdefault(item["code"], []).append(item)
+    replaced: set[str] = set()
     for item in child:
-        out[item["code"]] = item  # same code replaces the inherited entry
-    return list(out.values())
+        if item["code"] not in replaced:
+            out[item["code"]] = []
+            replaced.add(item["code"])
+        out[item["code"]].append(item)
+    return [item for items in out.values() for item in items]
 
 
 def merge_documents(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,318 @@
+"""The engine-independent half of a dry-load, run inside the engine's own Python environment.
+
+This file is executed by the engine's interpreter (never imported by ckptinspect), next to
+``vllm_dryload.py`` / ``sglang_dryload.py``: it imports only the standard library and torch (which every
+engine environment has), never anything from ckptinspect.
+
+Protocol: the request is one JSON object on stdin (``config``, ``json_files``, ``tensors`` as
+``[name, safetensors dtype, shape, is_mtp]`` rows); the answer is one line on stdout that starts with
+``ANSWER_MARK``, so engine log lines on stdout never mix with it.
+
+Why the loaders are instrumented: a meta tensor has no data, so ``copy_`` from a BF16 meta tensor into an
+FP8 meta parameter of the same shape succeeds silently, and a fused expert parameter that received 255 of
+its 256 experts' scales looks loaded to the engine. Every call of a parameter's ``weight_loader`` is
+recorded with (shard, expert, dtype, shape) and checked against the parameter afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from typing import Any, Callable, Iterator
+
+ANSWER_MARK = "@@ckptinspect-verify "
+EXIT_ENGINE_MISSING = 3  # the engine package cannot be imported: the environment is not the engine's
+EXIT_INTERNAL = 4  # the dry-load script itself failed (a bug here, not an answer about the checkpoint)
+
+# safetensors dtype -> torch dtype attribute (those torch names; a missing one is reported, not guessed)
+TORCH_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+    "U16": "uint16", "U32": "uint32", "U64": "uint64",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz", "F4": "float4_e2m1fn_x2",
+}
+# Parameter dtypes that hold quantized codes or scales in a fixed format: loading another dtype into one is
+# a reinterpretation, never a conversion (BF16 values copied into an FP8 parameter are not FP8 codes).
+CODE_DTYPES = {"float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float8_e4m3fnuz", "float8_e5m2fnuz",
+               "uint8", "int8", "int32", "uint32", "int16", "uint16", "int64", "float4_e2m1fn_x2", "bool"}
+
+
+def read_request() -> dict:
+    return json.load(sys.stdin)
+
+
+def answer(payload: dict) -> None:
+    sys.stdout.write(ANSWER_MARK + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+class Step:
+    """One named step of the dry-load: its outcome and time, and the engine's exception text if any."""
+
+    def __init__(self, steps: list, name: str) -> None:
+        self.steps, self.name = steps, name
+
+    def __enter__(self) -> "Step":
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        entry = {"step": self.name, "ok": exc is None, "seconds": round(time.perf_counter() - self.start, 3)}
+        if exc is not None:
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            entry["where"] = _engine_frame(tb)
+        self.steps.append(entry)
+        return exc is None or isinstance(exc, Exception)  # the engine's exception is the answer; Ctrl-C is not
+
+
+def _engine_frame(tb) -> str:
+    """The innermost frame of the engine's own code: file (below site-packages) and line, function."""
+    frames = traceback.extract_tb(tb)
+    for frame in reversed(frames):
+        path = frame.filename.replace("\\", "/")
+        for marker in ("/site-packages/", "/dist-packages/"):
+            if marker in path:
+                return f"{path.split(marker, 1)[1]}:{frame.lineno} {frame.name}"
+    last = frames[-1] if frames else None
+    return f"{last.filename}:{last.lineno} {last.name}" if last else ""
+
+
+class Recorder:
+    """Every weight-loader call: the stored tensor being loaded, the parameter, shard and expert ids, and the
+    loaded tensor's dtype and shape (after any slicing the model's ``load_weights`` did)."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.current: str | None = None  # the stored tensor name the iterator handed out last
+        self.calls: dict[str, list[dict]] = {}  # parameter name -> records
+        self.loaded_from: dict[str, set[str]] = {}  # stored tensor name -> parameter names it reached
+        self.names: dict[int, str] = {}  # id(parameter) -> its name
+        self.param_items: list = []
+
+    def wrap(self, loader: Callable, fallback_name: str | None = None) -> Callable:
+        recorder = self
+
+        def recording_loader(param, loaded_weight, *args, **kwargs):
+            name = recorder.names.get(id(param), fallback_name or "?")
+            if len(args) >= 3:  # FusedMoE.weight_loader(param, w, weight_name, shard_id, expert_id)
+                shard, expert = args[1], args[2]
+            else:
+                shard = kwargs.get("shard_id", args[1] if "expert_id" in kwargs and len(args) > 1 else
+                                   (args[0] if args and "expert_id" not in kwargs else None))
+                expert = kwargs.get("expert_id")
+            record = {"tensor": recorder.current, "shard": None if shard is None else str(shard),
+                      "expert": None if expert is None else int(expert),
+                      "dtype": dtype_name(getattr(loaded_weight, "dtype", "?")),
+                      "shape": list(getattr(loaded_weight, "shape", ())),
+                      "numel": int(loaded_weight.numel()) if hasattr(loaded_weight, "numel") else 0}
+            try:
+                result = loader(param, loaded_weight, *args, **kwargs)
+            except Exception as exc:
+                record["error"] = f"{type(exc).__name__}: {exc}"
+                recorder.calls.setdefault(name, []).append(record)
+                raise
+            if result is False and kwargs.get("return_success"):
+                record["declined"] = True  # the loader answered "not mine" (expert not on this rank)
+            recorder.calls.setdefault(name, []).append(record)
+            if not record.get("declined") and recorder.current is not None:
+                recorder.loaded_from.setdefault(recorder.current, set()).add(name)
+            return result
+
+        recording_loader.__wrapped__ = loader
+        return recording_loader
+
+    def instrument(self, model: Any, default_loader: Callable) -> None:
+        self.param_items = list(model.named_parameters())
+        for name, param in self.param_items:
+            self.names[id(param)] = name
+            loader = getattr(param, "weight_loader", None)
+            param.weight_loader = self.wrap(loader if loader is not None else default_loader)
+
+    def tensors(self, rows: list) -> Iterator[tuple[str, Any]]:
+        """(name, meta tensor) in the order given, as the engine's safetensors iterator yields them."""
+        torch = self.torch
+        for name, dtype, shape, _is_mtp in rows:
+            self.current = name
+            yield name, torch.empty(shape, dtype=getattr(torch, TORCH_DTYPES[dtype]), device="meta")
+        self.current = None
+
+
+def unknown_dtypes(torch: Any, rows: list) -> list[str]:
+    return sorted({dtype for _, dtype, _, _ in rows
+                   if dtype not in TORCH_DTYPES or not hasattr(torch, TORCH_DTYPES[dtype])})
+
+
+def shard_names(param_name: str) -> tuple[str, ...] | None:
+    """The (shard) ids a fused-expert parameter expects per expert: w13 holds w1 and w3, w2 holds w2."""
+    leaf = param_name.rsplit(".", 1)[-1]
+    if leaf.startswith("w13_") or leaf.startswith("w13"):
+        return ("w1", "w3")
+    if leaf.startswith("w2_") or leaf == "w2":
+        return ("w2",)
+    return None
+
+
+def check_parameters(model: Any, recorder: Recorder, shared: dict[str, str],
+                     defaults: dict[str, str] | None = None) -> list[dict]:
+    """Each built parameter with what reached it and what is wrong with that, in the model's order."""
+    out = []
+    for name, param in recorder.param_items:
+        dtype = dtype_name(param.dtype)
+        records = [r for r in recorder.calls.get(name, []) if not r.get("declined")]
+        problems: list[str] = []
+        for record in records:
+            if record.get("error"):
+                problems.append(f"loader raised {record['error']} for {record['tensor']}")
+            if record["dtype"] != dtype and (dtype in CODE_DTYPES or record["dtype"] in CODE_DTYPES):
+                problems.append(f"{record['tensor']} stored {record['dtype']} loaded into a {dtype} parameter")
+        experts = {r["expert"] for r in records if r["expert"] is not None}
+        fused = shard_names(name)
+        if records and experts and fused is not None and param.dim() >= 1:
+            expected = {(shard, e) for shard in fused for e in range(int(param.shape[0]))}
+            got = {(r["shard"], r["expert"]) for r in records if r["expert"] is not None}
+            missing = sorted(expected - got, key=lambda item: (item[1], item[0]))
+            if missing:
+                shown = ", ".join(f"expert {e} {s}" for s, e in missing[:4])
+                more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+                problems.append(f"{len(missing)} of {len(expected)} (shard, expert) slots never loaded: {shown}{more}")
+        elif records and not experts:
+            # each shard's last load counts (a tensor loaded twice, e.g. a tied embedding, replaces itself)
+            last: dict = {}
+            for record in records:
+                last[record["shard"]] = record["numel"]
+            loaded, total = sum(last.values()), int(param.numel())
+            if None in last and len(last) == 1:
+                if loaded not in (total, 1):
+                    problems.append(f"{loaded} of {total} elements loaded")
+            elif loaded != total:
+                problems.append(f"{loaded} of {total} elements loaded over shards {sorted(map(str, last))}")
+        defaults = defaults or {}
+        if name in shared:
+            status = "shared"
+        elif not records and name in defaults:
+            status = "default"
+        elif not records:
+            status = "never loaded"
+        elif problems:
+            status = "mismatch"
+        else:
+            status = "loaded"
+        sources = sorted({r["tensor"] for r in records if r["tensor"]})
+        out.append({"name": name, "dtype": dtype, "shape": list(param.shape), "status": status,
+                    "calls": len(records), "sources": sources[:3], "source_count": len(sources),
+                    "problems": problems[:8], "note": shared.get(name) or (defaults.get(name) if not records else None)})
+    return out
+
+
+def tensor_outcome(rows: list, recorder: Recorder) -> dict:
+    """Loaded and skipped stored tensors: every MTP-flagged one by name, the others counted."""
+    loaded_mtp, skipped_mtp, loaded_other = [], [], []
+    skipped_other = 0
+    for name, _dtype, _shape, is_mtp in rows:
+        reached = name in recorder.loaded_from
+        if is_mtp:
+            (loaded_mtp if reached else skipped_mtp).append(name)
+        elif reached:
+            loaded_other.append(name)
+        else:
+            skipped_other += 1
+    targets = {name: sorted(recorder.loaded_from[name]) for name in loaded_mtp}
+    return {"offered": len(rows), "loaded_mtp": loaded_mtp, "skipped_mtp": skipped_mtp,
+            "loaded_other": loaded_other, "skipped_other": skipped_other, "mtp_targets": targets}
+
+
+STUB_SOURCE = r"""
+import importlib.abc, importlib.machinery, sys, types
+class _Any(types.ModuleType):
+    __path__ = []
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _Any(f"{self.__name__}.{name}")
+    def __call__(self, *a, **k):
+        return _Any("call")
+    def __mro_entries__(self, bases):
+        return (object,)
+    def __iter__(self):
+        return iter(())
+class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, names):
+        self.names = names
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in self.names:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    def create_module(self, spec):
+        return _Any(spec.name)
+    def exec_module(self, module):
+        pass
+try:  # transformers decides "absent" once, before the stand-ins exist, and keeps that answer
+    import transformers.utils.import_utils as _iu
+    _iu.is_torchvision_available()
+    import transformers.models.auto.image_processing_auto  # noqa: F401
+except Exception:
+    pass
+sys.meta_path.insert(0, _Stubs(set(%r)))
+"""
+
+
+_STUBBED: list[str] = []
+
+
+def stub_missing(names: list[str], scratch: str, shims: list[str], why: str) -> None:
+    """Packages named in CKPTINSPECT_VERIFY_STUB_MISSING that this environment lacks become empty stand-in
+    modules, in this process and (through a sitecustomize on PYTHONPATH) in the engine's own subprocesses.
+    Test environments use it for a package the dry-load never runs (torchvision's image transforms)."""
+    import importlib.util
+    import os
+
+    missing = [n for n in names if n and (n in _STUBBED or importlib.util.find_spec(n) is None)]
+    if not missing:
+        return
+    if all(n in _STUBBED for n in missing):  # an earlier job of this process installed them
+        shims.append(f"{', '.join(missing)} absent from this environment: stand-in modules ({why})")
+        return
+    _STUBBED.extend(missing)
+    source = STUB_SOURCE % (missing,)
+    directory = os.path.join(scratch, "stubs")
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "sitecustomize.py"), "w", encoding="utf-8") as fh:
+        fh.write(source)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (directory, os.environ.get("PYTHONPATH")) if p)
+    exec(compile(source, "ckptinspect-stubs", "exec"), {})
+    shims.append(f"{', '.join(missing)} absent from this environment: stand-in modules ({why})")
+
+
+def run(main: Callable[[dict, dict], None], prepare: Callable[[], None] | None = None) -> None:
+    """``prepare()`` (the engine's imports: the caller reads the headers meanwhile), then read the request,
+    call ``main(request, result)`` for it (or for each of its ``jobs``, in this one process: the engine is
+    imported once), answer; a failure of this script exits EXIT_INTERNAL."""
+    if prepare is not None:
+        prepare()
+    try:
+        request = read_request()
+    except ValueError as exc:
+        answer({"internal_error": f"the request is not JSON: {exc}"})
+        sys.exit(EXIT_INTERNAL)
+    jobs = request.get("jobs")
+    results = []
+    for job in (jobs if jobs is not None else [request]):
+        result: dict = {"steps": [], "shims": []}
+        try:
+            main(job, result)
+        except SystemExit:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the caller as this script's failure
+            result["internal_error"] = f"{type(exc).__name__}: {exc}"
+            result["traceback"] = traceback.format_exc()[-3000:]
+            if jobs is None:
+                answer(result)
+                sys.exit(EXIT_INTERNAL)
+        results.append(result)
+    answer({"results": results} if jobs is not None else results[0])
