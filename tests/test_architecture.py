@@ -114,8 +114,6 @@ def test_json_report_loads_no_terminal_code():
 JSON_WRITERS = {
     "ckptinspect/sources/snapshot.py": "the snapshot file (metadata a later `report` reads back)",
     "ckptinspect/plan/vllm.py": "the value of vLLM's --speculative-config flag is a JSON string",
-    "ckptinspect/probe/server_client.py": "request bodies sent to a running SGLang server",
-    "ckptinspect/probe/engine_client.py": "request bodies sent to a running vLLM / SGLang server (--engine)",
     "ckptinspect/sources/hub_session.py": "request bodies the bounded client posts to an engine or main-model server",
     "ckptinspect/probe/sequences.py": "the --save-continuations file the probe reads back",
     "ckptinspect/probe/loader.py": "config / index files of the probe's temporary model directory",
