@@ -22,6 +22,7 @@ from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
 from ckptinspect.records import (Checkpoint, Finding, IndexSummary, Inventory, ModelConfig, MtpAssessment,
                                  RawCheckpoint)
+from ckptinspect.settings import Settings
 from ckptinspect.sources import open_source
 from ckptinspect.sources.interface import CONFIG, HF_QUANT_CONFIG, INDEX, PICKLE_SUFFIXES, QUANT_MODEL_DESCRIPTION
 
@@ -37,10 +38,11 @@ class Report:
 
 
 def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
-                    token: str | None = None, progress: Progress | bool = True) -> Checkpoint:
+                    token: str | None = None, progress: Progress | bool = True,
+                    settings: Settings | None = None) -> Checkpoint:
     """Open ``ref`` (directory, snapshot, repo id) and build its Checkpoint (``progress``: ckptinspect/progress.py)."""
     progress = as_progress(progress, label=ref)
-    raw = _open(ref, revision=revision, token=token, progress=progress)
+    raw = _open(ref, revision=revision, token=token, progress=progress, settings=settings)
     if getattr(raw, "format", None) == "gguf":
         from ckptinspect.pipeline_gguf import checkpoint_from_gguf
 
@@ -50,23 +52,25 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
 
 
 def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress,
-          worker: ScanWorker | None = None) -> Any:
+          worker: ScanWorker | None = None, settings: Settings | None = None) -> Any:
     """open_source, with the progress line ended when the source fails (a scan that runs ends it itself).
     ``worker``: fed each header as the source reads it (inventory/parallel.py)."""
     try:
-        return open_source(ref, revision=revision, token=token, progress=progress, scan=worker)
+        return open_source(ref, revision=revision, token=token, progress=progress, scan=worker, settings=settings)
     except BaseException:
         progress.end()
         raise
 
 
 def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
-                 token: str | None = None, progress: Progress | bool = True) -> Report:
-    """Checkpoint plus its MTP assessment."""
+                 token: str | None = None, progress: Progress | bool = True,
+                 settings: Settings | None = None) -> Report:
+    """Checkpoint plus its MTP assessment; ``settings`` (ckptinspect/settings.py): the Hub's limits,
+    endpoint and caches, when ``ref`` is read from the network (None: every default, no cache)."""
     progress = as_progress(progress, label=ref)
     worker = worker_feed()
     try:  # the worker is stopped and reaped however the report ends (close is idempotent)
-        raw = _open(ref, revision=revision, token=token, progress=progress, worker=worker)
+        raw = _open(ref, revision=revision, token=token, progress=progress, worker=worker, settings=settings)
         if getattr(raw, "format", None) == "gguf":
             from ckptinspect.pipeline_gguf import assess_gguf, checkpoint_from_gguf
 

@@ -7,8 +7,9 @@ engine). What is read back is checked before it is believed: the file's own chec
 the key, repo and commit it was stored under, and the report JSON schema. Anything else is a miss and
 the repo is read again: a cache can cost time, never change an answer.
 
-Files live in ``$CKPTINSPECT_CACHE_DIR/audit`` (default ``$XDG_CACHE_HOME/ckptinspect`` or
-``~/.cache/ckptinspect``), one per repo and key, written atomically (temporary file + rename).
+Files live in ``audit/`` under the settings' cache directory (``$CKPTINSPECT_CACHE_DIR``, default
+``$XDG_CACHE_HOME/ckptinspect`` or ``~/.cache/ckptinspect``: ckptinspect/settings.py), one per repo and
+key, written atomically (temporary file + rename).
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from typing import Any, Mapping, Sequence
 CACHE_VERSION = 1
 
 
-def cache_root() -> Path:
-    base = os.environ.get("CKPTINSPECT_CACHE_DIR")
-    root = Path(base) if base else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ckptinspect"
-    return root / "audit"
+def cache_root(cache_dir: Path | None) -> Path | None:
+    """``audit/`` under the tool's cache directory (``Settings.cache_dir``); None: no cache."""
+    return None if cache_dir is None else cache_dir / "audit"
 
 
 def code_fingerprint(rules_dirs: Sequence[Path] = ()) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ckptinspect.audit.cache import AuditCache, cache_root, code_fingerprint
 from ckptinspect.audit.row import AuditRow, RepoError, error_row, row_from_report
 from ckptinspect.audit.select import RepoRef, current_sha
+from ckptinspect.settings import DEFAULTS, Settings
 
 DEFAULT_JOBS = 8
 DEFAULT_MAX_REQUESTS = 64
@@ -45,9 +46,10 @@ class AuditOptions:
     token: str | None = None
     jobs: int = DEFAULT_JOBS
     max_requests: int = DEFAULT_MAX_REQUESTS
-    deadline_s: float | None = None  # None: CKPTINSPECT_DEADLINE_S or sources/net_limits.py's default
-    cache: bool = True
+    deadline_s: float | None = None  # None: settings.deadline_s (CKPTINSPECT_DEADLINE_S, --deadline)
+    cache: bool = True  # and only where settings.cache_dir names a directory
     endpoint: str | None = None  # the Hub endpoint for the commit checks (ckptinspect.api.hub_endpoint)
+    settings: Settings = DEFAULTS  # every repo's report runs with them (ckptinspect/settings.py)
 
     def report_options(self) -> dict[str, Any]:
         """The options that decide a report's content (the cache key holds them)."""
@@ -62,11 +64,10 @@ ReportFn = Callable[[str, dict], str]
 def run_audit(refs: Sequence[RepoRef], options: AuditOptions, report_fn: ReportFn) -> Iterator[AuditRow]:
     """Yield one row per ref as it finishes (cached ones first). Closing the iterator (or Ctrl-C)
     stops the running reads at their next request; rows already yielded stay valid."""
-    from ckptinspect.sources.net_limits import NetLimits
-
-    deadline = options.deadline_s if options.deadline_s is not None else NetLimits.from_env().deadline_s
+    deadline = options.deadline_s if options.deadline_s is not None else options.settings.deadline_s
     ends_at = time.monotonic() + deadline
-    cache = AuditCache(cache_root() if options.cache else None, code_fingerprint(options.rules_dirs),
+    cache = AuditCache(cache_root(options.settings.cache_dir) if options.cache else None,
+                       code_fingerprint(options.rules_dirs),
                        options.report_options())
     if options.max_requests < 1:
         raise ValueError("max_requests must be at least 1")
@@ -92,7 +93,8 @@ def _cached(refs: Sequence[RepoRef], cache: AuditCache, options: AuditOptions,
     def look(ref: RepoRef) -> tuple[RepoRef, dict | None]:
         sha = ref.sha
         if sha is None and cache.has_repo(ref.repo_id):
-            sha = current_sha(ref.repo_id, token=options.token, endpoint=options.endpoint)
+            sha = current_sha(ref.repo_id, token=options.token, endpoint=options.endpoint,
+                              timeout_s=options.settings.request_timeout_s)
             ref = RepoRef(ref.repo_id, sha)
         return ref, cache.get(ref.repo_id, sha)
 
@@ -105,7 +107,8 @@ def _run_threads(refs: list[RepoRef], options: AuditOptions, cache: AuditCache, 
     from ckptinspect.sources.shared_limits import RequestLimiter, SharedLimits
 
     task = {"gpu": options.gpu, "gpus": options.gpus, "context": options.context, "engine": options.engine,
-            "rules_dirs": [str(d) for d in options.rules_dirs], "token": options.token}
+            "rules_dirs": [str(d) for d in options.rules_dirs], "token": options.token,
+            "settings": options.settings}
     limits = SharedLimits(RequestLimiter(options.max_requests), ends_at)
     _warm_up(report_fn, task)
     pool = ThreadPoolExecutor(max_workers=min(jobs, len(refs)), thread_name_prefix="ckptinspect-audit")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptinspect.settings import DEFAULTS
 from ckptinspect.errors import AccessError, CkptInspectError, NetworkError, NotFoundError
 
 LIST_EXPAND = ["sha", "siblings"]
@@ -91,12 +92,13 @@ def list_repos(selection: Selection, *, token: str | None = None, endpoint: str 
     return [RepoRef(info.id, info.sha) for info in _hub_call(lambda: list(api.list_models(**kwargs)), what)]
 
 
-def current_sha(repo_id: str, *, token: str | None = None, endpoint: str | None = None) -> str | None:
+def current_sha(repo_id: str, *, token: str | None = None, endpoint: str | None = None,
+                timeout_s: float = DEFAULTS.request_timeout_s) -> str | None:
     """The commit ``main`` points to now (``HfApi.model_info(expand=["sha"])``), or None when the Hub
     does not say (the report then reads the repo, and says why if it cannot)."""
     api = _hf_api(token, endpoint)
     try:
-        info = _hub_call(lambda: api.model_info(repo_id, expand=["sha"], timeout=_timeout()), repo_id)
+        info = _hub_call(lambda: api.model_info(repo_id, expand=["sha"], timeout=timeout_s), repo_id)
     except CkptInspectError:
         return None
     return info.sha if isinstance(info.sha, str) else None
@@ -106,12 +108,6 @@ def _hf_api(token: str | None, endpoint: str | None) -> Any:
     from huggingface_hub import HfApi
 
     return HfApi(endpoint=endpoint, token=token)  # ckptinspect.api passes the endpoint `report` uses
-
-
-def _timeout() -> float:
-    from ckptinspect.sources.net_limits import NetLimits
-
-    return NetLimits.from_env().request_s
 
 
 def _hub_call(call: Any, what: str) -> Any:

@@ -28,10 +28,10 @@ def hf_config(model_dir: str, config: dict, spec, trust_remote_code: bool):
     return AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
 
 
-def host_budget() -> int:
-    override = os.environ.get("CKPTINSPECT_PROBE_HOST_MEMORY_LIMIT")  # bytes; lets tests force rounds
-    if override:
-        return int(override)
+def host_budget(override: int | None = None) -> int:
+    """Host bytes for the hidden states (``override``: Settings.probe_host_memory_limit; lets tests force rounds)."""
+    if override is not None:
+        return override
     try:
         return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * HOST_FRACTION)
     except (ValueError, OSError):
@@ -53,7 +53,8 @@ def plan_store(estimate_at, tokens: int, row_bytes: int, limit: int, store: str,
 def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], tok, *, common: dict, mode: str,
                  device: str, dtype: torch.dtype, max_rows: int, progress: bool, need: int, limit: int,
                  chunk_tokens: int, timings: dict[str, float], trust_remote_code: bool = False,
-                 experts_implementation: str = "auto", batch_info: dict | None = None, store: str = "auto"):
+                 experts_implementation: str = "auto", batch_info: dict | None = None, store: str = "auto",
+                 host_limit: int | None = None):
     from ckptinspect.probe.result import Streaming, build_result
     from ckptinspect.probe.heads.build import build_head
     from ckptinspect.probe.scoring import (AUTO_FRACTION, LOGITS_TOKENS, Batch, forward_bytes_per_token, plan_batches,
@@ -92,7 +93,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
                          "does not matter (its activations wait in host memory): use --main-url, or a GPU with "
                          "more memory", path=model_dir)
     chosen, rounds = plan_store(lambda n: estimate_at(n)["total"], padded, cfg.hidden_size * per, limit, store,
-                                host_budget())
+                                host_budget(host_limit))
     store_tokens = padded if chosen == "device" else 0
     # scoring batches fit what the layer phase leaves (the two phases do not overlap)
     budget = int(limit * AUTO_FRACTION) - fixed - store_tokens * cfg.hidden_size * per

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ckptinspect.errors import NotFoundError
 from ckptinspect.records import RawCheckpoint
 from ckptinspect.sources.interface import Source
+from ckptinspect.settings import DEFAULTS, Settings
 
 if TYPE_CHECKING:
     from ckptinspect.sources.gguf_files import RawGguf
@@ -53,6 +54,8 @@ class SourceKind:
     # True: ``open`` also takes ``scan=``, a per-header hook called as each header is read (the report's
     # scan worker, inventory/parallel.py); other kinds are opened without it.
     takes_scan: bool = False
+    # True: ``open`` also takes ``settings=`` (ckptinspect/settings.py: endpoint, limits, caches).
+    takes_settings: bool = False
 
 
 _REGISTERED: list[Source] = []
@@ -67,9 +70,10 @@ def register_source(kind: Source) -> None:
 
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
                 progress: bool = True, scan: Callable[[str, bytes, "int | None"], Any] | None = None,
-                ) -> "RawCheckpoint | RawGguf":
+                settings: Settings | None = None) -> "RawCheckpoint | RawGguf":
     """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``);
-    ``scan``: handed to a kind that reads headers one by one (``takes_scan``: the Hub), else unused.
+    ``scan``: handed to a kind that reads headers one by one (``takes_scan``: the Hub), else unused;
+    ``settings``: handed to a kind that reads the network or a cache (``takes_settings``).
 
     Raises:
         NotFoundError: nothing matches the reference.
@@ -78,7 +82,9 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
     path = Path(ref).expanduser()
     for kind in source_kinds():
         if kind.claims(ref, path):
-            hook = {"scan": scan} if scan is not None and getattr(kind, "takes_scan", False) else {}
+            hook: dict[str, Any] = {"scan": scan} if scan is not None and getattr(kind, "takes_scan", False) else {}
+            if getattr(kind, "takes_settings", False):
+                hook["settings"] = settings
             opened = kind.open(ref, path, revision=revision, token=token, progress=progress, **hook)
             if opened is not None:
                 return opened
@@ -93,10 +99,11 @@ def source_kinds() -> tuple[Source, ...]:
 
 
 # -- the built-in kinds --------------------------------------------------------------------------------
-def _open_gguf(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> "RawGguf | None":
+def _open_gguf(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
+               settings: Settings | None = None) -> "RawGguf | None":
     from ckptinspect.sources.gguf_local import open_gguf_if_gguf
 
-    return open_gguf_if_gguf(ref, revision=revision, token=token)
+    return open_gguf_if_gguf(ref, revision=revision, token=token, settings=settings or DEFAULTS)
 
 
 def _claims_local_gguf(ref: str, path: Path) -> bool:
@@ -153,21 +160,22 @@ def _open_hf_cache(ref: str, path: Path, *, revision: str | None, token: str | N
 
 
 def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
-              scan: Callable[[str, bytes, "int | None"], Any] | None = None) -> RawCheckpoint:
+              scan: Callable[[str, bytes, "int | None"], Any] | None = None,
+              settings: Settings | None = None) -> RawCheckpoint:
     from ckptinspect.sources.hub import open_hub
 
     repo_id, revision = _repo_and_revision(ref, revision)
     starts = getattr(scan, "read_starts", None)  # the report's scan worker starts with the read (inventory/scan_process.py)
     if starts is not None:
         starts()
-    return open_hub(repo_id, revision=revision, token=token, progress=progress, scan=scan)
+    return open_hub(repo_id, revision=revision, token=token, progress=progress, scan=scan, settings=settings)
 
 
 BUILT_IN: tuple[Source, ...] = (
-    SourceKind("gguf-local", _claims_local_gguf, _open_gguf),
+    SourceKind("gguf-local", _claims_local_gguf, _open_gguf, takes_settings=True),
     SourceKind("local", lambda ref, path: path.is_dir(), _open_local),
     SourceKind("snapshot", _claims_snapshot, _open_snapshot),
-    SourceKind("gguf-hub", _claims_gguf_repo, _open_gguf),
+    SourceKind("gguf-hub", _claims_gguf_repo, _open_gguf, takes_settings=True),
     SourceKind("hf-cache", _claims_repo_id, _open_hf_cache),
-    SourceKind("hub", _claims_repo_id, _open_hub, takes_scan=True),
+    SourceKind("hub", _claims_repo_id, _open_hub, takes_scan=True, takes_settings=True),
 )

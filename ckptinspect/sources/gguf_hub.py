@@ -25,12 +25,13 @@ ATTEMPTS = 3
 TIMEOUT_S = 30.0
 
 
-def open_gguf_hub(repo_id: str, *, ref: str, tag: str | None, revision: str | None, token: str | None) -> RawGguf:
+def open_gguf_hub(repo_id: str, *, ref: str, tag: str | None, revision: str | None, token: str | None,
+                  endpoint: str | None = None) -> RawGguf:
     from huggingface_hub import HfApi
 
     from ckptinspect.sources.hub import hub_endpoint
 
-    endpoint = hub_endpoint()
+    endpoint = hub_endpoint(endpoint)
     where = f"{repo_id}@{revision}" if revision else repo_id
     try:
         info = HfApi(endpoint=endpoint, token=token).model_info(repo_id, revision=revision, files_metadata=True)

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ckptinspect.settings import DEFAULTS, Settings
 from ckptinspect.errors import NotFoundError, SourceError
 from ckptinspect.header.gguf import ByteWindow, GgufHeader, parse_gguf
 from ckptinspect.sources.gguf_files import (TAGGED_REF, RawGguf, check_split, companions_for, is_gguf,
@@ -75,8 +76,10 @@ def open_gguf_dir(directory: Path, *, ref: str, tag: str | None = None, kind: st
                    stats={"files_read": len(parts) + len(heads)})
 
 
-def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | None = None) -> Any:
-    """A RawGguf when ``ref`` names a GGUF model, else None (the caller tries the other sources)."""
+def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | None = None,
+                      settings: Settings = DEFAULTS) -> Any:
+    """A RawGguf when ``ref`` names a GGUF model, else None (the caller tries the other sources);
+    ``settings`` (ckptinspect/settings.py) name the Hub endpoint a GGUF repo is read from."""
     path = Path(ref).expanduser()
     if path.is_file() and is_gguf(path.name):
         return open_gguf_dir(path.parent, ref=ref, only=path.name)
@@ -111,7 +114,8 @@ def open_gguf_if_gguf(ref: str, *, revision: str | None = None, token: str | Non
         raise NotFoundError("HF_HUB_OFFLINE=1 and the GGUF repo is not in the local Hugging Face cache", path=ref)
     from ckptinspect.sources.gguf_hub import open_gguf_hub
 
-    return open_gguf_hub(repo_id, ref=ref, tag=tag, revision=rev, token=token)
+    return open_gguf_hub(repo_id, ref=ref, tag=tag, revision=rev, token=token,
+                         endpoint=settings.endpoint)
 
 
 def claims_local_gguf(ref: str, path: Path) -> bool:

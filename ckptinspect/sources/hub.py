@@ -15,7 +15,6 @@ sources/hf_cache.py), so a second run reads them from disk and ``hf_hub_download
 from __future__ import annotations
 
 import asyncio
-import os
 import queue
 import threading
 import time
@@ -37,52 +36,54 @@ from ckptinspect.sources.offline import hub_offline
 from ckptinspect.sources.redact import redact_url, scrub
 from ckptinspect.sources.shared_limits import RequestLimiter, SharedLimits, current_shared_limits
 from ckptinspect.sources.repo_info import RepoFile, model_info
+from ckptinspect.settings import DEFAULTS, Settings
 
 INDEX_FILE = "model.safetensors.index.json"
 # Header requests in flight at once: httpx's default keep-alive pool holds 20 connections, so every
 # request reuses one (more would open and close a connection per request).
-DEFAULT_MAX_WORKERS = 20
+DEFAULT_MAX_WORKERS = DEFAULTS.max_workers
 _STOP_GRACE_S = 5.0  # how long a stopped read may take to unwind before the caller goes on without it
-WORKERS_ENV = "CKPTINSPECT_MAX_WORKERS"
+WORKERS_ENV = "CKPTINSPECT_MAX_WORKERS"  # sets Settings.max_workers (ckptinspect/settings.py)
 ScanFn = Callable[[str, bytes, "int | None"], Any]
 
 
 def hub_endpoint(endpoint: str | None = None) -> str:
-    """The Hub endpoint: argument, else HF_ENDPOINT read now (not at import), else huggingface.co."""
+    """The Hub endpoint: the argument (the settings' HF_ENDPOINT), else huggingface_hub's own
+    (``constants.ENDPOINT``: HF_ENDPOINT as huggingface_hub read it, else https://huggingface.co)."""
     from huggingface_hub import constants
 
-    return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-
-
-def download_timeout() -> float:
-    """Seconds per socket read: HF_HUB_DOWNLOAD_TIMEOUT, default 10 (huggingface_hub's own default)."""
-    return NetLimits.from_env().read_s
+    return (endpoint or constants.ENDPOINT).rstrip("/")
 
 
 def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
              endpoint: str | None = None, progress: Progress | bool = True, max_workers: int | None = None,
              timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None,
-             scan: ScanFn | None = None, header_cache: bool | None = None) -> RawCheckpoint:
+             scan: ScanFn | None = None, header_cache: bool | None = None,
+             settings: Settings | None = None) -> RawCheckpoint:
     """Read ``repo_id`` at ``revision`` from the Hub: file list, small JSON files, every shard header.
 
     Args:
         repo_id: ``org/name``.
         revision: branch, tag or commit; default ``main``.
         token: access token; default HF_TOKEN / the saved login (huggingface_hub's rules).
-        endpoint: Hub URL; default HF_ENDPOINT or https://huggingface.co.
+        endpoint: Hub URL; default ``settings.endpoint``, else huggingface_hub's (HF_ENDPOINT or
+            https://huggingface.co).
         progress: where the phases of the read go (repo info, index, headers n/N; ckptinspect/progress.py):
             a Progress, or True for one line on stderr when it is a terminal, False for none.
-        max_workers: header requests in flight at once (default 20, env CKPTINSPECT_MAX_WORKERS).
-        timeout: seconds per socket read (default HF_HUB_DOWNLOAD_TIMEOUT, 10); the connect timeout,
-            the per-request and whole-read deadlines and the byte budget come from the environment
-            (sources/net_limits.py, docs/security.md).
+        max_workers: header requests in flight at once (default ``settings.max_workers``, 20).
+        timeout: seconds per socket read (default ``settings.read_timeout_s``, 10); the connect timeout,
+            the per-request and whole-read deadlines, the byte budget and the attempts per request come
+            from ``settings`` (sources/net_limits.py, docs/security.md).
         on_header: called in the calling thread with (shard, header bytes) as each header arrives.
         scan: the report's per-shard scan, ``scan(shard, header bytes, file size)``: run in the calling
             thread on each header as it arrives (later headers are still on the wire), the results
             returned in ``scan_plan.scanned``. A shard whose scan raises or answers None is left out (the report scans
             it again, in index order, and reports the first error). None: headers only.
         header_cache: reuse headers stored by an earlier read of the same commit and file etag
-            (sources/header_cache.py); default on unless CKPTINSPECT_HEADER_CACHE=0.
+            (sources/header_cache.py); default ``settings.header_cache`` (used only when
+            ``settings.cache_dir`` names a directory).
+        settings: the command's settings (ckptinspect/settings.py); None: every default (the attempts
+            and backoff per request: sources/hub_client.py's), and no header cache.
 
     Raises:
         NotFoundError: repo, revision or file missing, or HF_HUB_OFFLINE=1 (names what the cache lacks).
@@ -95,19 +96,22 @@ def open_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         raise NotFoundError(f"HF_HUB_OFFLINE=1 and the HF cache cannot answer: {describe_cache_gap(repo_id, revision)}",
                             path=repo_id, hint="run once online, or use a .json.gz snapshot")
     started = time.perf_counter()
-    endpoint = hub_endpoint(endpoint)
+    given = settings
+    settings = settings or DEFAULTS
+    endpoint = hub_endpoint(endpoint or settings.endpoint)
     from huggingface_hub.utils import build_hf_headers
 
     headers = build_hf_headers(token=token)
     secrets = tuple(filter(None, [token, headers.get("authorization", "").removeprefix("Bearer ")]))
-    limits = NetLimits.from_env(read_s=timeout)
+    limits = NetLimits.from_settings(settings, read_s=timeout)
     shared = current_shared_limits() or SharedLimits()  # an audit's shared bound and deadline, if any
     budget = Budget(limits)
     if shared.ends_at is not None:
         budget.ends_at = min(budget.ends_at, shared.ends_at)
     reader = _HubRead(repo_id, revision, endpoint, headers, budget, secrets,
-                      max(1, max_workers or int(os.environ.get(WORKERS_ENV) or DEFAULT_MAX_WORKERS)),
-                      HeaderCache.default(header_cache))
+                      max(1, max_workers or settings.max_workers), HeaderCache.default(header_cache, settings))
+    if given is not None:
+        reader.attempts, reader.backoff_s = given.http_attempts, given.http_backoff_s
     reader.limiter = shared.limiter
     return reader.run(progress=as_progress(progress, label=repo_id), on_header=on_header, scan=scan,
                       started=started)
@@ -131,6 +135,8 @@ class _HubRead:
         self.from_cache = 0
         self.progress: Progress = SILENT
         self.index_hook: Callable[[bytes], None] | None = None
+        self.attempts: int | None = None  # per request (HubClient's default when None)
+        self.backoff_s: float | None = None
 
     # -- the caller's thread -------------------------------------------------------------------------
     def run(self, *, progress: Progress, on_header: Callable[[str, bytes], None] | None, scan: ScanFn | None,
@@ -235,7 +241,8 @@ class _HubRead:
         try:
             async with client:
                 hub = HubClient(client, self.repo_id, self.headers, budget=self.budget, stats=self.stats,
-                                secrets=self.secrets, limiter=self.limiter)
+                                secrets=self.secrets, limiter=self.limiter, attempts=self.attempts,
+                                backoff_s=self.backoff_s)
                 await self._read(hub)
         except asyncio.CancelledError:
             return
