@@ -9,7 +9,8 @@
     ├── ConfigError            config.json / hf_quant_config.json / index malformed
     ├── RuleError              a rule file that fails its schema
     ├── PlanError              impossible plan inputs (unknown GPU, no fit)
-    └── ProbeError             probe inputs that cannot work (no MTP, no memory)
+    ├── ProbeError             probe inputs that cannot work (no MTP, no memory)
+    └── SettingsError          a variable or flag whose value cannot be used (settings.py)
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ VARIABLES: tuple[Variable, ...] = (
              "a YAML / JSON file of extra GPU entries (report, plan, probe)", flag="--gpu-spec"),
     Variable("CKPTINSPECT_PROBE_MEMORY_LIMIT", "probe_memory_limit", "bytes", "the device's free memory",
              "probe: device memory to plan batches for, instead of the free memory measured", 1, 1 << 50),
-    Variable("CKPTINSPECT_PROBE_HOST_MEMORY_LIMIT", "probe_host_memory_limit", "bytes", "80% of host memory",
+    Variable("CKPTINSPECT_PROBE_HOST_MEMORY_LIMIT", "probe_host_memory_limit", "bytes", "half the host memory",
              "probe: host memory the streamed run may hold its hidden states in", 1, 1 << 50),
     Variable("CKPTINSPECT_DEBUG", "debug", "switch", "off",
              "print the traceback of an error instead of one line", flag="--debug"),

@@ -1,8 +1,8 @@
 """Structure the project promises (docs/architecture.md): import-linter contracts (.importlinter: no
 import cycles between sibling modules or packages, counting imports inside functions too; cli/ thin over
 api; rules below readiness and plan; sources below the later stages); no module over 400 lines; the report path never imports torch; output
-layout is built only in render/ (records stay plain data); cli/ imports only api, render, cli and
-errors; one `when:` evaluator (ckptinspect/rules/conditions.py), which imports neither readiness nor
+layout is built only in render/ (records stay plain data); cli/ imports only api, render, cli,
+settings and errors; one `when:` evaluator (ckptinspect/rules/conditions.py), which imports neither readiness nor
 plan. Every checker is first shown to flag a small bad example. (That every file path named in docs,
 comments and code exists is tests/test_docs.py's job.)"""
 

@@ -27,6 +27,7 @@ from ckptinspect.inventory.cpu_idle import CpuSample, parse_proc_stat, read_samp
 from ckptinspect.inventory.scan_process import PARALLEL_ENV, ScanWorker
 from ckptinspect.pipeline import build_report
 from ckptinspect.render.json_out import dumps, report_to_json
+from ckptinspect.settings import Settings
 from fixtures.families_misc import llama_bf16
 from fixtures.generate import FIXTURES, write_fixture
 
@@ -60,7 +61,8 @@ def worker_counts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def _json(ref: str) -> str:
     """The report JSON less its timings, or the error's one line (fixtures of broken checkpoints)."""
     try:
-        doc = report_to_json(build_report(ref, progress=False))
+        # the settings the CLI builds from the variables the test set (HF_ENDPOINT, the header cache)
+        doc = report_to_json(build_report(ref, progress=False, settings=Settings.from_environ()))
     except CkptInspectError as exc:
         return f"{type(exc).__name__}: {exc}"
     doc["source"].pop("stats", None)  # the Hub's request timings
@@ -529,7 +531,7 @@ def test_a_failed_hub_read_stops_the_worker_it_started(tmp_path, monkeypatch):
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         for _ in range(10):  # until the timer's thread won the race with the failing request once
             with pytest.raises(CkptInspectError):
-                build_report("org/no-such-repo", progress=False)
+                build_report("org/no-such-repo", progress=False, settings=Settings.from_environ())
             if True in spawned:
                 break
     assert True in spawned and _child_pids(os.getpid()) == [] and threading.active_count() == threads
