@@ -31,12 +31,13 @@ PACKAGE = ROOT / "ckptinspect"
 REPO = "org/settings"
 HUGE = "9" * 400  # float() reads it as inf; int() of 4,301 digits raises: both must be a plain "out of range"
 
-# Values no variable of a kind accepts (each kind also refuses an empty value).
+# Values no variable of a kind accepts (each kind also refuses an empty value); the first six of a number
+# kind are the issue's list (a word, empty, 1e309, nan, -1, a huge integer).
 GARBAGE = {
-    "seconds": ["abc", "", "  ", "1e309", "nan", "inf", "-1", "0x10", "1_0", HUGE, "-" + HUGE],
-    "bytes": ["abc", "", "1e9", "nan", "-1", "1.5", HUGE],
-    "whole seconds": ["abc", "", "0.5", "1e309", "nan", "0", "-1", HUGE],
-    "count": ["abc", "", "1e309", "nan", "-1", "0", "2.0", HUGE],
+    "seconds": ["abc", "", "1e309", "nan", "-1", HUGE, "  ", "inf", "0x10", "1_0", "-" + HUGE],
+    "bytes": ["abc", "", "1e309", "nan", "-1", HUGE, "1e9", "1.5"],
+    "whole seconds": ["abc", "", "1e309", "nan", "-1", HUGE, "0.5", "0"],
+    "count": ["abc", "", "1e309", "nan", "-1", HUGE, "0", "2.0"],
     "switch": ["abc", "", "2", "maybe", "-1", "nan"],
     "path": [""],
     "directory": ["", "relative/dir"],
@@ -137,9 +138,9 @@ def test_a_password_in_hf_endpoint_is_never_echoed():
 # -- the CLI: every variable, garbage -> one line, exit 2 ------------------------------------------------
 @pytest.mark.parametrize("variable", VARIABLES, ids=lambda v: v.name)
 def test_cli_garbage_is_one_error_line_and_exit_2(variable):
-    """In a real process, for each garbage value of the variable's kind (the first four of a long list
-    as subprocesses; the whole list in-process below)."""
-    for value in GARBAGE[variable.kind][:4]:
+    """In a real process, for each of the first six garbage values of the variable's kind (the whole
+    list in-process below)."""
+    for value in GARBAGE[variable.kind][:6]:
         line = _one_error_line(_cli("report", "--quiet", env=_env(**{variable.name: value})))
         assert line.startswith(f"error: {variable.name}"), line
         if variable.kind != "url":
