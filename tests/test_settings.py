@@ -135,6 +135,18 @@ def test_a_password_in_hf_endpoint_is_never_echoed():
     assert "s3cret" not in str(err.value) and "HF_ENDPOINT" in str(err.value)
 
 
+def test_the_api_reads_the_environment_only_without_settings(monkeypatch):
+    """The library's edge: ``api.inspect(settings=...)`` uses what it is given and reads no variable; without
+    it, the environment is read once, as the CLI reads it (so a broken variable is the same error)."""
+    from ckptinspect import api
+
+    monkeypatch.setenv("CKPTINSPECT_HTTP_ATTEMPTS", "abc")
+    report = api.inspect(settings=Settings())  # the bundled example
+    assert report.checkpoint.format == "safetensors"
+    with pytest.raises(SettingsError, match="CKPTINSPECT_HTTP_ATTEMPTS='abc'"):
+        api.inspect()
+
+
 # -- the CLI: every variable, garbage -> one line, exit 2 ------------------------------------------------
 @pytest.mark.parametrize("variable", VARIABLES, ids=lambda v: v.name)
 def test_cli_garbage_is_one_error_line_and_exit_2(variable):
