@@ -218,9 +218,10 @@ def parse(variable: Variable, text: str) -> Any:
 
 def default_cache_dir(environ: Mapping[str, str]) -> Path:
     """Where the tool's caches live unless CKPTINSPECT_CACHE_DIR says: ``$XDG_CACHE_HOME/ckptinspect``,
-    else ``~/.cache/ckptinspect`` (an empty XDG_CACHE_HOME counts as unset, as the XDG spec says)."""
-    base = environ.get("XDG_CACHE_HOME", "").strip()
-    return (Path(base).expanduser() if base else Path.home() / ".cache") / "ckptinspect"
+    else ``~/.cache/ckptinspect`` (an empty or relative XDG_CACHE_HOME counts as unset, as the XDG Base
+    Directory spec says: a cache never lands below the current directory)."""
+    base = Path(environ.get("XDG_CACHE_HOME", "").strip() or "~/.cache").expanduser()
+    return (base if base.is_absolute() else Path.home() / ".cache") / "ckptinspect"
 
 
 DEFAULTS = Settings()

@@ -106,6 +106,16 @@ def test_every_garbage_value_is_a_settings_error_naming_the_variable(variable):
     assert getattr(Settings.from_environ({variable.name: text}), variable.field) == parsed
 
 
+def test_the_default_cache_directory_follows_xdg_and_is_never_relative():
+    from ckptinspect.settings import default_cache_dir
+
+    home = Path.home() / ".cache" / "ckptinspect"
+    assert Settings.from_environ({"XDG_CACHE_HOME": "/srv/cache"}).cache_dir == Path("/srv/cache/ckptinspect")
+    for ignored in ("", "  ", "relative/cache"):
+        assert default_cache_dir({"XDG_CACHE_HOME": ignored}) == home
+    assert Settings.from_environ({"CKPTINSPECT_CACHE_DIR": "/srv/ck", "XDG_CACHE_HOME": "/x"}).cache_dir == Path("/srv/ck")
+
+
 def test_numbers_at_their_bounds():
     deadline = BY_NAME["CKPTINSPECT_DEADLINE_S"]
     assert parse(deadline, "604800") == 604800.0
