@@ -18,7 +18,7 @@ shadow. Renderers for every command and format: ``ckptinspect.render``.
 
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the release scheme and what each version changed: CHANGELOG.md
 
 
 def __getattr__(name: str) -> Any:
