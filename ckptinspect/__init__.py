@@ -8,6 +8,8 @@ Library use (the CLI calls the same functions)::
     from ckptinspect import api
     plan = api.plan("./my-model", gpu="rtx-pro-6000", gpus=8)         # plan.Plan; nothing fits: PlanNotPossible
     result = api.probe("./my-model", device="cuda:0")                 # imports torch, only here
+    from ckptinspect.settings import Settings
+    report = ckptinspect.inspect("org/name", settings=Settings(deadline_s=30))  # no environment read
 
 ``plan``, ``diff`` and ``probe`` are reached through ``ckptinspect.api`` because the package already
 has subpackages of those names (``ckptinspect.plan``, ...), which an attribute of the same name would

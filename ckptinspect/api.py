@@ -6,8 +6,9 @@ error messages quote (``hub_endpoint``, ``cached_files``).
 Each function takes a model reference (a directory, ``org/name[@revision]`` or a ``.json.gz``
 snapshot) and returns plain records; rendering lives in ``ckptinspect.render``. ``probe`` is the only
 one that imports torch, and only when called, so ``inspect`` (the ``report`` path) stays torch-free.
-The CLI (``ckptinspect/cli``) imports nothing from the package but this module, ``render``, ``cli``
-and ``errors``.
+The CLI (``ckptinspect/cli``) imports nothing from the package but this module, ``render``, ``cli``,
+``settings`` and ``errors``. A function that reads a checkpoint takes ``settings=`` (ckptinspect/settings.py)
+and hands it down; without it, the environment is read once (``settings.or_environ``), as the CLI does.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ckptinspect.records import VERDICT_RANK
 from ckptinspect.refs import check_ref, looks_like_repo_id, normalize_ref
 from ckptinspect.snapshot_output import refuse_probe_outputs as check_probe_outputs  # before a probe runs
 from ckptinspect.verify import verify_ref as verify  # noqa: F401  (docs/verify.md; the engine runs in its own Python)
+from ckptinspect.settings import Settings, or_environ
 
 if TYPE_CHECKING:  # the return types, named without importing their stages at import time
     from ckptinspect.diff import CheckpointDiff
@@ -41,6 +43,8 @@ if TYPE_CHECKING:  # the return types, named without importing their stages at i
 FAIL_ON = {"degraded": VERDICT_RANK["degraded"], "unusable": VERDICT_RANK["unusable"]}
 FAIL_ON_CHOICES = (*sorted(FAIL_ON), "error")  # "error": any error-severity finding
 ENGINES = ("sglang", "vllm")
+
+
 @contextmanager
 def _not_found_context(ref: str) -> Iterator[None]:
     """A repo id the Hub does not know that could have been a mistyped relative path says so."""
@@ -75,11 +79,13 @@ def example_ref() -> str:
 def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
             token: str | None = None, progress: bool = False, tp: int | None = None, ep: int | None = None,
             gpu: "str | GpuSpec | None" = None, gpus: int | None = None, context: int | None = None,
-            engine: str = "both", engine_versions: "dict[str, str] | None" = None) -> "Report":
+            engine: str = "both", engine_versions: "dict[str, str] | None" = None,
+            settings: Settings | None = None) -> "Report":
     """The `report` of ``ref`` (``None``: the bundled example) as a ``pipeline.Report``.
 
     ``tp`` (and ``ep``) add the MTP layer's cost per GPU; ``gpu`` with ``gpus`` add a deployment plan;
-    ``engine_versions`` ({"vllm": "0.33.0"}) answers for those releases instead of the rules' newest.
+    ``engine_versions`` ({"vllm": "0.33.0"}) answers for those releases instead of the rules' newest;
+    ``settings`` (ckptinspect/settings.py; None: the environment's, read once now) bound the Hub reads.
     """
     from ckptinspect.pipeline import build_report
 
@@ -89,7 +95,7 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
     ref, revision = normalize_ref(ref, revision)
     with _not_found_context(ref):
         report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress,
-                              engine_versions=engine_versions)
+                              engine_versions=engine_versions, settings=or_environ(settings))
     return _with_sections(report, ref, tp=tp, ep=ep, gpu=gpu, gpus=gpus, context=context, engine=engine)
 
 
@@ -123,7 +129,7 @@ def _plan_section(report: "Report", *, gpu: "str | GpuSpec", gpus: int, context:
 def plan(ref: str, *, gpu: "str | GpuSpec", gpus: int, context: int | None = None, goal: str = "latency",
          engine: str = "both", probe_report: dict | None = None, max_context: bool = False, concurrency: int = 1,
          rules_dirs: Sequence[Path] = (), revision: str | None = None, token: str | None = None,
-         progress: bool = False, stats: dict | None = None) -> "Plan | LlamaCppPlan":
+         progress: bool = False, stats: dict | None = None, settings: Settings | None = None) -> "Plan | LlamaCppPlan":
     """Fit ``ref`` on ``gpus`` x ``gpu``: a ``plan.Plan`` (memory, KV capacity, launch commands), or a
     ``LlamaCppPlan`` for a GGUF. Nothing that runs is ``errors.PlanNotPossible`` (a PlanError, as for an
     unknown GPU) whose ``failure`` holds the options tried. ``max_context``: solve for the longest context
@@ -135,7 +141,8 @@ def plan(ref: str, *, gpu: "str | GpuSpec", gpus: int, context: int | None = Non
     find_gpu(gpu)  # fail on a bad GPU name before reading any checkpoint
     ref, revision = normalize_ref(check_ref(ref), revision)
     with _not_found_context(ref):
-        report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress)
+        report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress,
+                              settings=or_environ(settings))
     if stats is not None:  # how the checkpoint was read (--verbose)
         stats.update(report.checkpoint.stats)
     if report.checkpoint.format == "gguf":  # GGUF runs on llama.cpp (plan/llamacpp.py)
@@ -155,24 +162,23 @@ def plan(ref: str, *, gpu: "str | GpuSpec", gpus: int, context: int | None = Non
 
 
 def diff(ref_a: str, ref_b: str, *, rules_dirs: Sequence[Path] = (), progress: bool = False,
-         token: str | None = None, stats: dict | None = None) -> "CheckpointDiff":
+         token: str | None = None, stats: dict | None = None, settings: Settings | None = None) -> "CheckpointDiff":
     """``diff.CheckpointDiff`` of checkpoint A (reference, e.g. BF16) against B (e.g. its quant); ``stats``:
     a dict to fill with how each was read ({"A": ..., "B": ...})."""
     from ckptinspect.diff import diff_checkpoints
     from ckptinspect.pipeline import build_report
 
+    settings = or_environ(settings)
     ref_a, _ = normalize_ref(check_ref(ref_a))
     ref_b, _ = normalize_ref(check_ref(ref_b))
     with _not_found_context(ref_a):
-        ra = build_report(ref_a, rules_dirs=tuple(rules_dirs), progress=progress, token=token)
+        ra = build_report(ref_a, rules_dirs=tuple(rules_dirs), progress=progress, token=token, settings=settings)
     with _not_found_context(ref_b):
-        rb = build_report(ref_b, rules_dirs=tuple(rules_dirs), progress=progress, token=token)
+        rb = build_report(ref_b, rules_dirs=tuple(rules_dirs), progress=progress, token=token, settings=settings)
     if stats is not None:
         stats.update(A=dict(ra.checkpoint.stats), B=dict(rb.checkpoint.stats))
     a, b = _with_head(ra), _with_head(rb)
     if a.format != b.format:  # safetensors vs GGUF: compare under the converter's Hugging Face names
-        from dataclasses import replace
-
         from ckptinspect.inventory.gguf_names import hf_view
 
         # a GGUF matches no family rule: take the other side's, so the layouts are compared, not the rule match
@@ -196,9 +202,10 @@ def _with_head(report: "Report") -> "Checkpoint":
 
 
 def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token: str | None = None,
-             progress: bool = False) -> "RawCheckpoint":
+             progress: bool = False, settings: Settings | None = None) -> "RawCheckpoint":
     """Write ``ref``'s config files, index and every shard header into ``output`` (.json.gz); returns the
     ``RawCheckpoint`` that was saved (its ``stats`` say how it was read)."""
+    from ckptinspect.snapshot_output import refuse_protected_output, write_error
     from ckptinspect.sources import open_source
     from ckptinspect.snapshot_output import refuse_protected_output, write_error
     from ckptinspect.sources.snapshot import write_snapshot
@@ -212,7 +219,7 @@ def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token
 
     ref, revision = normalize_ref(check_ref(ref), revision)
     with _not_found_context(ref):
-        raw = open_source(ref, revision=revision, token=token, progress=progress)
+        raw = open_source(ref, revision=revision, token=token, progress=progress, settings=or_environ(settings))
     if getattr(raw, "format", None) == "gguf":
         raise CkptInspectError("snapshots hold safetensors headers; a GGUF checkpoint is reported from its files",
                                path=ref)
@@ -224,10 +231,12 @@ def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token
     return raw
 
 
-def probe(ref: str, **options: Any) -> "ProbeResult":
-    """Measure MTP draft acceptance (``probe.runner.run_probe``); imports torch, needs the 'probe' extra."""
-    from ckptinspect.errors import ProbeError
-
+def probe(ref: str, settings: Settings | None = None, **options: Any) -> "ProbeResult":
+    """Measure MTP draft acceptance (``probe.runner.run_probe``; ``settings``: its memory limits); imports
+    torch, needs the 'probe' extra."""
+    settings = or_environ(settings)
+    options = {"memory_limit": settings.probe_memory_limit, "host_memory_limit": settings.probe_host_memory_limit,
+               **options}
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -295,12 +304,12 @@ def read_probe_report(path: Path) -> dict:
 
 
 # -- what error messages quote ---------------------------------------------------------------------
-def hub_endpoint() -> str:
+def hub_endpoint(settings: Settings | None = None) -> str:
     """The Hub endpoint requests go to (HF_ENDPOINT or the default), without any userinfo password."""
-    from ckptinspect.sources.hub import hub_endpoint as endpoint
+    from ckptinspect.sources.hub_session import hub_endpoint as endpoint
     from ckptinspect.sources.redact import redact_url
 
-    return redact_url(endpoint())
+    return redact_url(endpoint(or_environ(settings).endpoint))
 
 
 def cached_files(ref: str) -> tuple[str, Path, list[str]]:
@@ -315,22 +324,22 @@ def cached_files(ref: str) -> tuple[str, Path, list[str]]:
 # -- audit: many repos at once (ckptinspect/audit) ---------------------------------------------------
 def audit_select(*, ids: Sequence[str] = (), ids_file: Path | None = None, quantized_from: str | None = None,
                  author: str | None = None, search: str | None = None, limit: int | None = None,
-                 token: str | None = None) -> "list[RepoRef]":
+                 token: str | None = None, settings: Settings | None = None) -> "list[RepoRef]":
     """The repos an audit reads (``audit.RepoRef``): ``ids``, the ids in ``ids_file``, and one Hub listing
     (``HfApi.list_models``) narrowed by ``quantized_from`` (the ``base_model:quantized:`` relation),
     ``author`` and ``search`` together."""
     from ckptinspect.audit import Selection, select_repos
 
     return select_repos(Selection(ids=tuple(ids), ids_file=ids_file, quantized_from=quantized_from, author=author,
-                                  search=search, limit=limit), token=token, endpoint=hub_endpoint())
+                                  search=search, limit=limit), token=token, endpoint=hub_endpoint(settings))
 
 
 def audit(refs: "Sequence[str | RepoRef]", *, gpu: str | None = None, gpus: int | None = None, context: int | None = None,
           engine: str = "both", rules_dirs: Sequence[Path] = (), token: str | None = None, jobs: int = 8,
-          max_requests: int = 64, deadline_s: float | None = None, cache: bool = True) -> "Iterator[AuditRow]":
-    """An iterator of ``audit.AuditRow``, one per repo of ``refs`` (repo ids or ``audit.RepoRef``), in the
-    order they finish; each row's report is what ``inspect(repo, gpu=..., gpus=...)`` gives, or the
-    error that stopped it. ``audit.sort_rows`` orders them for people."""
+          max_requests: int = 64, deadline_s: float | None = None, cache: bool = True,
+          settings: Settings | None = None) -> "Iterator[AuditRow]":
+    """An iterator of ``audit.AuditRow``, one per repo of ``refs`` (repo ids or ``audit.RepoRef``), in the order
+    they finish; each row's report is ``inspect(repo, gpu=..., gpus=...)``'s, or the error that stopped it."""
     from ckptinspect.audit import AuditOptions, RepoRef, run_audit
 
     if (gpu is None) != (gpus is None):
@@ -338,10 +347,11 @@ def audit(refs: "Sequence[str | RepoRef]", *, gpu: str | None = None, gpus: int 
     if gpu is not None:
         find_gpu(gpu)
     list_rules(rules_dirs)  # a bad --rules-dir is the command's error, not one error row per repo
+    settings = or_environ(settings)
     wanted = [r if isinstance(r, RepoRef) else RepoRef(check_ref(r)) for r in refs]
     options = AuditOptions(gpu=gpu, gpus=gpus, context=context, engine=engine, rules_dirs=tuple(rules_dirs),
                            token=token, jobs=jobs, max_requests=max_requests, deadline_s=deadline_s, cache=cache,
-                           endpoint=hub_endpoint())
+                           endpoint=hub_endpoint(settings), settings=settings)
     from ckptinspect.audit.gguf_quants import expand_gguf_quants, repo_files
 
     return expand_gguf_quants(run_audit(wanted, options, _audit_report),
@@ -360,7 +370,7 @@ async def _audit_report(repo_id: str, options: dict) -> str:
         report = await build_report_async(ref, rules_dirs=tuple(Path(d) for d in options["rules_dirs"]),
                                           revision=revision, token=options["token"],
                                           limiter=options.get("limiter"), ends_at=options.get("ends_at"),
-                                          hub_only=options.get("listed", False))
+                                          hub_only=options.get("listed", False), settings=options["settings"])
     return render_report(_with_sections(report, ref, tp=None, ep=None, gpu=options["gpu"], gpus=options["gpus"],
                                         context=options["context"], engine=options["engine"]), "json")
 

@@ -8,8 +8,8 @@ ready to unusable; an edited audit report flipped ``audit --fail-on``). An HMAC-
 the cache does not hold cannot be recomputed by whoever can write the cache, so such an entry is a miss
 (read again from its source), never an answer.
 
-Where the key lives: ``$CKPTINSPECT_CACHE_KEY_FILE``, else ``$XDG_CONFIG_HOME/ckptinspect/cache-key``
-(default ``~/.config/ckptinspect/cache-key``): the config directory, not the cache directory, because
+Where the key lives: ``Settings.cache_key_file`` (ckptinspect/settings.py: ``$CKPTINSPECT_CACHE_KEY_FILE``,
+else ``$XDG_CONFIG_HOME/ckptinspect/cache-key``, default ``~/.config/ckptinspect/cache-key``): the config directory, not the cache directory, because
 CI caches restore the latter. It is created on first use (32 random bytes as 64 hex digits, mode 0600,
 in a 0700 directory, made whole before it appears: written to a temporary name and hard-linked into
 place, so two processes racing to create it agree on one key). It is used only when it is a regular
@@ -31,21 +31,6 @@ from pathlib import Path
 KEY_FILE_ENV = "CKPTINSPECT_CACHE_KEY_FILE"
 _KEY_TEXT = re.compile(rb"[0-9a-f]{64}\n?")
 _MAX_KEY_FILE_BYTES = 128
-
-
-def cache_base() -> Path:
-    """``$CKPTINSPECT_CACHE_DIR``, else ``$XDG_CACHE_HOME/ckptinspect`` (default ``~/.cache/ckptinspect``):
-    the directory every cache of the tool lives under."""
-    base = os.environ.get("CKPTINSPECT_CACHE_DIR")
-    return Path(base) if base else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ckptinspect"
-
-
-def key_path() -> Path:
-    explicit = os.environ.get(KEY_FILE_ENV)
-    if explicit:
-        return Path(explicit)
-    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config) / "ckptinspect" / "cache-key"
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -99,10 +84,13 @@ def _create_key(path: Path) -> None:
             pass
 
 
-def cache_key(cache_root: Path | None = None) -> bytes | None:
-    """The 32-byte key, created on first use; None when there is no trustworthy key (no caching then)."""
-    path = key_path()
-    if _inside(path, cache_root if cache_root is not None else cache_base()):
+def cache_key(cache_root: Path, key_file: Path | None) -> bytes | None:
+    """The 32-byte key in ``key_file`` (``Settings.cache_key_file``), created on first use; None when there is
+    no trustworthy key (no caching then): no key file named, or one inside the cache it would authenticate."""
+    if key_file is None:
+        return None
+    path = key_file
+    if _inside(path, cache_root):
         return None
     key = _read_key(path)
     if key is not None:
@@ -128,4 +116,4 @@ def verify(key: bytes, expected: bytes, *parts: bytes) -> bool:
     return hmac.compare_digest(mac(key, *parts), expected)
 
 
-__all__ = ["KEY_FILE_ENV", "cache_base", "cache_key", "key_path", "mac", "verify"]
+__all__ = ["KEY_FILE_ENV", "cache_key", "mac", "verify"]

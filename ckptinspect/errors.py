@@ -12,7 +12,8 @@
     ├── PlanError              impossible plan inputs (unknown GPU, no fit)
     │   └── PlanNotPossible    nothing runs on these GPUs (``failure``: the options tried, a hint)
     ├── ProbeError             probe inputs that cannot work (no MTP, no memory)
-    └── EngineEnvError         `verify`: the engine's Python environment is missing, broken or too slow
+    ├── EngineEnvError         `verify`: the engine's Python environment is missing, broken or too slow
+    └── SettingsError          a variable or flag whose value cannot be used (settings.py)
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
 from ckptinspect.records import (Checkpoint, Finding, IndexSummary, Inventory, ModelConfig, MtpAssessment,
                                  RawCheckpoint, TensorGroup)
+from ckptinspect.settings import Settings
 from ckptinspect.sources import open_source, open_source_async
 from ckptinspect.sources.interface import CONFIG, HF_QUANT_CONFIG, INDEX, PICKLE_SUFFIXES, QUANT_MODEL_DESCRIPTION
 
@@ -47,20 +48,22 @@ class Report:
 
 
 def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
-                    token: str | None = None, progress: Progress | bool = True) -> Checkpoint:
+                    token: str | None = None, progress: Progress | bool = True,
+                    settings: Settings | None = None) -> Checkpoint:
     """Open ``ref`` (directory, snapshot, repo id) and build its Checkpoint (``progress``: ckptinspect/progress.py)."""
     progress = as_progress(progress, label=ref)
-    raw = _open(ref, revision=revision, token=token, progress=progress)
+    raw = _open(ref, revision=revision, token=token, progress=progress, settings=settings)
     if getattr(raw, "format", None) == "gguf":
         return checkpoint_from_gguf(raw)
     checkpoint, _ = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
     return checkpoint
 
 
-def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress) -> Any:
+def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress,
+          settings: Settings | None = None) -> Any:
     """open_source, with the progress line ended when the source fails (a scan that runs ends it itself)."""
     try:
-        return open_source(ref, revision=revision, token=token, progress=progress)
+        return open_source(ref, revision=revision, token=token, progress=progress, settings=settings)
     except BaseException:
         progress.end()
         raise
@@ -68,10 +71,12 @@ def _open(ref: str, *, revision: str | None, token: str | None, progress: Progre
 
 def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                  token: str | None = None, progress: Progress | bool = True,
-                 engine_versions: Mapping[str, str] | None = None) -> Report:
-    """Checkpoint plus its MTP assessment: the source's read, then the stages (checkpoint_from_raw)."""
+                 engine_versions: Mapping[str, str] | None = None, settings: Settings | None = None) -> Report:
+    """Checkpoint plus its MTP assessment: the source's read, then the stages (checkpoint_from_raw);
+    ``settings`` (ckptinspect/settings.py): the Hub's limits, endpoint and caches, when ``ref`` is read from
+    the network (None: every default, no cache)."""
     progress = as_progress(progress, label=ref)
-    raw = _open(ref, revision=revision, token=token, progress=progress)
+    raw = _open(ref, revision=revision, token=token, progress=progress, settings=settings)
     if getattr(raw, "format", None) == "gguf":
         return gguf_report(raw)
     return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, engine_versions=engine_versions)
@@ -79,12 +84,12 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
 
 async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                              token: str | None = None, limiter: Any = None, ends_at: float | None = None,
-                             hub_only: bool = False) -> Report:
+                             hub_only: bool = False, settings: Settings | None = None) -> Report:
     """``build_report`` on the caller's event loop (no progress line): the source's network reads are
     awaited there under ``limiter`` and ``ends_at`` (sources.open_source_async); the stages after it run
     as they do in ``build_report``."""
     raw = await open_source_async(ref, revision=revision, token=token, limiter=limiter, ends_at=ends_at,
-                                  hub_only=hub_only)
+                                  hub_only=hub_only, settings=settings)
     if getattr(raw, "format", None) == "gguf":
         return gguf_report(raw)
     return report_from_raw(raw, rules_dirs=rules_dirs)

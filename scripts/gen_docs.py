@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DOC_FILES = ("README.md", "CONTRIBUTING.md", "docs/json_contract.md", "docs/rules_format.md",
-             "docs/hub_and_wire.md", "docs/plan.md", "docs/gguf.md", "docs/audit.md")
+             "docs/hub_and_wire.md", "docs/plan.md", "docs/gguf.md", "docs/audit.md", "docs/security.md")
 MARKER = re.compile(r"(<!-- gen:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /gen:(?P=name) -->)", re.S)
 DOC_WIDTH = 100  # the text examples are shown as a 100-column terminal prints them
 VERDICT_FIXTURES = ("qwen3_5_moe_nvfp4", "qwen3_5_moe_nvfp4_nomtp", "qwen3_5_moe_mtp_incomplete",
@@ -307,7 +307,19 @@ def audit_jsonl(ctx: Context) -> str:
     return fence("json", json.dumps(json.loads(res.stdout), indent=2))
 
 
+def settings_table(ctx: Context) -> str:
+    """Every setting, from the table the code parses them with (ckptinspect/settings.py VARIABLES)."""
+    from ckptinspect.settings import VARIABLES
+
+    rows = ["| Variable | Flag | Default | Allowed | Sets |", "|---|---|---|---|---|"]
+    for v in VARIABLES:
+        rows.append(f"| `{v.name}` | {f'`{v.flag}`' if v.flag else ''} | {v.default} | {v.kind}: {v.bounds()} "
+                    f"| {v.doc} |")
+    return "\n".join(rows) + "\n"
+
+
 BLOCKS: dict[str, Callable[[Context], str]] = {
+    "settings-table": settings_table,
     "gguf-verdicts": gguf_verdicts,
     "gguf-report": gguf_report,
     "gguf-plan": gguf_plan,

@@ -19,6 +19,7 @@ from hub_repos import isolate_hf  # noqa: E402
 from hub_server import HubServer  # noqa: E402
 
 from ckptinspect.errors import HeaderError, NotFoundError  # noqa: E402
+from ckptinspect.settings import Settings  # noqa: E402
 from ckptinspect.sources import open_source  # noqa: E402
 from ckptinspect.sources.gguf_files import RawGguf, is_companion, model_sets  # noqa: E402
 from fixtures.gguf_models import MODELS, write_model  # noqa: E402
@@ -107,14 +108,8 @@ def test_hf_cache_snapshot_is_read_without_network(quants, tmp_path, monkeypatch
 def test_hub_reads_headers_only_and_agrees_with_the_local_path(quants):
     with HubServer() as server:
         server.add_repo("org/GLM-4.5-Air-GGUF", quants)
-        import os
-
-        os.environ["HF_ENDPOINT"] = server.url
-        try:
-            raw = open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False)
-            stats = server.stats()
-        finally:
-            del os.environ["HF_ENDPOINT"]
+        raw = open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False, settings=Settings(endpoint=server.url))
+        stats = server.stats()
     local = open_source(f"{quants}:Q4_K_M", progress=False)
     assert raw.kind == "hub" and raw.model == local.model == "GLM-4.5-Air-Q4_K_M"
     assert _summary(raw) == _summary(local)
@@ -133,16 +128,10 @@ def test_hub_reads_headers_only_and_agrees_with_the_local_path(quants):
 def test_hub_repo_without_the_tag_lists_the_quants(quants):
     with HubServer() as server:
         server.add_repo("org/GLM-4.5-Air-GGUF", quants)
-        import os
-
-        os.environ["HF_ENDPOINT"] = server.url
-        try:
-            with pytest.raises(NotFoundError, match="holds 3 GGUF models"):
-                open_source("org/GLM-4.5-Air-GGUF", progress=False)
-            with pytest.raises(NotFoundError, match="org/missing-GGUF: repo not found"):
-                open_source("org/missing-GGUF", progress=False)
-        finally:
-            del os.environ["HF_ENDPOINT"]
+        with pytest.raises(NotFoundError, match="holds 3 GGUF models"):
+            open_source("org/GLM-4.5-Air-GGUF", progress=False, settings=Settings(endpoint=server.url))
+        with pytest.raises(NotFoundError, match="org/missing-GGUF: repo not found"):
+            open_source("org/missing-GGUF", progress=False, settings=Settings(endpoint=server.url))
 
 
 def test_hub_reads_a_tokenizer_over_8_mib_in_a_few_ranges(tmp_path):
@@ -155,14 +144,8 @@ def test_hub_reads_a_tokenizer_over_8_mib_in_a_few_ranges(tmp_path):
     write_model(model, root)
     with HubServer() as server:
         server.add_repo("org/BigVocab-GGUF", root)
-        import os
-
-        os.environ["HF_ENDPOINT"] = server.url
-        try:
-            raw = open_source("org/BigVocab-GGUF", progress=False)
-            stats = server.stats()
-        finally:
-            del os.environ["HF_ENDPOINT"]
+        raw = open_source("org/BigVocab-GGUF", progress=False, settings=Settings(endpoint=server.url))
+        stats = server.stats()
     header_bytes = raw.parts[0][1].header_bytes
     assert header_bytes > 8 * 1024 * 1024
     assert raw.parts[0][1].metadata["tokenizer.ggml.tokens"].count == 280_000
@@ -180,13 +163,13 @@ def test_a_cache_holding_another_quant_falls_back_to_the_hub(quants, tmp_path, m
         shutil.copytree(quants / "Q8_0", storage / "snapshots" / commit / "Q8_0")
         (storage / "refs").mkdir()
         (storage / "refs" / "main").write_text(commit)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        assert open_source("org/GLM-4.5-Air-GGUF:Q8_0", progress=False).kind == "hf-cache"
-        assert open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False).kind == "hub"
+        hub = Settings(endpoint=server.url)
+        assert open_source("org/GLM-4.5-Air-GGUF:Q8_0", progress=False, settings=hub).kind == "hf-cache"
+        assert open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False, settings=hub).kind == "hub"
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # huggingface_hub reads it at import
         with pytest.raises(NotFoundError, match="no GGUF model matches :Q4_K_M"):
-            open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False)
+            open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False, settings=hub)
 
 
 @pytest.mark.parametrize("kind, outcome", [("5xx", "retried"), ("ignore-range", "refused"), ("wrong-range", "refused")])
@@ -196,13 +179,12 @@ def test_hub_faults_are_retried_or_refused_in_one_line(quants, monkeypatch, kind
     with HubServer() as server:
         server.add_repo("org/GLM-4.5-Air-GGUF", quants)
         server.add_fault(kind, path_contains=".gguf", times=1)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
         if outcome == "retried":
-            raw = open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False)
+            raw = open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False, settings=Settings(endpoint=server.url))
             assert _summary(raw) == _summary(open_source(f"{quants}:Q4_K_M", progress=False))
             return
         with pytest.raises(SourceError) as err:
-            open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False)
+            open_source("org/GLM-4.5-Air-GGUF:Q4_K_M", progress=False, settings=Settings(endpoint=server.url))
         message = str(err.value)
         assert "GLM-4.5-Air-Q4_K_M.gguf" in message and "\n" not in message
         # a 200 answer is closed unread (tensor data is never downloaded); a shifted range is not used
@@ -236,8 +218,8 @@ def test_hub_report_equals_the_local_report(quants, monkeypatch):
 
     with HubServer() as server:
         server.add_repo("org/GLM-4.5-Air-GGUF", quants)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        hub = report_to_json(build_report("org/GLM-4.5-Air-GGUF:trunk", progress=False))
+        hub = report_to_json(build_report("org/GLM-4.5-Air-GGUF:trunk", progress=False,
+                                          settings=Settings(endpoint=server.url)))
     local = report_to_json(build_report(f"{quants}:trunk", progress=False))
     validate_report_json(hub)
     assert hub["mtp"]["verdict"] == {"llamacpp": "ready"}

@@ -47,8 +47,9 @@ def test_fully_cached_repo_reads_headers_locally(cached_repo):
     assert open_hf_cache(REPO, revision=commit) is not None  # a commit hash needs no ref
 
 
-def test_hf_hub_cache_env_wins_over_hf_home(cached_repo, monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+def test_hf_hub_cache_wins_over_hf_home(cached_repo, monkeypatch, tmp_path):
+    """huggingface_hub's HF_HUB_CACHE (its constants: it reads the variable at import) is the cache read."""
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "elsewhere"))
     assert open_hf_cache(REPO) is None
     assert "not in the HF cache" in describe_cache_gap(REPO)
 

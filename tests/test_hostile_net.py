@@ -22,6 +22,7 @@ from hub_repos import isolate_hf, make_sharded_repo  # noqa: E402
 
 from ckptinspect.errors import ConfigError, NetworkError  # noqa: E402
 from ckptinspect.sources import hub_client  # noqa: E402
+from ckptinspect.settings import Settings, SettingsError  # noqa: E402
 from ckptinspect.sources.hub import open_hub  # noqa: E402
 
 REPO = "org/hostile"
@@ -34,10 +35,13 @@ def _limits(tmp_path, monkeypatch):
     isolate_hf(monkeypatch, tmp_path / "hf_home")
     monkeypatch.setattr(hub_client, "DEFAULT_ATTEMPTS", 2)
     monkeypatch.setattr(hub_client, "DEFAULT_BACKOFF_S", 0.01)
-    for var in ("CKPTINSPECT_DEADLINE_S", "CKPTINSPECT_REQUEST_TIMEOUT_S", "CKPTINSPECT_MAX_BYTES",
-                "CKPTINSPECT_RETRY_WAIT_S", "CKPTINSPECT_CONNECT_TIMEOUT_S"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "5")  # far longer than the drip interval: never fires
+
+
+def _settings(**limits) -> Settings:
+    """A command's settings with these limits (ckptinspect/settings.py), the attempts and backoff the
+    fixture sets, and a socket-read timeout far longer than any drip interval here (it never fires)."""
+    return Settings(**{"http_attempts": hub_client.DEFAULT_ATTEMPTS, "http_backoff_s": hub_client.DEFAULT_BACKOFF_S,
+                       "read_timeout_s": 5.0, **limits})
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +81,9 @@ def test_the_drip_defeats_a_per_read_timeout(hub):
 def test_dripping_answer_ends_at_the_request_deadline(hub, monkeypatch, where):
     """Repo info, the index, the shards: each request gives up after CKPTINSPECT_REQUEST_TIMEOUT_S."""
     hub.add("drip", where, 0.02)
-    monkeypatch.setenv("CKPTINSPECT_REQUEST_TIMEOUT_S", "1")
     started = time.monotonic()
     with pytest.raises(NetworkError) as err:
-        open_hub(REPO, endpoint=hub.url, progress=False)
+        open_hub(REPO, endpoint=hub.url, progress=False, settings=_settings(request_timeout_s=1))
     elapsed = time.monotonic() - started
     message = str(err.value)
     assert message.startswith(f"{REPO}")
@@ -92,11 +95,9 @@ def test_dripping_answer_ends_at_the_request_deadline(hub, monkeypatch, where):
 def test_whole_read_deadline_bounds_many_slow_requests(hub, monkeypatch):
     """Each shard request alone would be allowed 30 s; the read as a whole stops at its 2 s deadline."""
     hub.add("drip", f"/cdn/{REPO}", 0.05)
-    monkeypatch.setenv("CKPTINSPECT_REQUEST_TIMEOUT_S", "30")
-    monkeypatch.setenv("CKPTINSPECT_DEADLINE_S", "2")
     started = time.monotonic()
     with pytest.raises(NetworkError, match="did not finish within its 2 s deadline") as err:
-        open_hub(REPO, endpoint=hub.url, progress=False)
+        open_hub(REPO, endpoint=hub.url, progress=False, settings=_settings(request_timeout_s=30, deadline_s=2))
     assert time.monotonic() - started < 60  # hang guard only: the message names the 2 s deadline that fired
     assert "--deadline" in str(err.value)
 
@@ -113,16 +114,15 @@ def test_long_retry_after_gives_up_at_once(hub):
 
 def test_retry_waits_add_up_to_the_cap(hub, monkeypatch):
     """Short waits are honoured, but their sum per request stays under CKPTINSPECT_RETRY_WAIT_S."""
-    monkeypatch.setattr(hub_client, "DEFAULT_ATTEMPTS", 4)
-    monkeypatch.setenv("CKPTINSPECT_RETRY_WAIT_S", "1.5")
+    settings = _settings(http_attempts=4, retry_wait_s=1.5)
     hub.add("retry_after", SHARD, 1, times=1)
-    raw = open_hub(REPO, endpoint=hub.url, progress=False)  # one 1 s wait fits
+    raw = open_hub(REPO, endpoint=hub.url, progress=False, settings=settings)  # one 1 s wait fits
     assert raw.stats["retries"] == 1
     hub.add("retry_after", SHARD, 1)
     started = time.monotonic()
     with pytest.raises(NetworkError, match="would pass the 1.5 s a request may spend waiting"):
         # the first read stored the header: without the header cache the shard is asked for again
-        open_hub(REPO, endpoint=hub.url, progress=False, header_cache=False)
+        open_hub(REPO, endpoint=hub.url, progress=False, header_cache=False, settings=settings)
     assert time.monotonic() - started < 60  # hang guard only: the message names the cap that stopped the waits
 
 
@@ -140,10 +140,9 @@ def test_verbose_counts_every_body_byte_the_server_sent(hub, repo_dir):
 def test_byte_budget_stops_an_endless_answer(hub, monkeypatch):
     """Repo info that never ends: read up to the command's byte budget, not up to the 64 MiB cap."""
     hub.add("endless", "/api/models/")
-    monkeypatch.setenv("CKPTINSPECT_MAX_BYTES", str(4 << 20))
     started = time.monotonic()
     with pytest.raises(NetworkError, match="4,194,304 byte budget") as err:
-        open_hub(REPO, endpoint=hub.url, progress=False)
+        open_hub(REPO, endpoint=hub.url, progress=False, settings=_settings(max_bytes=4 << 20))
     assert str(err.value).startswith(f"{REPO}: cannot read the repo info: ")
     assert "CKPTINSPECT_MAX_BYTES" in str(err.value)
     assert time.monotonic() - started < 60  # hang guard only: the answer is endless; the budget ended it
@@ -330,11 +329,8 @@ def test_redirect_to_a_non_http_url_is_one_line(location):
 
 @pytest.mark.parametrize("var,value", [("CKPTINSPECT_DEADLINE_S", "soon"), ("CKPTINSPECT_MAX_BYTES", "-1"),
                                        ("HF_HUB_DOWNLOAD_TIMEOUT", "0"), ("CKPTINSPECT_REQUEST_TIMEOUT_S", "nan")])
-def test_a_bad_limit_setting_is_one_line_naming_the_variable(hub, monkeypatch, var, value):
-    from ckptinspect.sources.net_limits import NetLimits
-
-    monkeypatch.setenv(var, value)
-    with pytest.raises(NetworkError, match=var):
-        NetLimits.from_env()
-    with pytest.raises(NetworkError, match=var):
-        open_hub(REPO, endpoint=hub.url, progress=False)
+def test_a_bad_limit_setting_is_one_line_naming_the_variable(var, value):
+    """Parsed once at the edge (ckptinspect/settings.py; the CLI's exit 2: tests/test_settings.py)."""
+    with pytest.raises(SettingsError, match=var) as err:
+        Settings.from_environ({var: value})
+    assert "\n" not in str(err.value)

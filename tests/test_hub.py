@@ -127,10 +127,15 @@ def test_revision_is_pinned_to_its_commit(server, repo, tmp_path):
     assert all(f"/{raw.revision}/" in e[1] for e in server.stats()["log"] if "/resolve/" in e[1])
 
 
-def test_endpoint_from_hf_endpoint_env(server, repo, monkeypatch):
+def test_endpoint_from_the_settings_else_huggingface_hub(server, repo, monkeypatch):
+    """The settings' endpoint (HF_ENDPOINT as the CLI or the api read it), else huggingface_hub's own
+    (constants.ENDPOINT: HF_ENDPOINT as huggingface_hub read it at import); never os.environ here."""
+    from ckptinspect.settings import Settings
+
     root, headers = repo
     server.add_repo("org/tiny", root)
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    assert dict(open_hub("org/tiny", progress=False, settings=Settings(endpoint=server.url)).headers) == headers
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", server.url)
     assert dict(open_hub("org/tiny", progress=False).headers) == headers
 
 

@@ -22,6 +22,7 @@ from ckptinspect.errors import NotFoundError  # noqa: E402
 from ckptinspect.sources import header_cache  # noqa: E402
 from ckptinspect.sources.header_cache import HeaderCache, entry_key  # noqa: E402
 from ckptinspect.sources.hub import open_hub  # noqa: E402
+from ckptinspect.settings import Settings  # noqa: E402
 
 REPO = "org/tiny"
 SHA = "a" * 40
@@ -59,7 +60,9 @@ def _entries(tmp_path: Path) -> list[Path]:
 
 
 def _read(server: HubServer, **kw) -> object:
-    return open_hub(REPO, endpoint=server.url, progress=False, **kw)
+    """open_hub with the settings the CLI would build from the variables the test set (cache directory,
+    switch, size)."""
+    return open_hub(REPO, endpoint=server.url, progress=False, settings=Settings.from_environ(), **kw)
 
 
 def test_second_read_of_the_same_commit_asks_for_the_repo_info_only(server, repo, tmp_path):

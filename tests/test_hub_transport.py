@@ -171,7 +171,7 @@ def self_signed(tmp_path):
 def _ours(url: str, start: int, end: int) -> bytes:
     """One range read through the Hub reader's client (a fresh one, as each command makes)."""
     async def go() -> bytes:
-        budget = Budget(NetLimits.from_env())
+        budget = Budget(NetLimits())
         async with make_client(budget) as client:
             hub = HubClient(client, REPO, {}, budget=budget, stats=FetchStats(), attempts=1)
             return await hub.get_range(url, "blob", start, end)
@@ -245,7 +245,7 @@ def test_without_ca_variables_the_trust_store_is_huggingface_hubs(monkeypatch):
         theirs = cas(get_session())
     finally:
         close_session()
-    client = make_client(Budget(NetLimits.from_env()))
+    client = make_client(Budget(NetLimits()))
     try:
         ours = cas(client)
     finally:

@@ -54,8 +54,8 @@ def test_greedy_default_batch_takes_every_prompt_that_fits(tmp_path, monkeypatch
     assert given["batch_size"] == 2 and given["batch_size_source"] == "given"
     # one byte less than batch 6 needs: the default batch shrinks to one that fits, same samples scored
     limit = int((ample["memory_estimate_bytes"] - 1) / AUTO_BATCH_FRACTION)
-    monkeypatch.setenv("CKPTINSPECT_PROBE_MEMORY_LIMIT", str(limit))
-    small = probe_json(run_probe(fixture("deepseek"), prompts=prompts, steps=1, max_new_tokens=8, progress=False))
+    small = probe_json(run_probe(fixture("deepseek"), prompts=prompts, steps=1, max_new_tokens=8, progress=False,
+                                 memory_limit=limit))
     assert 1 <= small["batch_size"] < 6, small["batch_size_source"]
     assert small["memory_estimate_bytes"] <= limit * AUTO_BATCH_FRACTION
     assert small["overall"]["depths"][0]["scored"] == ample["overall"]["depths"][0]["scored"]

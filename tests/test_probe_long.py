@@ -98,8 +98,8 @@ def test_document_8x_longer_than_the_dense_path_allows(tmp_path, monkeypatch):
     assert unbounded["attention"] == {"dense_batches": 1, "blocked_batches": 0}
     limit, dense_max = _budget(kind, tokens, 3)
     assert tokens >= 8 * dense_max, (tokens, dense_max)
-    monkeypatch.setenv("CKPTINSPECT_PROBE_MEMORY_LIMIT", str(limit))
-    bounded = probe_json(run_probe(fixture(kind), corpus=str(doc), steps=3, mode="teacher", progress=False))
+    bounded = probe_json(run_probe(fixture(kind), corpus=str(doc), steps=3, mode="teacher", progress=False,
+                                   memory_limit=limit))
     assert bounded["main_model"]["source"] == "in-process transformers"
     assert bounded["attention"] == {"dense_batches": 0, "blocked_batches": 1}
     assert bounded["memory_estimate_bytes"] <= limit
@@ -128,17 +128,14 @@ def test_corpus_10x_over_the_budget_in_memory_and_streamed(tmp_path, monkeypatch
     everything = scoring_bytes(40, longest, cfg.vocab_size, cfg.hidden_size, 3, torch.float32,
                                cfg.num_attention_heads, None, forward_bytes_per_token(cfg, torch.float32))
     limit = int((weight_bytes(pc.metas, torch.float32) + SLACK_BYTES + everything // 10) / AUTO_BATCH_FRACTION)
-    monkeypatch.setenv("CKPTINSPECT_PROBE_MEMORY_LIMIT", str(limit))
-    in_memory = probe_json(run_probe(fixture(kind), **kw))
+    in_memory = probe_json(run_probe(fixture(kind), memory_limit=limit, **kw))
     assert in_memory["main_model"]["source"] == "in-process transformers"
     assert in_memory["memory_estimate_bytes"] <= limit and in_memory["batch_size"] < 40
     _same(unbounded, in_memory)
 
-    monkeypatch.delenv("CKPTINSPECT_PROBE_MEMORY_LIMIT")
     hidden_bytes = tokens * cfg.hidden_size * 4
-    monkeypatch.setenv("CKPTINSPECT_PROBE_HOST_MEMORY_LIMIT", str(hidden_bytes // 10))
     streamed = probe_json(run_probe(fixture(kind), max_gpu_memory=0.1, stream_chunk_tokens=256, stream_store="host",
-                                    **kw))
+                                    host_memory_limit=hidden_bytes // 10, **kw))
     info = streamed["streaming"]
     assert streamed["main_model"]["source"] == "layer-streamed transformers"
     assert info["store"] == "host" and info["rounds"] >= 10, info

@@ -118,11 +118,11 @@ def test_snapshot_command_from_the_hub_then_offline(tmp_path):
     assert not list(root.glob("*.json.gz"))
 
 
-def _report_json(ref: str) -> dict:
+def _report_json(ref: str, settings: object = None) -> dict:
     pipeline = pytest.importorskip("ckptinspect.pipeline", reason="ckptinspect.pipeline not written yet")
     from ckptinspect.render.json_out import report_to_json
 
-    return report_to_json(pipeline.build_report(ref, progress=False))
+    return report_to_json(pipeline.build_report(ref, progress=False, settings=settings))
 
 
 def _strip_source(doc: object) -> object:
@@ -166,11 +166,12 @@ def test_report_from_hub_equals_report_from_its_snapshot(tmp_path, monkeypatch):
     out = tmp_path / "hub_snap.json.gz"
     with HubServer() as server:
         server.add_repo("org/fixture", model)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        from_hub = _report_json("org/fixture")
+        from ckptinspect.settings import Settings
         from ckptinspect.sources import open_source
 
-        write_snapshot(open_source("org/fixture", progress=False), out)
+        hub = Settings(endpoint=server.url)
+        from_hub = _report_json("org/fixture", hub)
+        write_snapshot(open_source("org/fixture", progress=False, settings=hub), out)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # huggingface_hub reads it at import
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: offline for real

@@ -25,6 +25,7 @@ import ckptinspect.pipeline  # noqa: E402,F401
 import ckptinspect.sources.hf_cache  # noqa: E402,F401
 import ckptinspect.sources.hub  # noqa: E402,F401
 import ckptinspect.sources.local  # noqa: E402,F401
+from ckptinspect.settings import Settings  # noqa: E402
 import ckptinspect.sources.snapshot  # noqa: E402,F401
 from ckptinspect.header.index import INDEX  # noqa: E402
 from ckptinspect.pipeline import report_from_raw  # noqa: E402
@@ -43,7 +44,7 @@ def repo(tmp_path, monkeypatch):
     make_sharded_repo(root, shards=3, experts=4)
     with HubServer() as server:
         server.add_repo(REPO, root)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.setenv("HF_ENDPOINT", server.url)  # what ckptinspect.api reads (below it: settings=)
         yield root, server
 
 
@@ -66,7 +67,8 @@ def _count_calls(monkeypatch, func):
 def _every_kind(root: Path, server: HubServer, tmp_path: Path) -> dict:
     from huggingface_hub import snapshot_download
 
-    records = {"local": open_source(str(root), progress=False), "hub": open_source(REPO, progress=False)}
+    hub = Settings(endpoint=server.url)
+    records = {"local": open_source(str(root), progress=False), "hub": open_source(REPO, progress=False, settings=hub)}
     snapshot_download(REPO, endpoint=server.url, cache_dir=str(hub_cache_dir()))
     records["hf-cache"] = open_source(REPO, progress=False)
     write_snapshot(records["local"], tmp_path / "meta.json.gz")

@@ -11,8 +11,9 @@ at most ``MAX_ENTRY_BYTES``, bounded JSON), so a FIFO, a device or a 4 GiB entry
 hang or a MemoryError. Anything else is a miss and the repo is read again: a cache can cost time,
 never change an answer. Without a usable key nothing is read or stored.
 
-Files live in ``$CKPTINSPECT_CACHE_DIR/audit`` (default ``$XDG_CACHE_HOME/ckptinspect`` or
-``~/.cache/ckptinspect``), one per repo and key, written atomically (temporary file + rename).
+Files live in ``audit/`` under the settings' cache directory (``$CKPTINSPECT_CACHE_DIR``, default
+``$XDG_CACHE_HOME/ckptinspect`` or ``~/.cache/ckptinspect``: ckptinspect/settings.py), one per repo and
+key, written atomically (temporary file + rename).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ckptinspect.cache_auth import cache_base, mac, verify
+from ckptinspect.cache_auth import mac, verify
 from ckptinspect.cache_auth import cache_key as user_key
 from ckptinspect.errors import CkptInspectError
 from ckptinspect.guarded_file import read_json
@@ -36,8 +37,9 @@ CACHE_VERSION = 2  # 1: sha256-checked entries, never trusted again
 MAX_ENTRY_BYTES = 16 * 1024 * 1024
 
 
-def cache_root() -> Path:
-    return cache_base() / "audit"
+def cache_root(cache_dir: Path | None) -> Path | None:
+    """``audit/`` under the tool's cache directory (``Settings.cache_dir``); None: no cache."""
+    return None if cache_dir is None else cache_dir / "audit"
 
 
 def code_fingerprint(rules_dirs: Sequence[Path] = ()) -> str:
@@ -72,15 +74,17 @@ def cache_key(repo_id: str, sha: str, fingerprint: str, options: Mapping[str, An
 class AuditCache:
     """Report documents by (repo, commit, code, options); ``root`` None: no cache."""
 
-    def __init__(self, root: Path | None, fingerprint: str, options: Mapping[str, Any]) -> None:
+    def __init__(self, root: Path | None, fingerprint: str, options: Mapping[str, Any],
+                 key_file: Path | None = None) -> None:
         self.root = root
+        self.key_file = key_file  # the per-user MAC key (Settings.cache_key_file); None: no lookups, no stores
         self.fingerprint = fingerprint
         self.options = dict(options)
         self._secret: bytes | None | bool = False  # False: not looked up yet
 
     def secret(self) -> bytes | None:
         if self._secret is False:
-            self._secret = None if self.root is None else user_key(self.root.parent)
+            self._secret = None if self.root is None else user_key(self.root.parent, self.key_file)
         return self._secret  # type: ignore[return-value]
 
     def _path(self, repo_id: str) -> Path:

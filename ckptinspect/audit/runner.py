@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ckptinspect.audit.cache import AuditCache, cache_root, code_fingerprint
 from ckptinspect.audit.row import AuditRow, RepoError, error_row, row_from_report
 from ckptinspect.audit.select import RepoRef, current_sha_async
+from ckptinspect.settings import DEFAULTS, Settings
 
 DEFAULT_JOBS = 8
 DEFAULT_MAX_REQUESTS = 64
@@ -44,9 +45,10 @@ class AuditOptions:
     token: str | None = None
     jobs: int = DEFAULT_JOBS
     max_requests: int = DEFAULT_MAX_REQUESTS
-    deadline_s: float | None = None  # None: CKPTINSPECT_DEADLINE_S or sources/net_limits.py's default
-    cache: bool = True
+    deadline_s: float | None = None  # None: settings.deadline_s (CKPTINSPECT_DEADLINE_S, --deadline)
+    cache: bool = True  # and only where settings.cache_dir names a directory
     endpoint: str | None = None  # the Hub endpoint for the commit checks (ckptinspect.api.hub_endpoint)
+    settings: Settings = DEFAULTS  # every repo's report runs with them (ckptinspect/settings.py)
 
     def report_options(self) -> dict[str, Any]:
         """The options that decide a report's content (the cache key holds them)."""
@@ -62,12 +64,11 @@ ReportFn = Callable[[str, dict], Any]
 def run_audit(refs: Sequence[RepoRef], options: AuditOptions, report_fn: ReportFn) -> Iterator[AuditRow]:
     """Yield one row per ref as it finishes (cached ones first). Closing the iterator (or Ctrl-C)
     cancels the running reads; rows already yielded stay valid."""
-    from ckptinspect.sources.net_limits import NetLimits
-
-    deadline = options.deadline_s if options.deadline_s is not None else NetLimits.from_env().deadline_s
+    deadline = options.deadline_s if options.deadline_s is not None else options.settings.deadline_s
     ends_at = time.monotonic() + deadline
-    cache = AuditCache(cache_root() if options.cache else None, code_fingerprint(options.rules_dirs),
-                       options.report_options())
+    cache = AuditCache(cache_root(options.settings.cache_dir) if options.cache else None,
+                       code_fingerprint(options.rules_dirs),
+                       options.report_options(), key_file=options.settings.cache_key_file)
     if options.max_requests < 1:
         raise ValueError("max_requests must be at least 1")
     # One loop for the whole audit; between rows it is stopped (the caller holds the row), and closing
@@ -124,7 +125,7 @@ class _Audit:
         options = self.options
         task = {"gpu": options.gpu, "gpus": options.gpus, "context": options.context, "engine": options.engine,
                 "rules_dirs": [str(d) for d in options.rules_dirs], "token": options.token,
-                "limiter": self.limiter, "ends_at": self.ends_at}
+                "limiter": self.limiter, "ends_at": self.ends_at, "settings": options.settings}
         self.done = asyncio.Queue()
         self.left = {ref.repo_id: ref for ref in refs}
         queue = list(reversed(refs))

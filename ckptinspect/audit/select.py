@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
 
+from ckptinspect.settings import DEFAULTS
 from ckptinspect.errors import AccessError, CkptInspectError, NetworkError, NotFoundError
 
 LIST_EXPAND = ["sha"]

@@ -7,13 +7,14 @@ Each subcommand lives in its own module and is imported only when invoked, so
 from __future__ import annotations
 
 import importlib
-import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 import click
 
-from ckptinspect.cli.options import DEADLINE_HELP, REQUEST_TIMEOUT_HELP
+from ckptinspect.settings import Settings, SettingsError
+from ckptinspect.cli.options import DEADLINE_HELP, REQUEST_TIMEOUT_HELP, apply_flag, current_settings, setting_type
 
 # name -> (module:attribute, one-line help shown by `ckptinspect --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -85,12 +86,12 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ckptinspect")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors (also after the command).")
-@click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help=DEADLINE_HELP)
-@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help=REQUEST_TIMEOUT_HELP)
+@click.option("--deadline", type=setting_type("deadline_s"), default=None, metavar="SECONDS", expose_value=False,
+              callback=apply_flag("deadline_s"), help=DEADLINE_HELP)
+@click.option("--request-timeout", type=setting_type("request_timeout_s"), default=None, metavar="SECONDS",
+              expose_value=False, callback=apply_flag("request_timeout_s"), help=REQUEST_TIMEOUT_HELP)
 @click.pass_context
-def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout: float | None) -> None:
+def cli(ctx: click.Context, debug: bool) -> None:
     """ckptinspect: what is in an LLM checkpoint, is its MTP draft layer usable, how to launch it.
 
     Exit codes (every command): 0 done; 1 a gate tripped (--fail-on, diff's gate); 2 bad input,
@@ -99,14 +100,14 @@ def cli(ctx: click.Context, debug: bool, deadline: float | None, request_timeout
 
     Text wraps to COLUMNS or the terminal (--wide: full width); verdicts are coloured on a terminal
     unless NO_COLOR is set; progress bars show only on a terminal, never with
-    HF_HUB_DISABLE_PROGRESS_BARS=1 or --quiet.
+    HF_HUB_DISABLE_PROGRESS_BARS=1 or --quiet. Settings: flags, then CKPTINSPECT_* variables, then
+    defaults (docs/security.md lists them); a value that cannot be used is an error (exit 2).
     """
-    ctx.obj = {"debug": debug or bool(os.environ.get("CKPTINSPECT_DEBUG"))}
-    # The Hub source reads its limits from the environment (sources/net_limits.py); the flags only
-    # set them.
-    for env, value in (("CKPTINSPECT_DEADLINE_S", deadline), ("CKPTINSPECT_REQUEST_TIMEOUT_S", request_timeout)):
-        if value is not None:
-            os.environ[env] = repr(value)
+    # The settings main() built (or, when the group is invoked without main(), the environment's now);
+    # --debug and the network flags update them as click parses them.
+    settings = current_settings(ctx)
+    if debug:
+        ctx.obj["settings"] = replace(settings, debug=True)
 
 
 # click >= 8.2 raises this for a bare group invocation (8.1 prints the help and exits 0 itself).
@@ -134,15 +135,22 @@ def _exit_cleanly_on_sigterm() -> None:
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Run the CLI, turning library errors into one line on stderr and exit code 2."""
+    """Run the CLI, turning library errors into one line on stderr and exit code 2. The settings are
+    built here, once, before any command runs: a variable that cannot be used is one line and exit 2."""
     from ckptinspect.cli.messages import explain
     from ckptinspect.errors import CkptInspectError
 
     args, debug = hoist_debug(sys.argv[1:] if argv is None else list(argv))
-    debug = debug or bool(os.environ.get("CKPTINSPECT_DEBUG"))
     _exit_cleanly_on_sigterm()
     try:
-        return cli.main(args=args, prog_name="ckptinspect", standalone_mode=False)
+        settings = Settings.from_environ()
+    except SettingsError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    obj: dict[str, Any] = {"settings": settings}
+    debug = debug or settings.debug
+    try:
+        return cli.main(args=args, prog_name="ckptinspect", standalone_mode=False, obj=obj)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except _NO_ARGS_IS_HELP as exc:  # bare `ckptinspect`: the help is the answer
@@ -169,7 +177,7 @@ def main(argv: list[str] | None = None) -> Any:
     except CkptInspectError as exc:
         if debug:
             raise
-        click.echo(f"error: {explain(exc)}", err=True)
+        click.echo(f"error: {explain(exc, obj['settings'])}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

@@ -60,7 +60,7 @@ def audit(repos: tuple[str, ...], quantized_from: str | None, author: str | None
     --format jsonl writes one line per repo as it finishes (unsorted).
     """
     from ckptinspect import api
-    from ckptinspect.cli.options import colour_enabled, output_width, progress_enabled
+    from ckptinspect.cli.options import colour_enabled, current_settings, output_width, progress_enabled
     from ckptinspect.render.audit_out import jsonl_line, render_audit
 
     if not (repos or repos_file or quantized_from or author or search):
@@ -75,13 +75,14 @@ def audit(repos: tuple[str, ...], quantized_from: str | None, author: str | None
         raise click.UsageError("--gpu and --gpus go together (or --gpu '8x NAME')")
     started = time.perf_counter()
     refs = api.audit_select(ids=repos, ids_file=repos_file, quantized_from=quantized_from, author=author,
-                            search=search, limit=limit, token=token)
+                            search=search, limit=limit, token=token, settings=current_settings())
     if not refs:
         click.echo("audit: no repos matched", err=True)
     show = progress_enabled(quiet)
     rows = []
     results = api.audit(refs, gpu=gpu, gpus=gpus, context=context, engine=engine, rules_dirs=rules_dirs,
-                        token=token, jobs=jobs, max_requests=max_requests, cache=not no_cache)
+                        token=token, jobs=jobs, max_requests=max_requests, cache=not no_cache,
+                        settings=current_settings())
     try:
         for row in results:
             rows.append(row)

@@ -32,7 +32,7 @@ def diff(a: str, b: str, fail_on: str | None, rules_dirs: tuple[Path, ...], limi
     import time
 
     from ckptinspect import api
-    from ckptinspect.cli.options import colour_enabled, output_width, progress_enabled
+    from ckptinspect.cli.options import colour_enabled, current_settings, output_width, progress_enabled
     from ckptinspect.render.diff_out import render_diff
 
     if revision is not None:
@@ -41,7 +41,8 @@ def diff(a: str, b: str, fail_on: str | None, rules_dirs: tuple[Path, ...], limi
         raise not_applicable("diff", "--format markdown", "the diff is text or json")
     started = time.perf_counter()
     stats: dict = {}
-    result = api.diff(a, b, rules_dirs=rules_dirs, token=token, progress=progress_enabled(quiet), stats=stats)
+    result = api.diff(a, b, rules_dirs=rules_dirs, token=token, progress=progress_enabled(quiet), stats=stats,
+                      settings=current_settings())
     if verbose:
         from ckptinspect.render.stats_out import stats_line
 

@@ -8,15 +8,17 @@ files it downloaded, so shard *headers* are in the cache only when the whole sha
 from __future__ import annotations
 
 from ckptinspect.errors import CkptInspectError, NetworkError, NotFoundError
+from ckptinspect.settings import Settings
 
 SNAPSHOT_HINT = ("shard headers are in the HF cache only when the whole shards were downloaded; on a machine "
                  "with network run `ckptinspect snapshot {repo} -o {name}.json.gz`, then report that file")
 
 
-def explain(exc: CkptInspectError) -> str:
+def explain(exc: CkptInspectError, settings: Settings | None = None) -> str:
+    """``exc``'s line; ``settings``: the command's (the endpoint a network error names)."""
     text = str(exc)
     if isinstance(exc, NetworkError):
-        return _network(exc, text)
+        return _network(exc, text, settings or Settings())
     if isinstance(exc, NotFoundError) and "HF_HUB_OFFLINE" in text and exc.path:
         # The source's generic hint ("run once online") is replaced by what the cache holds and the
         # one command that helps (a Hub read caches the JSON files, never the shard headers).
@@ -39,11 +41,11 @@ def _root_cause(exc: BaseException) -> BaseException | None:
     return cause
 
 
-def _network(exc: NetworkError, text: str) -> str:
+def _network(exc: NetworkError, text: str, settings: Settings) -> str:
     from ckptinspect.api import hub_endpoint
 
     extra = []
-    endpoint = hub_endpoint()  # without HF_ENDPOINT's userinfo
+    endpoint = hub_endpoint(settings)  # without HF_ENDPOINT's userinfo
     if "://" not in text:
         extra.append(f"endpoint {endpoint} (HF_ENDPOINT)")
     cause = _root_cause(exc)

@@ -14,10 +14,13 @@ import os
 import shutil
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import click
+
+from ckptinspect.settings import BY_FIELD, Settings, SettingsError, parse
 
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants._is_true
 
@@ -64,8 +67,10 @@ VERBOSE_HELP = "Print requests, bytes fetched, retries and wall time to stderr (
 REVISION_HELP = "Hub revision (branch, tag or 40-hex commit); the same as MODEL@REVISION."
 TOKEN_HELP = "Hugging Face access token for gated or private repos."
 FORMAT_HELP = "Output format."
-DEADLINE_HELP = "Deadline for all Hub requests of the command (default 300; env CKPTINSPECT_DEADLINE_S)."
-REQUEST_TIMEOUT_HELP = "Deadline for one Hub request's whole answer (default 60; env CKPTINSPECT_REQUEST_TIMEOUT_S)."
+DEADLINE_HELP = (f"Deadline for all Hub requests of the command (default {BY_FIELD['deadline_s'].default}; "
+                 "env CKPTINSPECT_DEADLINE_S).")
+REQUEST_TIMEOUT_HELP = (f"Deadline for one Hub request's whole answer (default {BY_FIELD['request_timeout_s'].default}; "
+                        "env CKPTINSPECT_REQUEST_TIMEOUT_S).")
 FORMATS = ("text", "json", "markdown")
 
 
@@ -92,21 +97,56 @@ def format_option(*extra: str) -> Callable[[Callable], Callable]:
                         show_default=True, help=FORMAT_HELP)
 
 
-def _set_env(name: str) -> Callable[[click.Context, Any, float | None], float | None]:
-    def callback(ctx: click.Context, param: Any, value: float | None) -> float | None:
-        if value is not None:  # the Hub source reads its limits from the environment (sources/net_limits.py)
-            os.environ[name] = repr(value)
+# -- settings (ckptinspect/settings.py): built once by main(), kept in the root context's obj; a flag
+# that sets one is parsed by the same code as its variable ------------------------------------------
+def current_settings(ctx: click.Context | None = None) -> Settings:
+    """The command's settings: the flags given so far over the environment over the defaults. main()
+    builds them before click runs; a command invoked without main() (click's test runner) builds them
+    from the environment the first time they are asked for."""
+    root = (ctx or click.get_current_context()).find_root()
+    if root.obj is None:
+        root.obj = {}
+    if "settings" not in root.obj:
+        root.obj["settings"] = Settings.from_environ()
+    return root.obj["settings"]
+
+
+class SettingType(click.ParamType):
+    """A flag's value parsed exactly as its environment variable (same bounds; no nan, inf or 1e309)."""
+
+    def __init__(self, field: str) -> None:
+        self.variable = BY_FIELD[field]
+        self.name = self.variable.kind
+
+    def convert(self, value: Any, param: Any, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return parse(self.variable, value)
+        except SettingsError as exc:
+            self.fail(exc.detail, param, ctx)
+
+
+def setting_type(field: str) -> SettingType:
+    return SettingType(field)
+
+
+def apply_flag(field: str) -> Callable[[click.Context, Any, Any], Any]:
+    """A callback that puts a given flag's value into the command's settings."""
+    def callback(ctx: click.Context, param: Any, value: Any) -> Any:
+        if value is not None:
+            ctx.find_root().obj["settings"] = replace(current_settings(ctx), **{field: value})
         return value
     return callback
 
 
 def network_options(f: Callable) -> Callable:
     """``--deadline`` and ``--request-timeout``, after the subcommand as before it (the group has them too)."""
-    f = click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-                     metavar="SECONDS", expose_value=False, callback=_set_env("CKPTINSPECT_REQUEST_TIMEOUT_S"),
+    f = click.option("--request-timeout", type=setting_type("request_timeout_s"), default=None,
+                     metavar="SECONDS", expose_value=False, callback=apply_flag("request_timeout_s"),
                      help=REQUEST_TIMEOUT_HELP)(f)
-    return click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None,
-                        metavar="SECONDS", expose_value=False, callback=_set_env("CKPTINSPECT_DEADLINE_S"),
+    return click.option("--deadline", type=setting_type("deadline_s"), default=None,
+                        metavar="SECONDS", expose_value=False, callback=apply_flag("deadline_s"),
                         help=DEADLINE_HELP)(f)
 
 
@@ -142,7 +182,12 @@ def gpu_file_options(f: Callable) -> Callable:
     f = click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
                      help=GPU_MEMORY_HELP)(f)
     return click.option("--gpu-spec", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                        envvar="CKPTINSPECT_GPU_SPEC", show_envvar=True, metavar="FILE", help=GPU_SPEC_HELP)(f)
+                        callback=gpu_spec_setting, metavar="FILE", help=GPU_SPEC_HELP)(f)
+
+
+def gpu_spec_setting(ctx: click.Context, param: Any, value: Any) -> Any:
+    """--gpu-spec, else the settings' CKPTINSPECT_GPU_SPEC."""
+    return value if value is not None else current_settings(ctx).gpu_spec
 
 
 def resolve_gpu(gpu: str | None, gpus: int | None, gpu_spec: Path | None,

@@ -46,7 +46,7 @@ def plan(model: str, gpu: str, gpus: int | None, gpu_spec: Path | None, gpu_memo
     import time
 
     from ckptinspect import api
-    from ckptinspect.cli.options import output_width, progress_enabled
+    from ckptinspect.cli.options import current_settings, output_width, progress_enabled
     from ckptinspect.render.plan_out import render_plan
 
     started = time.perf_counter()
@@ -66,7 +66,7 @@ def plan(model: str, gpu: str, gpus: int | None, gpu_spec: Path | None, gpu_memo
         result = api.plan(model, gpu=spec, gpus=gpus, context=context, goal=goal, engine=engine,
                           probe_report=probe, max_context=max_context, concurrency=concurrency,
                           rules_dirs=rules_dirs, revision=revision, token=token,
-                          progress=progress_enabled(quiet), stats=stats)
+                          progress=progress_enabled(quiet), stats=stats, settings=current_settings())
     except PlanNotPossible as exc:
         # Nothing runs: the JSON document still says why (status failed) for machines; exit 2.
         show_stats()

@@ -10,7 +10,8 @@ import os
 
 import click
 
-from ckptinspect.cli.options import GPU_SPEC_HELP, Command, checkpoint_options, not_applicable, wide_option
+from ckptinspect.cli.options import (GPU_SPEC_HELP, Command, checkpoint_options, current_settings, gpu_spec_setting,
+                                     not_applicable, wide_option)
 from ckptinspect.errors import ProbeError
 
 EXAMPLES = (
@@ -41,8 +42,8 @@ def _parse_devices(text: str | None) -> list[int] | None:
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Temperature of the sampled-acceptance estimate sum(min(p, q)).")
 @click.option("--gpu", default="H200", show_default=True, help="GPU name, alias or nvidia-smi name for the cost model.")
-@click.option("--gpu-spec", type=click.Path(dir_okay=False), default=None, envvar="CKPTINSPECT_GPU_SPEC",
-              show_envvar=True, metavar="FILE", help=GPU_SPEC_HELP)
+@click.option("--gpu-spec", type=click.Path(dir_okay=False), default=None, callback=gpu_spec_setting,
+              metavar="FILE", help=GPU_SPEC_HELP)
 @click.option("--batch-size", default=None, type=click.IntRange(1, 4096),
               help="Sequences per batch (default: as many as the memory estimate fits in 90% of the free device "
               "memory; teacher mode sizes each batch of its length-sorted sequences that way).")
@@ -119,7 +120,7 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if engine_url:
         explicit = click.get_current_context().get_parameter_source("steps") != click.core.ParameterSource.DEFAULT
-        result = api.probe(model, engine=engine_url, prompts=prompts_file, max_new_tokens=max_new_tokens,
+        result = api.probe(model, current_settings(), engine=engine_url, prompts=prompts_file, max_new_tokens=max_new_tokens,
                            steps=steps if explicit else None, mode=mode, main_url=main_url, gpu=gpu,
                            trust_remote_code=trust_remote_code, max_prompts=max_prompts,
                            cost_calibration=cost_calibration,
@@ -129,7 +130,7 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
         return
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    result = api.probe(model, device=device, devices=_parse_devices(devices), prompts=prompts_file,
+    result = api.probe(model, current_settings(), device=device, devices=_parse_devices(devices), prompts=prompts_file,
                        max_new_tokens=max_new_tokens, steps=steps, mode=mode, temperature=temperature, gpu=gpu,
                        trust_remote_code=trust_remote_code, batch_size=batch_size, dtype=dtype,
                        progress=progress, main_url=main_url, max_prompts=max_prompts, corpus=corpus,

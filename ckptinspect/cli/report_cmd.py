@@ -50,7 +50,7 @@ def report(model: str | None, engine: str, fail_on: str | None, rules_dirs: tupl
     nvidia/Qwen3.5-397B-A17B-NVFP4). Reads config files and safetensors headers only.
     """
     from ckptinspect import api
-    from ckptinspect.cli.options import colour_enabled, output_width, progress_enabled
+    from ckptinspect.cli.options import colour_enabled, current_settings, output_width, progress_enabled
     from ckptinspect.render.report import render_report
 
     started = time.perf_counter()
@@ -58,7 +58,8 @@ def report(model: str | None, engine: str, fail_on: str | None, rules_dirs: tupl
     _check_parallel_options(tp, ep, spec, gpus)
     result = api.inspect(model, rules_dirs=rules_dirs, revision=revision, token=token,
                          progress=progress_enabled(quiet), tp=tp, ep=ep, gpu=spec, gpus=gpus, context=context,
-                         engine=engine, engine_versions=_engine_versions(engine_versions))
+                         engine=engine, engine_versions=_engine_versions(engine_versions),
+                         settings=current_settings())
     click.echo(render_report(result, fmt, width=output_width(fmt, wide), colour=colour_enabled()), nl=False)
     if verbose:
         from ckptinspect.render.stats_out import stats_line

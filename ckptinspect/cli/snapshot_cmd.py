@@ -28,14 +28,15 @@ def snapshot(model: str, output: str, fmt: str, revision: str | None, token: str
     snapshot. `ckptinspect report FILE.json.gz` then works offline with the same result.
     """
     from ckptinspect import api
-    from ckptinspect.cli.options import progress_enabled
+    from ckptinspect.cli.options import current_settings, progress_enabled
     from ckptinspect.render.snapshot_out import snapshot_stats, snapshot_summary
 
     if fmt != "text":
         raise not_applicable("snapshot", f"--format {fmt}", "it writes a .json.gz file (its summary line is text)")
     if not str(output).endswith(".json.gz"):
         raise click.BadParameter("the snapshot file name must end with .json.gz", param_hint="--output")
-    raw = api.snapshot(model, output, revision=revision, token=token, progress=progress_enabled(quiet))
+    raw = api.snapshot(model, output, revision=revision, token=token, progress=progress_enabled(quiet),
+                       settings=current_settings())
     if verbose:
         click.echo(snapshot_stats(raw), err=True)
     if not quiet:

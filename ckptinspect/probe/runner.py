@@ -42,10 +42,10 @@ def _device_plan(device: str, devices: Seq[int] | None) -> tuple[Any, list[str],
     return {"": device}, [device], device
 
 
-def _free_bytes(names: list[str]) -> int:
-    override = os.environ.get("CKPTINSPECT_PROBE_MEMORY_LIMIT")  # bytes; lets tests exercise the check
-    if override:
-        return int(override)
+def _free_bytes(names: list[str], override: int | None = None) -> int:
+    """Free memory on ``names`` (``override``: Settings.probe_memory_limit, bytes; lets tests exercise the check)."""
+    if override is not None:
+        return override
     if names[0].startswith("cuda"):
         return sum(torch.cuda.mem_get_info(torch.device(n))[0] for n in names)
     try:
@@ -83,12 +83,14 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
               save_continuations_to: str | None = None, max_gpu_memory: float | None = None,
               stream_chunk_tokens: int | None = None, cost_calibration: str | None = None,
               categories: Seq[str] | None = None, experts_implementation: str = "auto",
-              synthetic_len: int = 1024, stream_store: str = "auto") -> ProbeResult:
+              synthetic_len: int = 1024, stream_store: str = "auto", memory_limit: int | None = None,
+              host_memory_limit: int | None = None) -> ProbeResult:
     """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md. ``batch_size`` None: greedy
     mode batches the most prompts whose memory estimate fits (``auto_batch``); teacher mode sizes each
     batch of its length-sorted sequences by the estimate (``scoring.plan_batches``), so device memory
     is bounded whatever the corpus. The category ``synthetic`` adds benchmark-style id prompts of
-    ``synthetic_len`` tokens (synthetic.py)."""
+    ``synthetic_len`` tokens (synthetic.py). ``memory_limit`` / ``host_memory_limit``: device / host bytes
+    to plan for instead of those measured (Settings.probe_memory_limit / probe_host_memory_limit)."""
     if mode not in MODES:
         raise ProbeError(f"unknown mode {mode!r} (greedy or teacher)")
     if experts_implementation not in loader.EXPERTS_IMPLEMENTATIONS:
@@ -166,7 +168,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
         lengths = [len(s.tokens) for s in sequences]
     longest, count = max(lengths), len(lengths)
     cfg = probe_ckpt.checkpoint.config
-    limit = int(max_gpu_memory * 2**30) if max_gpu_memory is not None else _free_bytes(names)
+    limit = int(max_gpu_memory * 2**30) if max_gpu_memory is not None else _free_bytes(names, memory_limit)
     expert_params = _params_per_expert(probe_ckpt)
     fwd = forward_bytes_per_token(cfg, torch_dtype)
     fixed = weight_bytes(metas, torch_dtype) + SLACK_BYTES
@@ -218,7 +220,8 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                             dtype=torch_dtype, max_rows=batch_size, progress=progress, need=in_memory_need,
                             limit=limit, chunk_tokens=stream_chunk_tokens, timings=timings,
                             trust_remote_code=trust_remote_code, experts_implementation=experts_implementation,
-                            batch_info={"batch_size_source": batch_source}, store=stream_store)
+                            batch_info={"batch_size_source": batch_source}, store=stream_store,
+                            host_limit=host_memory_limit)
     if mode == "teacher":
         batches = plan_batches(lengths, batch_size, budget, scratch_at, heads=cfg.num_attention_heads or 1,
                                source=model_dir, max_tokens=TEACHER_BATCH_TOKENS if batch_source != "given" else None)

@@ -28,10 +28,10 @@ def hf_config(model_dir: str, config: dict, spec, trust_remote_code: bool):
     return AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
 
 
-def host_budget() -> int:
-    override = os.environ.get("CKPTINSPECT_PROBE_HOST_MEMORY_LIMIT")  # bytes; lets tests force rounds
-    if override:
-        return int(override)
+def host_budget(override: int | None = None) -> int:
+    """Host bytes for the hidden states (``override``: Settings.probe_host_memory_limit; lets tests force rounds)."""
+    if override is not None:
+        return override
     try:
         return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * HOST_FRACTION)
     except (ValueError, OSError):
@@ -61,7 +61,8 @@ def _gib(n: int) -> str:
 def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], tok, *, common: dict, mode: str,
                  device: str, dtype: torch.dtype, max_rows: int, progress: bool, need: int, limit: int,
                  chunk_tokens: int | None, timings: dict[str, float], trust_remote_code: bool = False,
-                 experts_implementation: str = "auto", batch_info: dict | None = None, store: str = "auto"):
+                 experts_implementation: str = "auto", batch_info: dict | None = None, store: str = "auto",
+                 host_limit: int | None = None):
     """``chunk_tokens``: the layer phase's padded tokens per chunk at most (None: DEFAULT_CHUNK_TOKENS);
     the run takes the largest chunk that fits ``limit`` beside the resident parts, the MTP layer, the
     layer computing and the next one read ahead. The floor (refused below, naming it): those parts, one
@@ -133,7 +134,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
             chosen, chunk = "device", max(longest, dev_chunk)
     padded, chunk_peak = padded_at(chunk)
     if chosen == "host":
-        rounds = max(1, -(-padded * row_bytes // max(host_budget(), 1)))
+        rounds = max(1, -(-padded * row_bytes // max(host_budget(host_limit), 1)))
     store_tokens = padded if chosen == "device" else 0
     # scoring batches fit what the layer phase leaves (the two phases do not overlap)
     budget = int(limit * AUTO_FRACTION) - fixed - store_tokens * row_bytes

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ckptinspect.errors import NotFoundError
 from ckptinspect.records import RawCheckpoint
 from ckptinspect.sources.interface import Source
+from ckptinspect.settings import DEFAULTS, Settings
 
 if TYPE_CHECKING:
     from ckptinspect.sources.gguf_files import RawGguf
@@ -55,6 +56,8 @@ class SourceKind:
     # The coroutine form of ``open`` for a kind that reads the network (same arguments, plus ``limiter``
     # and ``ends_at``: sources/hub.py); None: ``open`` only reads files, and is called as it is.
     open_async: Callable[..., Any] | None = None
+    # True: ``open`` also takes ``settings=`` (ckptinspect/settings.py: endpoint, limits, caches).
+    takes_settings: bool = False
 
 
 _REGISTERED: list[Source] = []
@@ -68,8 +71,9 @@ def register_source(kind: Source) -> None:
 
 
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
-                progress: bool = True) -> "RawCheckpoint | RawGguf":
-    """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``).
+                progress: bool = True, settings: Settings | None = None) -> "RawCheckpoint | RawGguf":
+    """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``);
+    ``settings``: handed to a kind that reads the network or a cache (``takes_settings``).
 
     Raises:
         NotFoundError: nothing matches the reference.
@@ -78,7 +82,8 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
     path = Path(ref).expanduser()
     for kind in source_kinds():
         if kind.claims(ref, path):
-            opened = kind.open(ref, path, revision=revision, token=token, progress=progress)
+            extra = {"settings": settings} if getattr(kind, "takes_settings", False) else {}
+            opened = kind.open(ref, path, revision=revision, token=token, progress=progress, **extra)
             if opened is not None:
                 return opened
     if path.exists():
@@ -88,7 +93,7 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
 
 async def open_source_async(ref: str, *, revision: str | None = None, token: str | None = None,
                             progress: bool = False, limiter: Any = None, ends_at: float | None = None,
-                            hub_only: bool = False) -> "RawCheckpoint | RawGguf":
+                            hub_only: bool = False, settings: Settings | None = None) -> "RawCheckpoint | RawGguf":
     """``open_source`` for a caller on an event loop: the Hub kinds' reads are awaited on it, under
     ``limiter`` (an ``asyncio.Semaphore`` bounding requests in flight) and ``ends_at`` (a deadline).
     ``hub_only``: ``ref`` is a Hub repo id (one a listing named), never a local path, whatever the
@@ -101,9 +106,10 @@ async def open_source_async(ref: str, *, revision: str | None = None, token: str
             opener = getattr(kind, "open_async", None)
             if opener is not None:
                 opened = await opener(ref, path, revision=revision, token=token, progress=progress,
-                                      limiter=limiter, ends_at=ends_at, hub_only=hub_only)
+                                      limiter=limiter, ends_at=ends_at, hub_only=hub_only, settings=settings)
             else:
-                opened = kind.open(ref, path, revision=revision, token=token, progress=progress)
+                extra = {"settings": settings} if getattr(kind, "takes_settings", False) else {}
+                opened = kind.open(ref, path, revision=revision, token=token, progress=progress, **extra)
             if opened is not None:
                 return opened
     if path.exists():
@@ -117,7 +123,8 @@ def source_kinds() -> tuple[Source, ...]:
 
 
 # -- the built-in kinds --------------------------------------------------------------------------------
-def _open_gguf(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> "RawGguf | None":
+def _open_gguf(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
+               settings: Settings | None = None) -> "RawGguf | None":
     from ckptinspect.sources.gguf_local import GgufHubRead, open_gguf_if_gguf
 
     found = open_gguf_if_gguf(ref, revision=revision, token=token)
@@ -125,12 +132,13 @@ def _open_gguf(ref: str, path: Path, *, revision: str | None, token: str | None,
         return found
     from ckptinspect.sources.hub_gguf import open_gguf_hub
 
-    return open_gguf_hub(found.repo_id, ref=found.ref, tag=found.tag, revision=found.revision, token=token)
+    return open_gguf_hub(found.repo_id, ref=found.ref, tag=found.tag, revision=found.revision, token=token,
+                         settings=settings or DEFAULTS)
 
 
 async def _open_gguf_async(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
                            limiter: Any = None, ends_at: float | None = None,
-                           hub_only: bool = False) -> "RawGguf | None":
+                           hub_only: bool = False, settings: Settings | None = None) -> "RawGguf | None":
     from ckptinspect.sources.gguf_local import GgufHubRead, open_gguf_if_gguf
 
     found = open_gguf_if_gguf(ref, revision=revision, token=token, local=not hub_only)
@@ -139,7 +147,7 @@ async def _open_gguf_async(ref: str, path: Path, *, revision: str | None, token:
     from ckptinspect.sources.hub_gguf import read_gguf_hub
 
     return await read_gguf_hub(found.repo_id, ref=found.ref, tag=found.tag, revision=found.revision, token=token,
-                               limiter=limiter, ends_at=ends_at)
+                               limiter=limiter, ends_at=ends_at, settings=settings or DEFAULTS)
 
 
 def _claims_local_gguf(ref: str, path: Path) -> bool:
@@ -195,28 +203,30 @@ def _open_hf_cache(ref: str, path: Path, *, revision: str | None, token: str | N
     return open_hf_cache(repo_id, revision=revision)  # None: not (fully) cached, ask the Hub
 
 
-def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> RawCheckpoint:
+def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
+              settings: Settings | None = None) -> RawCheckpoint:
     from ckptinspect.sources.hub import open_hub
 
     repo_id, revision = _repo_and_revision(ref, revision)
-    return open_hub(repo_id, revision=revision, token=token, progress=progress)
+    return open_hub(repo_id, revision=revision, token=token, progress=progress, settings=settings)
 
 
 async def _open_hub_async(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
-                          limiter: Any = None, ends_at: float | None = None, hub_only: bool = False) -> RawCheckpoint:
+                          limiter: Any = None, ends_at: float | None = None, hub_only: bool = False,
+                          settings: Settings | None = None) -> RawCheckpoint:
     from ckptinspect.sources.hub import read_hub
 
     repo_id, revision = _repo_and_revision(ref, revision)
     return await read_hub(repo_id, revision=revision, token=token, progress=progress, limiter=limiter,
-                          ends_at=ends_at)
+                          ends_at=ends_at, settings=settings)
 
 
 HUB_KINDS = ("gguf-hub", "hf-cache", "hub")  # the kinds that read a repo id, from the HF cache or the Hub
 BUILT_IN: tuple[Source, ...] = (
-    SourceKind("gguf-local", _claims_local_gguf, _open_gguf, open_async=_open_gguf_async),
+    SourceKind("gguf-local", _claims_local_gguf, _open_gguf, open_async=_open_gguf_async, takes_settings=True),
     SourceKind("local", lambda ref, path: path.is_dir(), _open_local),
     SourceKind("snapshot", _claims_snapshot, _open_snapshot),
-    SourceKind("gguf-hub", _claims_gguf_repo, _open_gguf, open_async=_open_gguf_async),
+    SourceKind("gguf-hub", _claims_gguf_repo, _open_gguf, open_async=_open_gguf_async, takes_settings=True),
     SourceKind("hf-cache", _claims_repo_id, _open_hf_cache),
-    SourceKind("hub", _claims_repo_id, _open_hub, open_async=_open_hub_async),
+    SourceKind("hub", _claims_repo_id, _open_hub, open_async=_open_hub_async, takes_settings=True),
 )

@@ -14,8 +14,9 @@ public and only its files are gated, so its cached headers are used without a ne
 huggingface_hub returns a cached file of a commit hash without a request (file_download.py
 ``_hf_hub_download_to_cache_dir``).
 
-Entries live in ``$CKPTINSPECT_CACHE_DIR/hub-headers`` (default ``$XDG_CACHE_HOME/ckptinspect`` or
-``~/.cache/ckptinspect``), one file per key, named by the key's sha256::
+Entries live in ``hub-headers/`` under the settings' cache directory (``$CKPTINSPECT_CACHE_DIR``, default
+``$XDG_CACHE_HOME/ckptinspect`` or ``~/.cache/ckptinspect``: ckptinspect/settings.py; a ``Settings``
+without one has no header cache), one file per key, named by the key's sha256::
 
     MAGIC (8 bytes) | key length (4 bytes, big-endian) | key | HMAC-SHA256(user key; key, payload) | payload
 
@@ -31,8 +32,8 @@ raise. Writes are atomic (a temporary file in the same directory, then ``os.repl
 file is removed on every path), so concurrent reports writing the same entry each leave a whole entry.
 
 Bounded: after a run that stored entries, the oldest (by mtime; a hit refreshes it) are removed until
-the directory holds at most ``CKPTINSPECT_HEADER_CACHE_MAX_BYTES`` (default 512 MiB). Switched off by
-``CKPTINSPECT_HEADER_CACHE=0`` or ``open_hub(header_cache=False)``.
+the directory holds at most ``Settings.header_cache_max_bytes`` (CKPTINSPECT_HEADER_CACHE_MAX_BYTES, default
+512 MiB). Switched off by ``CKPTINSPECT_HEADER_CACHE=0`` or ``open_hub(header_cache=False)``.
 """
 
 from __future__ import annotations
@@ -46,14 +47,15 @@ import struct
 import uuid
 from pathlib import Path
 
-from ckptinspect.cache_auth import cache_base, cache_key, mac
+from ckptinspect.cache_auth import cache_key, mac
 from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH
 from ckptinspect.sources.redact import redact_url
+from ckptinspect.settings import DEFAULTS, Settings
 
 MAGIC = b"CKHDRC2\n"  # 1: sha256 entries, never trusted again
 ENABLE_ENV = "CKPTINSPECT_HEADER_CACHE"
 MAX_BYTES_ENV = "CKPTINSPECT_HEADER_CACHE_MAX_BYTES"
-DEFAULT_MAX_BYTES = 512 * 1024 * 1024  # ~10x the 94 headers (51.8 MB) of the 397B NVFP4 replica
+DEFAULT_MAX_BYTES = DEFAULTS.header_cache_max_bytes  # ~10x the 94 headers (51.8 MB) of the 397B NVFP4 replica
 SUBDIR = "hub-headers"
 SUFFIX = ".hdr"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -62,23 +64,15 @@ _MAX_KEY_BYTES = 64 * 1024
 _DIGEST = 32
 
 
-def cache_dir() -> Path:
-    """``$CKPTINSPECT_CACHE_DIR/hub-headers``, the directory the tool's other caches share."""
-    return cache_base() / SUBDIR
+def cache_dir(settings: Settings = DEFAULTS) -> Path | None:
+    """``hub-headers`` under the settings' cache directory (the one the tool's other caches share), or
+    None when the settings name none."""
+    return None if settings.cache_dir is None else settings.cache_dir / SUBDIR
 
 
-def enabled(option: bool | None = None) -> bool:
-    """The option when given, else on unless ``CKPTINSPECT_HEADER_CACHE`` is 0 / false / no / off."""
-    if option is not None:
-        return option
-    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def max_bytes() -> int:
-    try:
-        return max(0, int(os.environ.get(MAX_BYTES_ENV) or DEFAULT_MAX_BYTES))
-    except ValueError:
-        return DEFAULT_MAX_BYTES
+def enabled(option: bool | None = None, settings: Settings = DEFAULTS) -> bool:
+    """The option when given, else the settings' switch (CKPTINSPECT_HEADER_CACHE)."""
+    return settings.header_cache if option is None else option
 
 
 def entry_key(endpoint: str, repo_id: str, commit: str, filename: str, etag: str | None,
@@ -98,9 +92,10 @@ def entry_key(endpoint: str, repo_id: str, commit: str, filename: str, etag: str
 class HeaderCache:
     """Header lookups and stores under one directory (``root`` None: no cache)."""
 
-    def __init__(self, root: Path | None, limit: int | None = None) -> None:
+    def __init__(self, root: Path | None, limit: int | None = None, key_file: Path | None = None) -> None:
         self.root = root
-        self.limit = max_bytes() if limit is None else limit
+        self.key_file = key_file  # the per-user MAC key (Settings.cache_key_file); None: no lookups, no stores
+        self.limit = DEFAULT_MAX_BYTES if limit is None else limit
         self.stored = 0
         self._made = False  # the directory exists (made once per cache, not once per header)
         self._secret: bytes | None | bool = False  # False: not looked up yet; None: no usable key
@@ -108,12 +103,14 @@ class HeaderCache:
     def secret(self) -> bytes | None:
         """The per-user MAC key (cache_auth.py), looked up once; None: no lookups, no stores."""
         if self._secret is False:
-            self._secret = None if self.root is None else cache_key(self.root.parent)
+            self._secret = None if self.root is None else cache_key(self.root.parent, self.key_file)
         return self._secret  # type: ignore[return-value]
 
     @classmethod
-    def default(cls, option: bool | None = None) -> "HeaderCache":
-        return cls(cache_dir() if enabled(option) else None)
+    def default(cls, option: bool | None = None, settings: Settings = DEFAULTS) -> "HeaderCache":
+        """The cache ``settings`` describe (``option``: on / off instead of the settings' switch)."""
+        return cls(cache_dir(settings) if enabled(option, settings) else None, settings.header_cache_max_bytes,
+                   settings.cache_key_file)
 
     def _path(self, key: bytes) -> Path:
         assert self.root is not None

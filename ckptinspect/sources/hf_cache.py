@@ -7,9 +7,9 @@ Cache layout (huggingface_hub ``file_download.py``, documented in ``hf_api.py`` 
         refs/{branch or tag}                the commit hash that revision pointed to
         snapshots/{commit}/{file}           relative symlink -> ../../blobs/{etag}
 
-The cache directory is read from the environment at call time (HF_HUB_CACHE, else HF_HOME/hub, else
-XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub), so a changed HF_HOME is honoured even after
-huggingface_hub was imported. A repo counts as cached when its snapshot holds config.json and every shard
+The cache directory is huggingface_hub's own (``constants.HF_HUB_CACHE``: HF_HUB_CACHE, else HF_HOME/hub,
+else XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub, as huggingface_hub read them), the
+directory ``hf_hub_download`` writes; this tool reads no environment below its edge (ckptinspect/settings.py). A repo counts as cached when its snapshot holds config.json and every shard
 (all ``weight_map`` values of the index, or ``model.safetensors``); headers are then read from those files.
 """
 
@@ -36,16 +36,11 @@ _LOCK_WAIT_S = 10.0  # another process writing the same blob: wait this long, th
 
 
 def hub_cache_dir() -> Path:
-    """The HF hub cache directory, resolved from the environment now."""
-    env = os.environ
-    if env.get("HF_HUB_CACHE"):
-        return Path(env["HF_HUB_CACHE"]).expanduser()
-    if env.get("HUGGINGFACE_HUB_CACHE"):  # legacy name, still honoured by huggingface_hub
-        return Path(env["HUGGINGFACE_HUB_CACHE"]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return base / "huggingface" / "hub"
+    """The HF hub cache directory: huggingface_hub's ``constants.HF_HUB_CACHE`` (which a program can set,
+    as ``hf_hub_download`` follows it too)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE).expanduser()
 
 
 def repo_storage(repo_id: str) -> Path:

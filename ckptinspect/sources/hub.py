@@ -16,7 +16,6 @@ sources/hf_cache.py), so a second run reads them from disk and ``hf_hub_download
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import quote
@@ -36,12 +35,13 @@ from ckptinspect.sources.net_edge import run_sync
 from ckptinspect.sources.offline import hub_offline
 from ckptinspect.sources.redact import redact_url
 from ckptinspect.sources.repo_info import RepoFile, model_info
+from ckptinspect.settings import DEFAULTS, Settings
 
 INDEX_FILE = "model.safetensors.index.json"
 # Header requests in flight at once: httpx's default keep-alive pool holds 20 connections, so every
 # request reuses one (more would open and close a connection per request).
-DEFAULT_MAX_WORKERS = 20
-WORKERS_ENV = "CKPTINSPECT_MAX_WORKERS"
+DEFAULT_MAX_WORKERS = DEFAULTS.max_workers
+WORKERS_ENV = "CKPTINSPECT_MAX_WORKERS"  # sets Settings.max_workers (ckptinspect/settings.py)
 
 
 def open_hub(repo_id: str, **options: Any) -> RawCheckpoint:
@@ -52,7 +52,7 @@ def open_hub(repo_id: str, **options: Any) -> RawCheckpoint:
 async def read_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
                    endpoint: str | None = None, progress: Progress | bool = True, max_workers: int | None = None,
                    timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None,
-                   header_cache: bool | None = None,
+                   header_cache: bool | None = None, settings: Settings | None = None,
                    limiter: asyncio.Semaphore | None = None, ends_at: float | None = None) -> RawCheckpoint:
     """Read ``repo_id`` at ``revision`` from the Hub: file list, small JSON files, every shard header.
 
@@ -60,16 +60,19 @@ async def read_hub(repo_id: str, *, revision: str | None = None, token: str | No
         repo_id: ``org/name``.
         revision: branch, tag or commit; default ``main``.
         token: access token; default HF_TOKEN / the saved login (huggingface_hub's rules).
-        endpoint: Hub URL; default HF_ENDPOINT or https://huggingface.co.
+        endpoint: Hub URL; default ``settings.endpoint``, else huggingface_hub's (HF_ENDPOINT or
+            https://huggingface.co).
         progress: where the phases of the read go (repo info, index, headers n/N; ckptinspect/progress.py):
             a Progress, or True for one line on stderr when it is a terminal, False for none.
-        max_workers: header requests in flight at once (default 20, env CKPTINSPECT_MAX_WORKERS).
-        timeout: seconds per socket read (default HF_HUB_DOWNLOAD_TIMEOUT, 10); the connect timeout,
-            the per-request and whole-read deadlines and the byte budget come from the environment
-            (sources/net_limits.py, docs/security.md).
+        max_workers: header requests in flight at once (default ``settings.max_workers``, 20).
+        timeout: seconds per socket read (default ``settings.read_timeout_s``, 10); the connect timeout,
+            the per-request and whole-read deadlines, the byte budget and the attempts per request come
+            from ``settings`` (sources/net_limits.py, docs/security.md).
         on_header: called with (shard, header bytes) as each header arrives.
         header_cache: reuse headers stored by an earlier read of the same commit and file etag
-            (sources/header_cache.py); default on unless CKPTINSPECT_HEADER_CACHE=0.
+            (sources/header_cache.py); default ``settings.header_cache`` (used only when
+            ``settings.cache_dir`` names a directory).
+        settings: the command's settings (ckptinspect/settings.py); None: every default, and no header cache.
         limiter: the bound on requests in flight this read shares with other reads on the same event
             loop (the audit's), or None.
         ends_at: a ``time.monotonic()`` value the read may not pass (the audit's deadline), or None.
@@ -85,9 +88,10 @@ async def read_hub(repo_id: str, *, revision: str | None = None, token: str | No
         raise NotFoundError(f"HF_HUB_OFFLINE=1 and the HF cache cannot answer: {describe_cache_gap(repo_id, revision)}",
                             path=repo_id, hint="run once online, or use a .json.gz snapshot")
     started = time.perf_counter()
-    session = hub_session(endpoint, token, timeout=timeout, ends_at=ends_at)
-    workers = max(1, max_workers or int(os.environ.get(WORKERS_ENV) or DEFAULT_MAX_WORKERS))
-    reader = _HubRead(repo_id, revision, session, workers, HeaderCache.default(header_cache))
+    settings = settings or DEFAULTS
+    session = hub_session(endpoint, token, timeout=timeout, ends_at=ends_at, settings=settings)
+    workers = max(1, max_workers or settings.max_workers)
+    reader = _HubRead(repo_id, revision, session, workers, HeaderCache.default(header_cache, settings))
     progress = as_progress(progress, label=repo_id)
     try:
         async with session.open(repo_id, limiter) as hub:

@@ -29,7 +29,6 @@ decoded by sources/net_json.py (depth, size, NaN / Infinity refused).
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import re
 from dataclasses import dataclass
@@ -39,10 +38,11 @@ from urllib.parse import urlsplit
 from ckptinspect.errors import AccessError, NetworkError, NotFoundError, SourceError
 from ckptinspect.sources.net_limits import REQUEST_ENV, RETRY_WAIT_ENV, Budget
 from ckptinspect.sources.redact import scrub
+from ckptinspect.settings import DEFAULTS
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-DEFAULT_ATTEMPTS = int(os.environ.get("CKPTINSPECT_HTTP_ATTEMPTS", "4"))
-DEFAULT_BACKOFF_S = float(os.environ.get("CKPTINSPECT_HTTP_BACKOFF_S", "0.25"))
+DEFAULT_ATTEMPTS = DEFAULTS.http_attempts  # the command's own: Settings.http_attempts (CKPTINSPECT_HTTP_ATTEMPTS)
+DEFAULT_BACKOFF_S = DEFAULTS.http_backoff_s  # Settings.http_backoff_s (CKPTINSPECT_HTTP_BACKOFF_S)
 MAX_REDIRECTS = 5
 ERROR_BODY_LIMIT = 1 << 20
 # Requests in flight at once to a server that closes the connection after every answer (HTTP/1.0, or

@@ -24,6 +24,7 @@ from ckptinspect.sources.gguf_files import RawGguf, check_split, companions_for,
 from ckptinspect.sources.hub_client import HubClient
 from ckptinspect.sources.hub_session import hub_session
 from ckptinspect.sources.net_edge import run_sync
+from ckptinspect.settings import DEFAULTS, Settings
 from ckptinspect.sources.redact import redact_url
 from ckptinspect.sources.repo_info import model_info
 
@@ -45,8 +46,9 @@ def open_gguf_hub(repo_id: str, **options: Any) -> RawGguf:
 
 
 async def read_gguf_hub(repo_id: str, *, ref: str, tag: str | None, revision: str | None, token: str | None,
-                        limiter: asyncio.Semaphore | None = None, ends_at: float | None = None) -> RawGguf:
-    session = hub_session(None, token, ends_at=ends_at)
+                        limiter: asyncio.Semaphore | None = None, ends_at: float | None = None,
+                        settings: Settings = DEFAULTS) -> RawGguf:
+    session = hub_session(None, token, ends_at=ends_at, settings=settings)
     shown = redact_url(session.endpoint)
     where = f"{repo_id}@{revision}" if revision else repo_id
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 from urllib.parse import unquote, urlsplit
@@ -24,13 +23,16 @@ from ckptinspect.errors import CkptInspectError, NetworkError
 from ckptinspect.sources.hub_client import FetchStats, HubClient, make_client
 from ckptinspect.sources.net_limits import Budget, NetLimits
 from ckptinspect.sources.redact import redact_url, scrub
+from ckptinspect.settings import DEFAULTS, Settings
 
 
 def hub_endpoint(endpoint: str | None = None) -> str:
-    """The Hub endpoint: argument, else HF_ENDPOINT read now (not at import), else huggingface.co."""
+    """The Hub endpoint: the argument (the settings' HF_ENDPOINT, ckptinspect/settings.py), else
+    huggingface_hub's own (``constants.ENDPOINT``: HF_ENDPOINT as huggingface_hub read it, else
+    https://huggingface.co)."""
     from huggingface_hub import constants
 
-    return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    return (endpoint or constants.ENDPOINT).rstrip("/")
 
 
 def url_secrets(url: str) -> tuple[str, ...]:
@@ -48,6 +50,8 @@ class HubSession:
     budget: Budget
     hub: bool = True
     stats: FetchStats = field(default_factory=FetchStats)
+    attempts: int | None = None  # tries per request (Settings.http_attempts); None: HubClient's default
+    backoff_s: float | None = None  # the first backoff (Settings.http_backoff_s)
 
     @contextlib.asynccontextmanager
     async def open(self, label: str, limiter: asyncio.Semaphore | None = None) -> AsyncIterator[HubClient]:
@@ -55,7 +59,7 @@ class HubSession:
         client = make_client(self.budget, hub=self.hub)
         async with client:
             yield HubClient(client, label, self.headers, budget=self.budget, stats=self.stats,
-                            secrets=self.secrets, limiter=limiter)
+                            attempts=self.attempts, backoff_s=self.backoff_s, secrets=self.secrets, limiter=limiter)
 
     def scrubbed(self, exc: CkptInspectError) -> CkptInspectError:
         """``exc``, or the same kind of error with every secret of the session taken out of its line."""
@@ -65,29 +69,32 @@ class HubSession:
         return type(exc)(clean)
 
 
-def _budget(timeout: float | None, ends_at: float | None) -> Budget:
-    budget = Budget(NetLimits.from_env(read_s=timeout))
+def _budget(timeout: float | None, ends_at: float | None, settings: Settings) -> Budget:
+    budget = Budget(NetLimits.from_settings(settings, read_s=timeout))
     if ends_at is not None:
         budget.ends_at = min(budget.ends_at, ends_at)
     return budget
 
 
 def hub_session(endpoint: str | None, token: str | None, *, timeout: float | None = None,
-                ends_at: float | None = None) -> HubSession:
-    """The Hub's session: huggingface_hub's auth headers (``token``, else HF_TOKEN / the saved login)."""
+                ends_at: float | None = None, settings: Settings = DEFAULTS) -> HubSession:
+    """The Hub's session: huggingface_hub's auth headers (``token``, else HF_TOKEN / the saved login);
+    the endpoint, limits and attempts from ``settings`` where the arguments do not say."""
     from huggingface_hub.utils import build_hf_headers
 
-    endpoint = hub_endpoint(endpoint)
+    endpoint = hub_endpoint(endpoint or settings.endpoint)
     headers = build_hf_headers(token=token)
     secrets = tuple(filter(None, [token, headers.get("authorization", "").removeprefix("Bearer "),
                                   *url_secrets(endpoint)]))
-    return HubSession(endpoint, dict(headers), secrets, _budget(timeout, ends_at))
+    return HubSession(endpoint, dict(headers), secrets, _budget(timeout, ends_at, settings),
+                      attempts=settings.http_attempts, backoff_s=settings.http_backoff_s)
 
 
-def server_session(url: str) -> HubSession:
+def server_session(url: str, settings: Settings = DEFAULTS) -> HubSession:
     """An inference server's session: no Hub headers; the command's deadline counts from now."""
-    return HubSession(url.rstrip("/"), {"Content-Type": "application/json"}, url_secrets(url), _budget(None, None),
-                      hub=False)
+    return HubSession(url.rstrip("/"), {"Content-Type": "application/json"}, url_secrets(url),
+                      _budget(None, None, settings), hub=False, attempts=settings.http_attempts,
+                      backoff_s=settings.http_backoff_s)
 
 
 
@@ -99,11 +106,11 @@ class ServerClient:
     decoded by sources/net_json.py. Every error is one NetworkError line naming the server by its redacted
     URL (``what`` says which server it is)."""
 
-    def __init__(self, url: str, what: str) -> None:
+    def __init__(self, url: str, what: str, settings: Settings = DEFAULTS) -> None:
         self.base = url.rstrip("/")
         self.shown = redact_url(self.base)
         self.what = what
-        self.session = server_session(self.base)
+        self.session = server_session(self.base, settings)
 
     def get(self, path: str, limit: int) -> bytes:
         return self._call("GET", path, None, limit)

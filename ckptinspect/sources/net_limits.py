@@ -6,8 +6,9 @@ second keeps a request alive for ever. So each request also has a deadline for t
 has a deadline and a byte budget that every request (the repo info, the small JSON files, every header
 range, error bodies) draws from.
 
-Defaults and the environment variables that change them (``ckptinspect --deadline`` and
-``--request-timeout`` set the two deadlines; docs/security.md lists every limit):
+The limits come from the command's settings (ckptinspect/settings.py: ``--deadline`` and
+``--request-timeout`` set the two deadlines, the environment variables below the rest; docs/security.md
+lists every limit). Defaults and the variables that change them:
 
 - CKPTINSPECT_CONNECT_TIMEOUT_S: TCP connect + TLS handshake, 10 s;
 - HF_HUB_DOWNLOAD_TIMEOUT: one socket read (the first byte of an answer, each read after it), 10 s;
@@ -19,12 +20,12 @@ Defaults and the environment variables that change them (``ckptinspect --deadlin
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
 
 from ckptinspect.errors import NetworkError
+from ckptinspect.settings import DEFAULTS, Settings
 
 CONNECT_ENV = "CKPTINSPECT_CONNECT_TIMEOUT_S"
 READ_ENV = "HF_HUB_DOWNLOAD_TIMEOUT"  # huggingface_hub's own knob for the same thing
@@ -33,27 +34,14 @@ DEADLINE_ENV = "CKPTINSPECT_DEADLINE_S"
 MAX_BYTES_ENV = "CKPTINSPECT_MAX_BYTES"
 RETRY_WAIT_ENV = "CKPTINSPECT_RETRY_WAIT_S"
 
-DEFAULT_CONNECT_S = 10.0
-DEFAULT_READ_S = 10.0  # huggingface_hub's HF_HUB_DOWNLOAD_TIMEOUT default
-DEFAULT_REQUEST_S = 60.0  # the largest header (25 MB) at ~0.5 MB/s
-DEFAULT_DEADLINE_S = 300.0
+DEFAULT_CONNECT_S = DEFAULTS.connect_timeout_s
+DEFAULT_READ_S = DEFAULTS.read_timeout_s  # huggingface_hub's HF_HUB_DOWNLOAD_TIMEOUT default
+DEFAULT_REQUEST_S = DEFAULTS.request_timeout_s  # the largest header (25 MB) at ~0.5 MB/s
+DEFAULT_DEADLINE_S = DEFAULTS.deadline_s
 # A 400k-tensor checkpoint reads ~52 MB of headers and a ~45 MB index; 2 GiB leaves room for a
 # 512 MB JSON file (the per-file cap) and retries, and stops a server that streams without end.
-DEFAULT_MAX_BYTES = 2 * 1024 ** 3
-DEFAULT_RETRY_WAIT_S = 30.0
-
-
-def _env_number(name: str, default: float, *, integer: bool = False) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        raise NetworkError(f"{name}={raw!r} is not a number") from None
-    if not value > 0:
-        raise NetworkError(f"{name}={raw!r} must be greater than 0")
-    return value
+DEFAULT_MAX_BYTES = DEFAULTS.max_bytes
+DEFAULT_RETRY_WAIT_S = DEFAULTS.retry_wait_s
 
 
 @dataclass(frozen=True)
@@ -66,16 +54,12 @@ class NetLimits:
     retry_wait_s: float = DEFAULT_RETRY_WAIT_S
 
     @classmethod
-    def from_env(cls, read_s: float | None = None) -> "NetLimits":
-        """The limits the environment sets now (read at call time, so tests and the CLI flags can set them)."""
-        return cls(
-            connect_s=_env_number(CONNECT_ENV, DEFAULT_CONNECT_S),
-            read_s=read_s if read_s is not None else _env_number(READ_ENV, DEFAULT_READ_S),
-            request_s=_env_number(REQUEST_ENV, DEFAULT_REQUEST_S),
-            deadline_s=_env_number(DEADLINE_ENV, DEFAULT_DEADLINE_S),
-            max_bytes=int(_env_number(MAX_BYTES_ENV, DEFAULT_MAX_BYTES, integer=True)),
-            retry_wait_s=_env_number(RETRY_WAIT_ENV, DEFAULT_RETRY_WAIT_S),
-        )
+    def from_settings(cls, settings: Settings = DEFAULTS, read_s: float | None = None) -> "NetLimits":
+        """The limits ``settings`` give (``read_s``: a caller's own socket-read timeout instead)."""
+        return cls(connect_s=settings.connect_timeout_s,
+                   read_s=read_s if read_s is not None else settings.read_timeout_s,
+                   request_s=settings.request_timeout_s, deadline_s=settings.deadline_s,
+                   max_bytes=settings.max_bytes, retry_wait_s=settings.retry_wait_s)
 
 
 class Budget:
