@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 from urllib.parse import unquote, urlsplit
@@ -94,10 +95,11 @@ def server_session(url: str) -> HubSession:
 
 class ServerClient:
     """Requests to an inference server (the probe's ``--engine`` and ``--main-url``) from synchronous code,
-    each through the bounded client (sources/net_edge.py runs it): one deadline for all of them (the
-    command's, from the first request's session), the byte budget, a cap on each answer, JSON answers
-    decoded by sources/net_json.py. Every error is one NetworkError line naming the server by its redacted
-    URL (``what`` says which server it is)."""
+    each through the bounded client (sources/net_edge.py runs it): each request within the command's
+    deadline from its start (a probe run is as long as its prompts make it; no single request may take
+    longer), all of them within one byte budget, a cap on each answer, JSON answers decoded by
+    sources/net_json.py. Every error is one NetworkError line naming the server by its redacted URL
+    (``what`` says which server it is)."""
 
     def __init__(self, url: str, what: str) -> None:
         self.base = url.rstrip("/")
@@ -124,6 +126,8 @@ class ServerClient:
         from ckptinspect.sources.net_edge import run_sync
 
         where = f"{self.shown}{path}"
+        budget = self.session.budget
+        budget.ends_at = time.monotonic() + budget.limits.deadline_s
 
         async def call() -> bytes:
             try:
