@@ -32,8 +32,8 @@ from ckptinspect.probe.metrics import DepthCounts, Tally
 COUNTING_WINDOW = "per-request verify steps inside the probe's window"
 COUNTING_ALL = "all verify steps"
 # Every request goes through the one bounded network client (sources/hub_session.py ServerClient): the
-# command's deadline (--deadline, CKPTINSPECT_DEADLINE_S) for the whole run, the per-request deadline, the
-# byte budget, and these caps on one answer. A Prometheus page of a real server is ~100 KB; a completion
+# command's deadline (--deadline, CKPTINSPECT_DEADLINE_S) for each request, the byte budget for the run,
+# and these caps on one answer. A Prometheus page of a real server is ~100 KB; a completion
 # reply of a few thousand token ids with per-step records is a few hundred KB.
 MAX_METRICS_BYTES = 16 << 20
 MAX_REPLY_BYTES = 64 << 20
@@ -215,7 +215,7 @@ def _steps(value: Any, k: int | None, where: str) -> list[int]:
 def measure(base: str, encoded: Seq[tuple[str, list[int]]], max_new_tokens: int,
             steps: int | None) -> tuple[dict[str, Tally], dict[str, Any]]:
     """Per-category tallies and the ``engine`` record of one run over the encoded prompts; every request
-    of the run under one deadline and byte budget (one client)."""
+    of the run through one client (one byte budget)."""
     client = _client(base)
     where = client.shown
     kind, model_id, version = detect(client)

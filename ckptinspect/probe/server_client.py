@@ -33,7 +33,7 @@ MAX_REPLY_VALUES = 16_000_000
 def post_json(url: str, payload: dict[str, Any], client: Any = None) -> dict[str, Any]:
     """POST ``payload`` to the main-model server through the one bounded network client
     (sources/hub_session.py ServerClient: the command's deadline, byte budget, body cap, bounded JSON,
-    the URL's password never shown); ``client``: one for the whole run (one deadline), else a new one."""
+    the URL's password never shown); ``client``: one for the whole run (one byte budget), else a new one."""
     from ckptinspect.sources.hub_session import ServerClient
 
     base, _, path = url.partition("/generate")
@@ -137,7 +137,7 @@ def run_remote(url: str, *, model_dir, config, probe_ckpt, spec, prompts, steps,
     tallies: dict[str, Tally] = {}
     from ckptinspect.sources.hub_session import ServerClient
 
-    client = ServerClient(base, "main-model server")  # the run's requests: one deadline, one byte budget
+    client = ServerClient(base, "main-model server")  # the run's requests: one byte budget
     base = client.shown  # what messages and the result name: never the URL's password
     for prompt in tqdm(prompts, desc="remote generate+mtp", unit="prompt", disable=not progress):
         ids = encode_prompt(tok, prompt, chat=True, vocab_size=probe_ckpt.checkpoint.config.vocab_size, source=model_dir)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 from urllib.parse import unquote, urlsplit
@@ -101,10 +102,11 @@ def server_session(url: str, settings: Settings = DEFAULTS) -> HubSession:
 
 class ServerClient:
     """Requests to an inference server (the probe's ``--engine`` and ``--main-url``) from synchronous code,
-    each through the bounded client (sources/net_edge.py runs it): one deadline for all of them (the
-    command's, from the first request's session), the byte budget, a cap on each answer, JSON answers
-    decoded by sources/net_json.py. Every error is one NetworkError line naming the server by its redacted
-    URL (``what`` says which server it is)."""
+    each through the bounded client (sources/net_edge.py runs it): each request within the command's
+    deadline from its start (a probe run is as long as its prompts make it; no single request may take
+    longer), all of them within one byte budget, a cap on each answer, JSON answers decoded by
+    sources/net_json.py. Every error is one NetworkError line naming the server by its redacted URL
+    (``what`` says which server it is)."""
 
     def __init__(self, url: str, what: str, settings: Settings = DEFAULTS) -> None:
         self.base = url.rstrip("/")
@@ -131,6 +133,8 @@ class ServerClient:
         from ckptinspect.sources.net_edge import run_sync
 
         where = f"{self.shown}{path}"
+        budget = self.session.budget
+        budget.ends_at = time.monotonic() + budget.limits.deadline_s
 
         async def call() -> bytes:
             try:

@@ -1,4 +1,5 @@
-"""Time and byte limits for every Hub request, and for the whole Hub read of one command.
+"""Time and byte limits for every remote request (the Hub, GGUF ranges, the audit's listing, the probe's
+inference servers: all through sources/hub_client.py), and for all the requests of one command.
 
 A read timeout alone bounds only the wait for the *next* packet: a server that answers one byte per
 second keeps a request alive for ever. So each request also has a deadline for the whole exchange
@@ -63,7 +64,7 @@ class NetLimits:
 
 
 class Budget:
-    """What is left of one command's deadline and byte budget; shared by all its threads.
+    """What is left of one command's deadline and byte budget; shared by all its requests.
 
     ``ends_at`` is a ``time.monotonic()`` value.
     """
