@@ -38,7 +38,7 @@ def schema_path(name: str = FAMILY_SCHEMA) -> Path:
 
 @lru_cache(maxsize=None)
 def validator(name: str = FAMILY_SCHEMA) -> Any:
-    """The validator of one schema (jsonschema costs ~0.1 s to import: only paid when rules are read)."""
+    """The validator of one schema (jsonschema is imported here, only when a document is validated)."""
     import jsonschema
 
     schema = json.loads(schema_path(name).read_text(encoding="utf-8"))

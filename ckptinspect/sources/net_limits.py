@@ -38,7 +38,7 @@ DEFAULT_READ_S = 10.0  # huggingface_hub's HF_HUB_DOWNLOAD_TIMEOUT default
 DEFAULT_REQUEST_S = 60.0  # the largest header (25 MB) at ~0.5 MB/s
 DEFAULT_DEADLINE_S = 300.0
 # A 400k-tensor checkpoint reads ~52 MB of headers and a ~45 MB index; 2 GiB leaves room for a
-# 512 MB JSON file (the per-file cap) and retries, and stops a server that streams without end.
+# 256 MiB index (the largest per-file cap) and retries, and stops a server that streams without end.
 DEFAULT_MAX_BYTES = 2 * 1024 ** 3
 DEFAULT_RETRY_WAIT_S = 30.0
 
