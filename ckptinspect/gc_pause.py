@@ -11,8 +11,8 @@ from typing import Iterator
 def gc_paused() -> Iterator[None]:
     """Pause the cyclic GC while building large acyclic JSON trees or scan records.
 
-    json.loads of a 41 MB index allocates ~1M containers, which triggers many full collections that
-    find nothing (measured: ~2x slower header parsing with the collector on). Unlike ``gc.freeze`` it
+    Decoding a large index or scanning headers allocates millions of acyclic containers, which would
+    trigger full collections that find nothing (what that costs: BENCHMARKS.md). Unlike ``gc.freeze`` it
     leaves nothing behind: the collector runs again, over everything, once the block ends.
     """
     was_enabled = gc.isenabled()

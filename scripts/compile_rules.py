@@ -1,10 +1,12 @@
-"""Write rules/mirror.jsonl, the JSON mirror of the built-in rule files (ckptinspect/rules/mirror.py).
+"""Write rules/mirror.jsonl, the JSON mirror of the built-in rule files (ckptinspect/rules/mirror.py), in a
+source checkout. It is a build output, never committed: a wheel gets its own from hatch_build.py (which
+calls ``expected``), and a checkout without one reads every rule file from its YAML (same answers).
 
-    python scripts/compile_rules.py           # rewrite the mirror after editing a rule file
-    python scripts/compile_rules.py --check   # exit 1 when it is stale (tests/test_rules_mirror.py)
+    python scripts/compile_rules.py           # write (or refresh) the mirror of this checkout
+    python scripts/compile_rules.py --check   # exit 1 when this checkout's mirror is missing or stale
 
 A stale mirror never changes an answer (a file whose sha256 differs is read from its YAML); it only
-costs the YAML parse again, which the test catches.
+costs the YAML parse again.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from ckptinspect.rules.mirror import MIRROR, mirror_lines  # noqa: E402
 RULES = ROOT / "rules"
 
 
-def expected() -> bytes:
-    files = [p for p in RULES.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()]
-    return b"".join(line + b"\n" for line in mirror_lines(RULES, files))
+def expected(rules: Path = RULES) -> bytes:
+    """The mirror of every YAML file under ``rules``, as the wheel and a checkout hold it."""
+    files = [p for p in rules.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()]
+    return b"".join(line + b"\n" for line in mirror_lines(rules, files))
 
 
 def main() -> int:
@@ -35,7 +38,8 @@ def main() -> int:
     want = expected()
     if args.check:
         if not target.is_file() or target.read_bytes() != want:
-            print(f"{target.relative_to(ROOT)} is stale: run python scripts/compile_rules.py", file=sys.stderr)
+            print(f"{target.relative_to(ROOT)} is missing or stale: run python scripts/compile_rules.py",
+                  file=sys.stderr)
             return 1
         return 0
     target.write_bytes(want)

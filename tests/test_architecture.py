@@ -1,6 +1,8 @@
 """Structure the project promises (docs/architecture.md): import-linter contracts (.importlinter: no
 import cycles between sibling modules or packages, counting imports inside functions too; cli/ thin over
-api; rules below readiness and plan; sources below the later stages); no module over 400 lines; the report path never imports torch; output
+api; rules below readiness and plan; readiness below plan; sources below the later stages); every module
+says in its docstring what it is (size is judged by concept in review, not by a line count: a cap split
+modules at arbitrary lines and kept none small by concept); the report path never imports torch; output
 layout is built only in render/ (records stay plain data); cli/ imports only api, render, cli,
 settings and errors; one `when:` evaluator (ckptinspect/rules/conditions.py), which imports neither readiness nor
 plan. Every checker is first shown to flag a small bad example. (That every file path named in docs,
@@ -16,7 +18,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "ckptinspect"
-MAX_LINES = 400
 
 
 def _lint_imports(config: Path) -> subprocess.CompletedProcess:
@@ -82,10 +83,19 @@ def test_the_no_sources_contract_catches_an_import(tmp_path):
     assert "ckptinspect.inventory.build -> ckptinspect.sources.interface" in done.stdout
 
 
-def test_modules_stay_under_the_size_budget():
-    big = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
-           if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
-    assert big == {}
+def _without_docstring(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                  if (text := p.read_text(encoding="utf-8")).strip() and ast.get_docstring(ast.parse(text)) is None)
+
+
+def test_every_module_says_what_it_is(tmp_path):
+    """One concept per module, named in its docstring (the first thing a reader and `help()` see)."""
+    bad = tmp_path / "pkg"
+    bad.mkdir()
+    (bad / "named.py").write_text('"""What this is."""\nX = 1\n')
+    (bad / "unnamed.py").write_text("X = 1\n")
+    assert _without_docstring(bad) == ["unnamed.py"]
+    assert _without_docstring(PACKAGE) == []
 
 
 def test_report_path_never_imports_torch():

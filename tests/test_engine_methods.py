@@ -167,12 +167,11 @@ def test_plan_warns_that_the_engine_refuses_the_checkpoint(make_fixture):
 
 
 def test_rules_validate_refuses_a_bad_known_methods_entry(tmp_path):
-    """Both the schema (`rules validate`) and the run-time check refuse a known_methods entry without its
-    refusal message, naming the entry."""
+    """Both `rules validate` and the one rule loader refuse a known_methods entry without its refusal
+    message, naming the entry."""
     from ckptinspect.api import validate_rules
     from ckptinspect.errors import RuleError
-    from ckptinspect.readiness.module_quant import check
-    from ckptinspect.rules.documents import load_rule_yaml, rules_root
+    from ckptinspect.rules.documents import load_rule_document, rules_root
 
     text = (rules_root() / "quant" / "vllm.yaml").read_text()
     bad = tmp_path / "vllm.yaml"
@@ -180,4 +179,4 @@ def test_rules_validate_refuses_a_bad_known_methods_entry(tmp_path):
     [result] = validate_rules([bad])
     assert result.error is not None and "known_methods" in result.error
     with pytest.raises(RuleError, match=r"known_methods\[0\]"):
-        check(load_rule_yaml(bad.read_bytes(), bad), str(bad))
+        load_rule_document(bad, "module_quant.schema.json")

@@ -121,12 +121,12 @@ def test_plan_rules_use_the_same_loader(tmp_path):
     from ckptinspect import rules
     from ckptinspect.plan import rules as plan_rules
 
-    assert plan_rules.load_validated is rules.load_validated
+    assert plan_rules.load_rule_document is rules.load_rule_document
 
     path = tmp_path / "gpus.yaml"
     path.write_text("gpus: &g [*g]\n")
     with pytest.raises(RuleError, match="aliases|anchors") as err:
-        plan_rules.load_validated(path, "gpus.schema.json")
+        plan_rules.load_rule_document(path, "gpus.schema.json")
     assert str(err.value).startswith(str(path))
 
 

@@ -177,7 +177,7 @@ def _group(names: list[str], header: Header) -> dict[tuple[str, int | None], Gro
 
 
 def _decimals(texts: list[str]) -> list[int]:
-    """int() of each canonical decimal; a table lookup for the usual small ones (~3x less CPU)."""
+    """int() of each canonical decimal (a table lookup for the usual small ones)."""
     try:
         return list(map(_SMALL_DECIMALS.__getitem__, texts))
     except KeyError:
@@ -186,7 +186,7 @@ def _decimals(texts: list[str]) -> list[int]:
 
 def _members_by_shape(names: list[str]) -> dict[bytes, list[int]]:
     """Indices of the names grouped by digit-masked shape (masking in C: the names joined by newlines,
-    translated and split; the indices are appended by C-level maps, ~3x faster than a loop)."""
+    translated and split; the indices are appended by C-level maps)."""
     masked = "\n".join(names).encode("utf-8", "surrogatepass").translate(_MASK_DIGITS).split(b"\n")
     if len(masked) != len(names):  # a name containing a newline: mask one by one
         masked = [n.encode("utf-8", "surrogatepass").translate(_MASK_DIGITS) for n in names]

@@ -97,13 +97,11 @@ def load_gpu_file(path: str | Path) -> tuple[GpuSpec, ...]:
     """The entries of a user GPU file (YAML or JSON in rules/gpus.yaml's schema), read through the
     guarded reader; any problem is one PlanError / RuleError line naming the file."""
     from ckptinspect.guarded_file import MAX_GPU_SPEC_BYTES, read_bytes
-    from ckptinspect.rules.documents import validate_document
-    from ckptinspect.safe_yaml import load_rule_yaml
+    from ckptinspect.rules.documents import parse_rule_document
 
     where = str(path)
     data = read_bytes(path, what="GPU file", cap=MAX_GPU_SPEC_BYTES, error=PlanError)
-    doc = load_rule_yaml(data, where)  # YAML 1.1 reads JSON too; depth and alias bombs are refused
-    validate_document(doc, where, "gpus.schema.json")
+    doc = parse_rule_document(data, where, "gpus.schema.json")  # YAML 1.1 reads JSON too
     names: set[str] = set()
     for entry in doc["gpus"]:
         keys = {_key(s) for s in (entry["name"], *entry["aliases"])}

@@ -14,12 +14,12 @@ from typing import Any, Callable, Mapping
 
 from ckptinspect.errors import RuleError
 from ckptinspect.rules.conditions import evaluate, register_all
-from ckptinspect.rules.documents import load_validated, rules_root
+from ckptinspect.rules.documents import load_rule_document, rules_root
 
 
 @lru_cache(maxsize=None)
 def gpu_rules() -> dict[str, Any]:
-    return load_validated(rules_root() / "gpus.yaml", "gpus.schema.json")
+    return load_rule_document(rules_root() / "gpus.yaml", "gpus.schema.json", builtin=True)
 
 
 @lru_cache(maxsize=None)
@@ -28,7 +28,7 @@ def engine_rules(name: str) -> dict[str, Any]:
     path = rules_root() / "engines" / f"{name}.yaml"
     if not path.is_file():
         raise RuleError("engine rule file missing", path=str(path))
-    return load_validated(path, "engine.schema.json")
+    return load_rule_document(path, "engine.schema.json", builtin=True)
 
 
 @dataclass(frozen=True)

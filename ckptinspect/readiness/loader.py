@@ -20,35 +20,24 @@ from ckptinspect.readiness.model import (
     FamilyRule, ForcedUnquantized, MtpLayout, Requirement, RuleSet, RuntimeName,
 )
 from ckptinspect.rules.conditions import names_used
-from ckptinspect.rules.documents import rules_root, validate_document
-from ckptinspect.rules.mirror import builtin_rule_document
-from ckptinspect.safe_yaml import load_rule_yaml, read_rule_bytes
+from ckptinspect.rules.documents import FAMILY_SCHEMA, load_rule_document, rules_root, validate_document
 
 def builtin_dir() -> Path:
     return rules_root() / "families"
 
 
 def read_rule_file(path: Path, *, validate: bool = True) -> dict[str, Any]:
-    """Parse one rule file (safe YAML loader) and validate it against the family schema.
+    """Parse one rule file (the one rule loader, ckptinspect/rules/documents.py) and validate it against the family schema.
 
     ``validate=False`` is for the built-in files only: they ship with the package and are validated
-    in CI (tests/test_rules.py), like code; re-validating them costs ~0.3 s per run, and the run-time
-    cache that used to save it was input the next run trusted (issue 26: a poisoned cache changed a
-    verdict). They are parsed through the JSON mirror of the unchanged built-in files
-    (ckptinspect/rules/mirror.py). A user's --rules-dir file is always validated."""
-    if not validate:
-        doc = builtin_rule_document(path, rules_root())
-        if not isinstance(doc, dict):
-            raise RuleError("$: a rule file must be a mapping", path=str(path))
-        return doc
-    return _parse_and_validate(read_rule_bytes(path), path)
-
-
-def _parse_and_validate(data: bytes, path: Path) -> dict[str, Any]:
-    doc = load_rule_yaml(data, path)
+    in CI (tests/test_rule_documents.py), like code, as every built-in rule file is; the run-time cache
+    that used to save re-validating them was input the next run trusted (issue 26: a poisoned cache
+    changed a verdict). A user's --rules-dir file is always validated."""
+    doc = load_rule_document(path, FAMILY_SCHEMA, builtin=True)
     if not isinstance(doc, dict):
         raise RuleError("$: a rule file must be a mapping", path=str(path))
-    validate_document(doc, str(path))
+    if validate:
+        validate_document(doc, str(path))
     return doc
 
 

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from ckptinspect.errors import RuleError
 from ckptinspect.readiness.loader import load_rules, read_rule_file, rule_files
-from ckptinspect.rules.documents import load_validated, plan_rule_schema
+from ckptinspect.rules.documents import load_rule_document, plan_rule_schema
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def validate_rule_files(paths: Sequence[Path], rules_dirs: Sequence[Path] = ()) 
             schemas = {f: _plan_schema_or_none(f) for f in files}
             if files and all(schemas.values()):  # a directory of engine / GPU files (rules/engines/)
                 out += [RuleFileCheck(str(f), None) for f in files
-                        if passes(f, lambda f=f: load_validated(f, schemas[f]))]
+                        if passes(f, lambda f=f: load_rule_document(f, schemas[f]))]
                 continue
             good = [f for f in files if passes(f, lambda f=f: read_rule_file(f))]
             if len(good) == len(files) and passes(path, lambda: load_rules((*rules_dirs, path))):
@@ -60,7 +60,7 @@ def validate_rule_files(paths: Sequence[Path], rules_dirs: Sequence[Path] = ()) 
             continue
         schema = found[0]
         if schema is not None:
-            if passes(path, lambda: load_validated(path, schema)):
+            if passes(path, lambda: load_rule_document(path, schema)):
                 out.append(RuleFileCheck(str(path), None))
         elif passes(path, lambda: read_rule_file(path)) and \
                 passes(path, lambda: load_rules(rules_dirs, extra_files=[path])):

@@ -9,6 +9,8 @@ engine and GPU rules. Every rule file's ``when:`` conditions are evaluated by on
 evaluator, ``ckptinspect/rules/conditions.py``, into which readiness and plan register theirs.
 """
 
-from ckptinspect.rules.documents import load_validated, plan_rule_schema, rules_root, schema_path, validate_document
+from ckptinspect.rules.documents import (load_rule_document, parse_rule_document, plan_rule_schema, rules_root,
+                                         schema_path, validate_document)
 
-__all__ = ["load_validated", "plan_rule_schema", "rules_root", "schema_path", "validate_document"]
+__all__ = ["load_rule_document", "parse_rule_document", "plan_rule_schema", "rules_root", "schema_path",
+           "validate_document"]

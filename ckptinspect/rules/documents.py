@@ -1,4 +1,12 @@
-"""Locate the built-in rule files and validate rule documents against their schemas (one error form)."""
+"""The one loader of rule documents (families, engines, quantization procedures, the GPU catalog, the GGUF
+engine file), their schemas and the one error form.
+
+Every rule file is read by the safe YAML loader (ckptinspect/safe_yaml.py) and checked against its JSON
+Schema in rules/schema/ the same way (``validate_document``): a user's file (--rules-dir, --gpu-spec,
+``rules validate``) on every load; the package's own files are data shipped like code and validated in
+CI (tests/test_rule_documents.py checks every one against its schema), so a report reads them without
+importing jsonschema, through the JSON mirror of the unchanged files (ckptinspect/rules/mirror.py).
+"""
 
 from __future__ import annotations
 
@@ -30,7 +38,7 @@ def schema_path(name: str = FAMILY_SCHEMA) -> Path:
 
 @lru_cache(maxsize=None)
 def validator(name: str = FAMILY_SCHEMA) -> Any:
-    """The validator of one schema (jsonschema costs ~0.1 s to import: only paid when rules are read)."""
+    """The validator of one schema (jsonschema is imported here, only when a document is validated)."""
     import jsonschema
 
     schema = json.loads(schema_path(name).read_text(encoding="utf-8"))
@@ -62,11 +70,21 @@ def validate_document(doc: Any, path: str, schema: str = FAMILY_SCHEMA) -> None:
     raise RuleError(f"{_doc_path(err.absolute_path)}: {_readable(err)}{more}", path=path)
 
 
-def load_validated(path: Path, schema: str) -> Any:
+def load_rule_document(path: Path, schema: str, *, builtin: bool = False) -> Any:
     """Read one rule file through the safe loader (a built-in one through its JSON mirror while unchanged:
-    ckptinspect/rules/mirror.py) and validate it against ``schema``."""
+    ckptinspect/rules/mirror.py) and, unless it is one of the package's own files (``builtin``: validated
+    in CI), validate it against ``schema``. Raises RuleError naming the file."""
     doc = builtin_rule_document(path, rules_root())
-    validate_document(doc, str(path), schema)
+    if not builtin:
+        validate_document(doc, str(path), schema)
+    return doc
+
+
+def parse_rule_document(data: bytes, where: str, schema: str) -> Any:
+    """A user's rule document already read (by the guarded reader of its own kind of file), parsed by the
+    safe loader and validated against ``schema`` as load_rule_document does."""
+    doc = load_rule_yaml(data, where)
+    validate_document(doc, where, schema)
     return doc
 
 

@@ -20,11 +20,11 @@ ENGINE = "llamacpp"
 
 @lru_cache(maxsize=4)
 def gguf_engine_rules(engine: str = ENGINE) -> dict[str, Any]:
-    """rules/engines/<engine>.yaml, read through the safe loader and validated against its schema."""
-    from ckptinspect.rules.documents import load_validated, rules_root
+    """rules/engines/<engine>.yaml (the one rule loader; its schema is checked in CI), placeholders checked."""
+    from ckptinspect.rules.documents import load_rule_document, rules_root
 
     path = rules_root() / "engines" / f"{engine}.yaml"
-    doc = load_validated(path, "gguf_engine.schema.json")
+    doc = load_rule_document(path, "gguf_engine.schema.json", builtin=True)
     for i, rule in enumerate(doc["verdicts"]):
         for key in ("message", "hint"):
             names = {field for _, field, _, _ in Formatter().parse(rule.get(key, "")) if field is not None}

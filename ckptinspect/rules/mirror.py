@@ -1,11 +1,11 @@
 """A JSON mirror of the built-in rule files, read instead of their YAML when the bytes are unchanged.
 
-Every report reads ~54 built-in rule files. PyYAML's C parser still builds the document through its
-Python constructor, and the safe loader first walks the parser events for anchors and depth
-(safe_yaml.py): ~60 ms of CPU per report, 3% of a remote report of a 371k-tensor checkpoint.
-``rules/mirror.jsonl`` holds, per built-in file, its path under the rules folder, the sha256 of its
-bytes and its parsed document; ``scripts/compile_rules.py`` writes it and tests/test_rules_mirror.py
-fails when it is stale. The YAML files stay the source of truth: a file is taken from the mirror only
+Every report reads ~54 built-in rule files through the safe YAML loader (safe_yaml.py); what the
+mirror saves is measured in BENCHMARKS.md. ``mirror.jsonl`` in the rules folder holds, per built-in
+file, its path under the rules folder, the sha256 of its bytes and its parsed document. It is a build
+output, never committed: the wheel build writes it (hatch_build.py), ``scripts/compile_rules.py`` writes
+one into a source checkout, and without one every file is read from its YAML. The YAML files stay the
+source of truth: a file is taken from the mirror only
 when the sha256 of the bytes read now equals the mirrored one, so an edited, replaced or damaged file
 is parsed from its YAML as before, never answered from an old copy. A document that JSON cannot hold
 with the same Python types (a date, a non-string key) is left out of the mirror when it is written.

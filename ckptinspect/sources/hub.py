@@ -185,7 +185,7 @@ class _HubRead:
 
     async def _json_file(self, hub: HubClient, commit: str, name: str, sibling: RepoFile, url: str) -> tuple[Any, int]:
         local = cached_file(self.repo_id, commit, name)
-        cap = json_file_cap(name)  # the local files' caps (16 MiB, 512 MiB for the index): sources/interface.py
+        cap = json_file_cap(name)  # the local files' caps (16 MiB, 256 MiB for the index): sources/interface.py
         where = f"{self.repo_id}/{name}"
         if local is not None:
             data = read_file_bytes(local)

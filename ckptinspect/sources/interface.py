@@ -34,7 +34,8 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # Size caps, checked (st_size) before a JSON file is read, so a huge or sparse file is refused in
 # bounded time and memory. Real config / quantization / generation configs are 1-100 kB: 16 MiB is
 # >100x that. The largest real index known (nvidia/Qwen3.5-397B-A17B-NVFP4, 371k tensors) is 41 MB;
-# 512 MiB leaves room for ~4.5M tensors while bounding the parse (~10x the file in memory).
+# 256 MiB (MAX_INDEX_FILE_BYTES) leaves room for ~2.4M tensors while bounding the parse (~10x the file
+# in memory).
 MAX_JSON_FILE_BYTES = 16 * 1024 ** 2
 MAX_INDEX_FILE_BYTES = 256 * 1024 ** 2  # the 371k-tensor Qwen3.5-397B index is 39 MiB
 # Header bytes a local read holds at once, all shards together: a record is eager (every header read

@@ -40,7 +40,7 @@ DEFAULT_READ_S = DEFAULTS.read_timeout_s  # huggingface_hub's HF_HUB_DOWNLOAD_TI
 DEFAULT_REQUEST_S = DEFAULTS.request_timeout_s  # the largest header (25 MB) at ~0.5 MB/s
 DEFAULT_DEADLINE_S = DEFAULTS.deadline_s
 # A 400k-tensor checkpoint reads ~52 MB of headers and a ~45 MB index; 2 GiB leaves room for a
-# 512 MB JSON file (the per-file cap) and retries, and stops a server that streams without end.
+# 256 MiB index (the largest per-file cap) and retries, and stops a server that streams without end.
 DEFAULT_MAX_BYTES = DEFAULTS.max_bytes
 DEFAULT_RETRY_WAIT_S = DEFAULTS.retry_wait_s
 
