@@ -100,9 +100,11 @@ def _create_key(path: Path) -> None:
 
 
 def cache_key(cache_root: Path | None = None) -> bytes | None:
-    """The 32-byte key, created on first use; None when there is no trustworthy key (no caching then)."""
+    """The 32-byte key, created on first use; None when there is no trustworthy key (no caching then):
+    also when the key would lie in the cache directory (``cache_root``) or anywhere under the tool's
+    cache base, whatever a restored cache holds."""
     path = key_path()
-    if _inside(path, cache_root if cache_root is not None else cache_base()):
+    if _inside(path, cache_base()) or (cache_root is not None and _inside(path, cache_root)):
         return None
     key = _read_key(path)
     if key is not None:

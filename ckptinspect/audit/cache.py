@@ -80,7 +80,7 @@ class AuditCache:
 
     def secret(self) -> bytes | None:
         if self._secret is False:
-            self._secret = None if self.root is None else user_key(self.root.parent)
+            self._secret = None if self.root is None else user_key(self.root)
         return self._secret  # type: ignore[return-value]
 
     def _path(self, repo_id: str) -> Path:
