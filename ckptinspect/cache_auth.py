@@ -84,13 +84,15 @@ def _create_key(path: Path) -> None:
             pass
 
 
-def cache_key(cache_root: Path, key_file: Path | None) -> bytes | None:
+def cache_key(cache_root: Path, key_file: Path | None, cache_base: Path | None = None) -> bytes | None:
     """The 32-byte key in ``key_file`` (``Settings.cache_key_file``), created on first use; None when there is
-    no trustworthy key (no caching then): no key file named, or one inside the cache it would authenticate."""
+    no trustworthy key (no caching then): no key file named, or one that would lie in the cache directory
+    (``cache_root``) or anywhere under the tool's cache base (``Settings.cache_dir``), whatever a restored
+    cache holds."""
     if key_file is None:
         return None
     path = key_file
-    if _inside(path, cache_root):
+    if _inside(path, cache_root) or (cache_base is not None and _inside(path, cache_base)):
         return None
     key = _read_key(path)
     if key is not None:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +26,9 @@ from fixtures.generate import FIXTURES, build_fixture  # noqa: E402
 # user's ~/.cache/ckptinspect and no test reads a header another test's server stored; the tests of the
 # Hub source turn it on with a directory of their own (hub_repos.isolate_hf).
 os.environ["CKPTINSPECT_HEADER_CACHE"] = "0"
+# The caches' MAC key (ckptinspect/cache_auth.py) of the test session: never the user's own config folder.
+os.environ.setdefault("CKPTINSPECT_CACHE_KEY_FILE",
+                      os.path.join(tempfile.mkdtemp(prefix="ckptinspect-test-config-"), "cache-key"))
 
 PYTEST_CONFIG: pytest.Config | None = None  # for tests/sglang_parser.py's one-line install notice
 _BACKGROUND_INSTALL = None  # the engine installer started by this process (tests/engine_envs.py)

@@ -84,7 +84,7 @@ class AuditCache:
 
     def secret(self) -> bytes | None:
         if self._secret is False:
-            self._secret = None if self.root is None else user_key(self.root.parent, self.key_file)
+            self._secret = None if self.root is None else user_key(self.root, self.key_file, self.root.parent)
         return self._secret  # type: ignore[return-value]
 
     def _path(self, repo_id: str) -> Path:

@@ -103,7 +103,7 @@ class HeaderCache:
     def secret(self) -> bytes | None:
         """The per-user MAC key (cache_auth.py), looked up once; None: no lookups, no stores."""
         if self._secret is False:
-            self._secret = None if self.root is None else cache_key(self.root.parent, self.key_file)
+            self._secret = None if self.root is None else cache_key(self.root, self.key_file, self.root.parent)
         return self._secret  # type: ignore[return-value]
 
     @classmethod
