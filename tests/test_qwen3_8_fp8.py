@@ -63,3 +63,17 @@ def test_sglang_builds_the_fp8_draft_per_module():
     assert answer["mtp.layers.0.self_attn.qkv_proj"] == answer["mtp.layers.0.self_attn.o_proj"] \
         == answer["mtp.layers.0.mlp.shared_expert.gate_up_proj"] == "UnquantizedLinearMethod"
     assert answer["mtp.layers.0.mlp.experts"] == "Fp8MoEMethod"
+
+
+def test_a_version_the_engine_rules_do_not_model_shows_not_decided(report):
+    """"not decided" is a visible state with its reason: rules/quant/vllm.yaml models vLLM's readings from
+    0.32.0 on, so at 0.31.0 every cell the lists decide says so instead of passing the generic reading off
+    as vLLM's."""
+    from ckptinspect.readiness import assess_mtp, load_rules
+
+    r = report("qwen3_8_fp8_mtp_mixed")
+    rules = load_rules()
+    old = assess_mtp(r.checkpoint, rules.get(r.mtp.family), rules, engine_versions={"vllm": "0.31.0"})
+    cells = [(row.built["vllm"], row.causes["vllm"]) for row in old.modules if row.reasons["vllm"] in ("excluded", "quantized")]
+    assert cells and all(b.endswith("(not decided)") and "models no fp8 entry" in c for b, c in cells)
+    assert not any("not decided" in row.built["sglang"] for row in old.modules)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
-from ckptinspect.readiness.draft_build import ModuleBuild, build_plan
+from ckptinspect.readiness.draft_build import ModuleBuild, build_plan, rule_at
 from ckptinspect.readiness.engine_methods import support_for
+from ckptinspect.readiness.module_quant import module_quant_rules
 from ckptinspect.records import EngineVerdict, MtpModuleQuant
 
 if TYPE_CHECKING:
@@ -50,6 +51,10 @@ def module_table(facts: "Facts", contexts: Mapping[str, "EngineContext"],
                 built[name], reasons[name], causes[name], matches[name] = "no draft model", "-", "", True
                 continue
             built[name], reasons[name], causes[name], matches[name] = _engine_cell(m)
+            undecided = _not_decided(contexts[name], m)
+            if undecided:
+                built[name] = f"{built[name]} (not decided)"
+                causes[name] = undecided
             final = dict(verdicts[name].module_quantization).get(module) if name in verdicts else None
             if final is not None and not m.built_quantized:
                 built[name], reasons[name], matches[name] = final, "quantized", m.stored_quantized
@@ -58,6 +63,18 @@ def module_table(facts: "Facts", contexts: Mapping[str, "EngineContext"],
                                    stored=first.stored, built=built, reasons=reasons, causes=causes,
                                    matches=matches))
     return tuple(rows)
+
+
+def _not_decided(ctx: "EngineContext", m: ModuleBuild) -> str:
+    """Why the cell is the generic reading of the declared lists rather than the engine's own procedure
+    ("" when the engine's procedure, its model code or its draft rule decided)."""
+    if set(m.reasons) - {"excluded", "quantized"} or any(m.causes):
+        return ""
+    method = ctx.facts.engine_method
+    if rule_at(module_quant_rules(ctx.engine.engine), method, ctx.version) is not None:
+        return ""
+    return (f"not decided by {ctx.engine.engine} {ctx.version}'s own reading: rules/quant/{ctx.engine.engine}.yaml "
+            f"models no {method} entry at this version, so the declared lists are read as their exporter meant them")
 
 
 def _engine_cell(m: ModuleBuild) -> tuple[str, str, str, bool]:
