@@ -119,19 +119,20 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
             "--main-url, or a GPU with more memory", floor_bytes=floor, path=model_dir)
     cap = max(chunk_tokens or DEFAULT_CHUNK_TOKENS, 1)
 
-    def fit(store_tokens: int) -> int:  # the largest chunk (padded tokens) beside the store, at most cap
-        return min(cap, max(0, limit - bare["total"] - store_tokens * row_bytes) // token_bytes)
+    def room(store_tokens: int) -> int:  # padded tokens a chunk may hold beside the store
+        return max(0, limit - bare["total"] - store_tokens * row_bytes) // token_bytes
 
-    chosen, rounds, chunk = "host", 1, max(longest, fit(0))
+    # a sequence longer than the chunk is a chunk of its own (chunk_rows): the room must hold the longest
+    chosen, rounds, chunk = "host", 1, min(cap, room(0))
     if store in ("auto", "device"):
-        padded, _ = padded_at(cap)
-        dev_chunk = fit(padded)
-        if dev_chunk >= longest:
-            padded, _ = padded_at(dev_chunk)
-            dev_chunk = fit(padded)
+        padded, _ = padded_at(min(cap, room(0)))
+        dev_room = room(padded)
+        if dev_room >= longest:
+            padded, _ = padded_at(min(cap, dev_room))
+            dev_room = room(padded)
         scoring_fits = int(limit * AUTO_FRACTION) - fixed - padded * row_bytes >= least_scratch
-        if store == "device" or (scoring_fits and dev_chunk >= max(longest, min(cap, DEVICE_STORE_MIN_CHUNK))):
-            chosen, chunk = "device", max(longest, dev_chunk)
+        if store == "device" or (scoring_fits and dev_room >= max(longest, min(cap, DEVICE_STORE_MIN_CHUNK))):
+            chosen, chunk = "device", max(1, min(cap, dev_room))
     padded, chunk_peak = padded_at(chunk)
     if chosen == "host":
         rounds = max(1, -(-padded * row_bytes // max(host_budget(host_limit), 1)))
