@@ -13,8 +13,9 @@ def outcome_of(steps: tuple[StepOutcome, ...], modules: tuple[ModuleOutcome, ...
     loaded; else ``loads``. A stored MTP tensor the engine skipped is listed, not a defect by itself: the
     engines skip the copies of what they share with the target (SGLang's NextN skips shared_head.head and
     embed_tokens), and a skipped tensor that mattered leaves its parameter never loaded."""
-    if any(not step.ok for step in steps):
-        return "load failed" if any(step.error and step.where for step in steps if not step.ok) else "not run"
+    failed = [step for step in steps if not step.ok]
+    if failed:
+        return "load failed" if any(step.error and step.where and not step.platform for step in failed) else "not run"
     if not finished:
         return "not run"
     bad = any(p.status in ("mismatch", "never loaded") for m in modules for p in m.parameters)
@@ -24,7 +25,8 @@ def outcome_of(steps: tuple[StepOutcome, ...], modules: tuple[ModuleOutcome, ...
 def result_from_answer(ref: str, location: str, engine: str, python: str, answer: dict[str, Any],
                        seconds: float) -> VerifyResult:
     steps = tuple(StepOutcome(step=s["step"], ok=bool(s["ok"]), seconds=float(s.get("seconds", 0.0)),
-                              error=s.get("error"), where=s.get("where") or None, tensor=s.get("tensor"))
+                              error=s.get("error"), where=s.get("where") or None, tensor=s.get("tensor"),
+                              platform=bool(s.get("platform")))
                   for s in answer.get("steps", ()))
     by_module: dict[str, list[ParameterOutcome]] = {}
     for p in answer.get("parameters", ()):

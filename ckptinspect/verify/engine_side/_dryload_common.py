@@ -17,12 +17,16 @@ recorded with (shard, expert, dtype, shape) and checked against the parameter af
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import traceback
 from typing import Any, Callable, Iterator
 
 ANSWER_MARK = "@@ckptinspect-verify "
+PLATFORM_REFUSAL = re.compile(r"(?i)current platform does not support|not compiled with cuda|cuda is not available|"
+                              r"no cuda gpus|requires (amx|cuda|a gpu)|found no nvidia driver|"
+                              r"requires platform support")
 EXIT_ENGINE_MISSING = 3  # the engine package cannot be imported: the environment is not the engine's
 EXIT_INTERNAL = 4  # the dry-load script itself failed (a bug here, not an answer about the checkpoint)
 
@@ -68,6 +72,8 @@ class Step:
         if exc is not None:
             entry["error"] = f"{type(exc).__name__}: {exc}"
             entry["where"] = _engine_frame(tb)
+            # the engine refusing THIS machine (no GPU / CUDA / a CPU feature), not the checkpoint
+            entry["platform"] = bool(PLATFORM_REFUSAL.search(entry["error"]))
         self.steps.append(entry)
         return exc is None or isinstance(exc, Exception)  # the engine's exception is the answer; Ctrl-C is not
 
