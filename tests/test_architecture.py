@@ -130,6 +130,7 @@ JSON_WRITERS = {
     "ckptinspect/verify/engine.py": "the dry-load request on the engine script's stdin",
     "ckptinspect/verify/engine_side/_dryload_common.py": "the engine script's answer line (run by the engine's Python)",
     "ckptinspect/verify/engine_side/vllm_dryload.py": "the config files of the engine's scratch model directory",
+    "ckptinspect/verify/engine_side/sglang_dryload.py": "the config files of the engine's scratch model directory",
     "ckptinspect/audit/cache.py": "the audit cache file (report documents by commit, read back by a later audit)",
     "ckptinspect/probe/prompts/__init__.py": "the chat template and its inputs sent to the bounded render child",
 }

@@ -65,6 +65,54 @@ def _no_mtp(tensors):
     return [t for t in tensors if not t.mtp]
 
 
+def sglang_environment() -> tuple[str, str]:
+    """(python, PYTHONPATH) of the SGLang 0.5.23 test install (tests/sglang_parser.py, sglang_quant_oracle.py):
+    a pip --target install used with this Python."""
+    from tests.sglang_parser import ensure_sglang
+    from tests.sglang_quant_oracle import ensure_quant_deps
+
+    return sys.executable, os.pathsep.join([str(ensure_sglang()), str(ensure_quant_deps())])
+
+
+@pytest.fixture(scope="module")
+def sglang_dryloads(tmp_path_factory):
+    from ckptinspect.verify import verify_many
+
+    python, path = sglang_environment()
+    tmp = tmp_path_factory.mktemp("verify-sglang")
+    refs = [_deepseek(tmp, "as-stored"), _deepseek(tmp, "bf16-expert", _bf16_expert),
+            _deepseek(tmp, "missing-scale", _missing_scale)]
+    start = time.perf_counter()
+    results = verify_many([str(r) for r in refs], "sglang", engine_python=python, engine_pythonpath=path,
+                          deadline=900)
+    print(f"\nverify: 3 DeepSeek-V3 replicas dry-loaded by SGLang in one process: {time.perf_counter() - start:.1f} s")
+    return dict(zip(("as-stored", "bf16-expert", "missing-scale"), results))
+
+
+def test_sglang_as_stored_loads_with_its_own_nextn_draft(sglang_dryloads):
+    result = sglang_dryloads["as-stored"]
+    assert not isinstance(result, str), result
+    assert result.outcome == "loads", [s for s in result.steps if not s.ok]
+    assert (result.engine_version, result.draft_class, result.quant_config) == \
+        ("0.5.23", "DeepseekV3ForCausalLMNextN", "Fp8Config")
+    params = _params(result)
+    assert params["model.decoder.mlp.experts.w13_weight"].dtype == "float8_e4m3fn"
+    # the fused q_a / kv_a projection is loaded from BOTH stored tensors (SGLang concatenates them first)
+    fused = params["model.decoder.self_attn.fused_qkv_a_proj_with_mqa.weight"]
+    assert fused.status == "loaded" and fused.source_count == 2
+    assert params["lm_head.weight"].status == "shared" and params["model.embed_tokens.weight"].status == "shared"
+    # SGLang's NextN loader skips the MTP layer's own head and embedding: the target's are used
+    assert set(result.mtp_tensors_skipped) == {"model.layers.4.embed_tokens.weight",
+                                               "model.layers.4.shared_head.head.weight"}
+
+
+def test_sglang_finds_the_same_defects(sglang_dryloads):
+    bf16 = _params(sglang_dryloads["bf16-expert"])["model.decoder.mlp.experts.w2_weight"]
+    assert sglang_dryloads["bf16-expert"].outcome == "defects" and bf16.status == "mismatch"
+    scale = _params(sglang_dryloads["missing-scale"])["model.decoder.mlp.experts.w13_weight_scale_inv"]
+    assert scale.problems == ("1 of 16 (shard, expert) slots never loaded: expert 2 w3",)
+
+
 @pytest.fixture(scope="module")
 def dryloads(tmp_path_factory):
     from ckptinspect.verify import verify_many

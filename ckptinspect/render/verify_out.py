@@ -44,7 +44,8 @@ def verify_text(result: Any) -> str:
         mark = "ok" if step.ok else "FAILED"
         lines.append(f"{step.step:<36} {mark:<6} {step.seconds:.2f} s")
         if not step.ok:
-            lines.append(f"  {step.error}")
+            lines.append(f"  {step.error}" + ("  (the engine refuses this machine, not the checkpoint)"
+                                             if step.platform else ""))
             if step.where:
                 lines.append(f"  at {step.where}" + (f" loading {step.tensor}" if step.tensor else ""))
     if result.modules:

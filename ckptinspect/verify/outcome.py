@@ -7,23 +7,26 @@ from typing import Any
 from ckptinspect.verify.records import ModuleOutcome, ParameterOutcome, StepOutcome, VerifyResult
 
 
-def outcome_of(steps: tuple[StepOutcome, ...], modules: tuple[ModuleOutcome, ...], skipped_mtp: tuple[str, ...],
-               finished: bool) -> str:
+def outcome_of(steps: tuple[StepOutcome, ...], modules: tuple[ModuleOutcome, ...], finished: bool) -> str:
     """``load failed`` when a step raised in the engine; ``not run`` when the script stopped before loading
     for another reason (a dtype this torch lacks); ``defects`` when a parameter was mis-loaded or never
-    loaded or a stored MTP tensor was skipped; else ``loads``."""
-    if any(not step.ok for step in steps):
-        return "load failed" if any(step.error and step.where for step in steps if not step.ok) else "not run"
+    loaded; else ``loads``. A stored MTP tensor the engine skipped is listed, not a defect by itself: the
+    engines skip the copies of what they share with the target (SGLang's NextN skips shared_head.head and
+    embed_tokens), and a skipped tensor that mattered leaves its parameter never loaded."""
+    failed = [step for step in steps if not step.ok]
+    if failed:
+        return "load failed" if any(step.error and step.where and not step.platform for step in failed) else "not run"
     if not finished:
         return "not run"
     bad = any(p.status in ("mismatch", "never loaded") for m in modules for p in m.parameters)
-    return "defects" if bad or skipped_mtp else "loads"
+    return "defects" if bad else "loads"
 
 
 def result_from_answer(ref: str, location: str, engine: str, python: str, answer: dict[str, Any],
                        seconds: float) -> VerifyResult:
     steps = tuple(StepOutcome(step=s["step"], ok=bool(s["ok"]), seconds=float(s.get("seconds", 0.0)),
-                              error=s.get("error"), where=s.get("where") or None, tensor=s.get("tensor"))
+                              error=s.get("error"), where=s.get("where") or None, tensor=s.get("tensor"),
+                              platform=bool(s.get("platform")))
                   for s in answer.get("steps", ()))
     by_module: dict[str, list[ParameterOutcome]] = {}
     for p in answer.get("parameters", ()):
@@ -38,7 +41,7 @@ def result_from_answer(ref: str, location: str, engine: str, python: str, answer
     finished = "parameters" in answer
     return VerifyResult(
         ref=ref, location=location, engine=engine, engine_version=answer.get("engine_version"), python=python,
-        outcome=outcome_of(steps, modules, skipped, finished), method=answer.get("method"),
+        outcome=outcome_of(steps, modules, finished), method=answer.get("method"),
         draft_architectures=tuple(answer.get("draft_architectures", ())), draft_class=answer.get("draft_class"),
         quantization=answer.get("quantization"), quant_config=answer.get("quant_config"), steps=steps,
         modules=modules, tensors_offered=int(tensors.get("offered", 0)),

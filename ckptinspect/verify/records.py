@@ -18,6 +18,7 @@ class StepOutcome:
     error: str | None = None  # the engine's exception: "ValueError: ..."
     where: str | None = None  # the engine's innermost frame: "vllm/...py:123 function"
     tensor: str | None = None  # the stored tensor being loaded when it raised
+    platform: bool = False  # the engine refused this machine (no GPU / CUDA / CPU feature), not the checkpoint
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,16 @@ recorded with (shard, expert, dtype, shape) and checked against the parameter af
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import traceback
 from typing import Any, Callable, Iterator
 
 ANSWER_MARK = "@@ckptinspect-verify "
+PLATFORM_REFUSAL = re.compile(r"(?i)current platform does not support|not compiled with cuda|cuda is not available|"
+                              r"no cuda gpus|requires (amx|cuda|a gpu)|found no nvidia driver|"
+                              r"requires platform support")
 EXIT_ENGINE_MISSING = 3  # the engine package cannot be imported: the environment is not the engine's
 EXIT_INTERNAL = 4  # the dry-load script itself failed (a bug here, not an answer about the checkpoint)
 
@@ -68,6 +72,8 @@ class Step:
         if exc is not None:
             entry["error"] = f"{type(exc).__name__}: {exc}"
             entry["where"] = _engine_frame(tb)
+            # the engine refusing THIS machine (no GPU / CUDA / a CPU feature), not the checkpoint
+            entry["platform"] = bool(PLATFORM_REFUSAL.search(entry["error"]))
         self.steps.append(entry)
         return exc is None or isinstance(exc, Exception)  # the engine's exception is the answer; Ctrl-C is not
 
@@ -95,6 +101,47 @@ class Recorder:
         self.loaded_from: dict[str, set[str]] = {}  # stored tensor name -> parameter names it reached
         self.names: dict[int, str] = {}  # id(parameter) -> its name
         self.param_items: list = []
+        self.provenance: dict[int, tuple] = {}  # id(meta tensor) -> (tensor, stored names it came from)
+
+    def sources_of(self, tensor: Any) -> list[str]:
+        """The stored tensors ``tensor`` was computed from (a loader may receive a concatenation of two
+        stored tensors, e.g. SGLang's fused q_a / kv_a projection), else the one handed out last."""
+        entry = self.provenance.get(id(tensor))
+        if entry is not None and entry[0] is tensor and entry[1]:
+            return sorted(entry[1])
+        return [self.current] if self.current is not None else []
+
+    def tracking(self) -> Any:
+        """A TorchFunctionMode that carries each stored tensor's name through every torch op (views, cat,
+        slicing) to the tensors computed from it."""
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        recorder = self
+
+        class Provenance(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                names: set = set()
+
+                def collect(value):
+                    if isinstance(value, torch.Tensor):
+                        entry = recorder.provenance.get(id(value))
+                        if entry is not None and entry[0] is value:
+                            names.update(entry[1])
+                    elif isinstance(value, (list, tuple)):
+                        for item in value:
+                            collect(item)
+
+                collect(args)
+                collect(list((kwargs or {}).values()))
+                if names:
+                    for value in (out if isinstance(out, (list, tuple)) else (out,)):
+                        if isinstance(value, torch.Tensor) and value.device.type == "meta":
+                            recorder.provenance[id(value)] = (value, frozenset(names))
+                return out
+
+        return Provenance()
 
     def wrap(self, loader: Callable, fallback_name: str | None = None) -> Callable:
         recorder = self
@@ -107,7 +154,8 @@ class Recorder:
                 shard = kwargs.get("shard_id", args[1] if "expert_id" in kwargs and len(args) > 1 else
                                    (args[0] if args and "expert_id" not in kwargs else None))
                 expert = kwargs.get("expert_id")
-            record = {"tensor": recorder.current, "shard": None if shard is None else str(shard),
+            sources = recorder.sources_of(loaded_weight)
+            record = {"tensor": sources[0] if sources else None, "sources": sources, "shard": None if shard is None else str(shard),
                       "expert": None if expert is None else int(expert),
                       "dtype": dtype_name(getattr(loaded_weight, "dtype", "?")),
                       "shape": list(getattr(loaded_weight, "shape", ())),
@@ -121,8 +169,9 @@ class Recorder:
             if result is False and kwargs.get("return_success"):
                 record["declined"] = True  # the loader answered "not mine" (expert not on this rank)
             recorder.calls.setdefault(name, []).append(record)
-            if not record.get("declined") and recorder.current is not None:
-                recorder.loaded_from.setdefault(recorder.current, set()).add(name)
+            if not record.get("declined"):
+                for source in sources:
+                    recorder.loaded_from.setdefault(source, set()).add(name)
             return result
 
         recording_loader.__wrapped__ = loader
@@ -133,14 +182,25 @@ class Recorder:
         for name, param in self.param_items:
             self.names[id(param)] = name
             loader = getattr(param, "weight_loader", None)
-            param.weight_loader = self.wrap(loader if loader is not None else default_loader)
+            wrapped = self.wrap(loader if loader is not None else default_loader)
+            try:
+                param.weight_loader = wrapped
+            except AttributeError:  # a read-only property over _weight_loader (SGLang's parameter classes)
+                param._weight_loader = wrapped
 
     def tensors(self, rows: list) -> Iterator[tuple[str, Any]]:
         """(name, meta tensor) in the order given, as the engine's safetensors iterator yields them."""
         torch = self.torch
         for name, dtype, shape, _is_mtp in rows:
             self.current = name
-            yield name, torch.empty(shape, dtype=getattr(torch, TORCH_DTYPES[dtype]), device="meta")
+            tensor = torch.empty(shape, dtype=getattr(torch, TORCH_DTYPES[dtype]), device="meta")
+            self.provenance[id(tensor)] = (tensor, frozenset((name,)))
+            yield name, tensor
+            # Kept only while the engine holds it (buffered for a fused load): here, the provenance entry
+            # and getrefcount's argument are the only other references.
+            if sys.getrefcount(tensor) <= 3:
+                self.provenance.pop(id(tensor), None)
+            del tensor
         self.current = None
 
 
@@ -204,7 +264,7 @@ def check_parameters(model: Any, recorder: Recorder, shared: dict[str, str],
             status = "mismatch"
         else:
             status = "loaded"
-        sources = sorted({r["tensor"] for r in records if r["tensor"]})
+        sources = sorted({source for r in records for source in r.get("sources", ())})
         out.append({"name": name, "dtype": dtype, "shape": list(param.shape), "status": status,
                     "calls": len(records), "sources": sources[:3], "source_count": len(sources),
                     "problems": problems[:8], "note": shared.get(name) or (defaults.get(name) if not records else None)})

@@ -111,7 +111,8 @@ def main(request: dict, result: dict) -> None:
     with common.Step(steps, "load weights"):
         loader = DefaultModelLoader(get_draft_load_config(draft_config))
         loader.get_all_weights = lambda model_config, model: recorder.tensors(rows)
-        with set_current_vllm_config(draft_config), set_default_torch_dtype(draft_model_config.dtype):
+        with set_current_vllm_config(draft_config), set_default_torch_dtype(draft_model_config.dtype), \
+                recorder.tracking():
             loader.load_weights(model, draft_model_config)
     if not steps[-1]["ok"]:
         steps[-1]["tensor"] = recorder.current

@@ -1,0 +1,175 @@
+"""Dry-load of a checkpoint's MTP / NextN draft through SGLang's own code, run by SGLang's Python (see
+_dryload_common.py).
+
+The steps, each SGLang's own function unless named otherwise:
+1. ``ServerArgs(model_path=<scratch dir with the checkpoint's JSON files>, speculative_algorithm="NEXTN",
+   device="cpu")`` and ``runtime_context.publish(..., role="scheduler")``, as a scheduler process does
+   (managers/scheduler.py run_scheduler_process), for one rank.
+2. ``ModelConfig.from_server_args(server_args, is_draft_model=True)`` (configs/model_config.py): the draft
+   architecture (``_config_draft_model``) and the draft's quantization.
+3. ``_get_quantization_config`` (model_loader/loader.py): the quantization config, with the model class's
+   packed-modules mapping.
+4. ``init_distributed_environment`` + ``initialize_model_parallel`` (one gloo rank), then
+   ``_initialize_model`` under ``set_default_torch_dtype`` and ``torch.device("meta")``, as
+   ``DefaultModelLoader.load_model`` does.
+5. ``DefaultModelLoader.load_weights_only`` with the stored names, dtypes and shapes as meta tensors (the
+   one substituted piece: where tensors come from): the model's own ``load_weights``.
+6. ``set_embed_and_head`` with a stand-in target's embedding and LM head where the draft class has it (the
+   speculative worker's sharing step): which draft parameters SGLang replaces by the target's.
+Not run: ``DefaultModelLoader.postprocess_weights`` (process_weights_after_loading: kernel repacking).
+
+Stand-ins (named in the answer): modules that only GPU kernels or other serving parts import are empty
+stand-in modules (``STUBBED``, as tests/sglang_quant_oracle.py does), among them ``vllm``: SGLang's CPU
+rotary embedding imports vLLM's custom op while it is built (layers/rotary_embedding/base.py), never called
+here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _dryload_common as common  # noqa: E402
+
+STUBBED = ["tvm_ffi", "torchvision", "sentencepiece", "gguf", "loguru", "vllm"]
+SCRATCH = tempfile.mkdtemp(prefix="ckptinspect-verify-")
+SHIMS: list[str] = []
+
+
+def import_engine() -> None:
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("sglang") is None:
+            raise ImportError("No module named 'sglang'")
+        missing = [name for name in STUBBED if importlib.util.find_spec(name) is None]
+        common.stub_missing(missing, SCRATCH, SHIMS, "imported by SGLang's GPU kernels and serving parts at module "
+                            "level (vllm: the CPU rotary embedding's custom op); the draft's construction and "
+                            "loading never call them")
+        import torch  # noqa: F401
+        import sglang  # noqa: F401
+        import sglang.srt.model_loader.loader  # noqa: F401
+        import sglang.srt.server_args  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means this is no working SGLang environment
+        sys.stderr.write(f"sglang cannot be imported by {sys.executable}: {type(exc).__name__}: {exc}\n")
+        sys.exit(common.EXIT_ENGINE_MISSING)
+
+
+def main(request: dict, result: dict) -> None:
+    import torch
+    import sglang
+
+    result["shims"].extend(SHIMS)
+    result.update(engine="sglang", engine_version=getattr(sglang, "__version__", "unknown"), python=sys.executable)
+    rows = request["tensors"]
+    bad = common.unknown_dtypes(torch, rows)
+    if bad:
+        result["steps"].append({"step": "tensors", "ok": False,
+                                "error": f"this torch has no dtype for {', '.join(bad)}", "where": ""})
+        return
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
+    from sglang.srt.distributed.parallel_state import model_parallel_is_initialized
+    from sglang.srt.model_loader.loader import DefaultModelLoader, _get_quantization_config, _initialize_model
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+    from sglang.srt.model_loader.weight_utils import default_weight_loader
+    from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank
+    from sglang.srt.server_args import ServerArgs
+
+    scratch = tempfile.mkdtemp(prefix="model-", dir=SCRATCH)
+    for name, doc in request["json_files"].items():
+        with open(os.path.join(scratch, os.path.basename(name)), "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+    steps = result["steps"]
+    method = request.get("method") or "NEXTN"
+    with common.Step(steps, "server args"):
+        server_args = ServerArgs(model_path=scratch, speculative_algorithm=method, device="cpu",
+                                 trust_remote_code=bool(request.get("trust_remote_code")), skip_tokenizer_init=True,
+                                 disable_cuda_graph=True)
+        publish(server_args, role="scheduler", ranks=SpawnRanks(
+            world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), dp_rank=None, gpu_id=0))
+    if not steps[-1]["ok"]:
+        return
+    with common.Step(steps, "draft model config"):
+        model_config = ModelConfig.from_server_args(
+            server_args, model_path=server_args.speculative_draft_model_path or scratch, is_draft_model=True)
+    if not steps[-1]["ok"]:
+        return
+    result.update(method=method, draft_architectures=list(model_config.hf_config.architectures or []),
+                  quantization=model_config.quantization)
+    load_config = LoadConfig()
+    with common.Step(steps, "quantization config"):
+        quant_config = _get_quantization_config(model_config, load_config)
+    if not steps[-1]["ok"]:
+        return
+    result["quant_config"] = type(quant_config).__name__ if quant_config is not None else None
+    with common.Step(steps, "build draft on meta"):
+        if not model_parallel_is_initialized():  # once per process (a batch of jobs shares it)
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"file://{SCRATCH}/process-group")
+            initialize_model_parallel()
+        with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
+            model = _initialize_model(model_config, load_config, quant_config)
+    if not steps[-1]["ok"]:
+        return
+    result["draft_class"] = type(model).__name__
+    recorder = common.Recorder(torch)
+    recorder.instrument(model, default_weight_loader)
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("sglang.srt.models") \
+                and getattr(module, "default_weight_loader", None) is default_weight_loader:
+            module.default_weight_loader = recorder.wrap(default_weight_loader)
+    with common.Step(steps, "load weights"):
+        with set_default_torch_dtype(model_config.dtype), recorder.tracking():
+            DefaultModelLoader.load_weights_only(model, recorder.tensors(rows), torch.device("meta"))
+    if not steps[-1]["ok"]:
+        steps[-1]["tensor"] = recorder.current
+    shared: dict[str, str] = {}
+    if steps[-1]["ok"] and hasattr(model, "set_embed_and_head"):
+        with common.Step(steps, "share target embedding and LM head"):
+            shared = _shared_with_target(torch, model)
+        result["shims"].append("torch.cuda.empty_cache / synchronize -> no-op during set_embed_and_head (it frees "
+                               "GPU memory after the swap; there is no GPU here)")
+    result["parameters"] = common.check_parameters(model, recorder, shared, _engine_defaults(model))
+    result["tensors"] = common.tensor_outcome(rows, recorder)
+    result["not_run"] = ["postprocess_weights (process_weights_after_loading): repacks parameter data for the "
+                         "kernels; meta tensors carry none"]
+
+
+def _engine_defaults(model) -> dict[str, str]:
+    """Attention k_scale / v_scale SGLang keeps at their built value when the checkpoint has none
+    (layers/radix_attention.py RadixAttention: 1.0 unless a kv-cache scale is loaded)."""
+    out = {}
+    for name, _ in model.named_parameters():
+        if name.endswith((".k_scale", ".v_scale")) and ".attn" in name:
+            out[name] = "SGLang keeps 1.0 when the checkpoint has no KV-cache scale (RadixAttention)"
+    return out
+
+
+def _shared_with_target(torch, model) -> dict[str, str]:
+    """The speculative worker hands the target's embedding and LM head to the draft
+    (``set_embed_and_head``): the draft parameters it replaced."""
+    before = dict(model.named_parameters())
+    embed = next((p for n, p in before.items() if n.endswith("embed_tokens.weight")), None)
+    head = next((p for n, p in before.items() if n.endswith("lm_head.weight")), None)
+    target_embed = torch.empty_like(embed) if embed is not None else torch.empty(1, 1, device="meta")
+    target_head = torch.empty_like(head) if head is not None else torch.empty(1, 1, device="meta")
+    saved = torch.cuda.empty_cache, torch.cuda.synchronize
+    # set_embed_and_head frees the draft's copies on the GPU and synchronizes: no GPU here
+    torch.cuda.empty_cache = torch.cuda.synchronize = lambda *a, **k: None
+    try:
+        model.set_embed_and_head(target_embed, target_head)
+    finally:
+        torch.cuda.empty_cache, torch.cuda.synchronize = saved
+    after = {id(p) for p in model.parameters()}
+    return {name: "the target model's (SGLang's set_embed_and_head replaces the draft's)"
+            for name, param in before.items() if id(param) not in after}
+
+
+if __name__ == "__main__":
+    common.run(main, prepare=import_engine)
