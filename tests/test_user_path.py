@@ -105,3 +105,56 @@ def test_the_package_lists_its_public_api_and_ships_type_information() -> None:
         assert getattr(ckptinspect, name) is not None, name
     assert ckptinspect.PlanNotPossible.__mro__[1].__name__ == "PlanError"
     assert importlib.resources.files("ckptinspect").joinpath("py.typed").is_file()
+
+
+def _fake_engine(owner: str):
+    """A server that answers /v1/models as a vLLM or SGLang server does (owned_by), nothing else."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/v1/models":
+                body = json.dumps({"data": [{"id": "m", "owned_by": owner}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            else:
+                self.send_error(404)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_probe_engine_takes_an_engine_name_and_the_address_goes_in_engine_url(qwen35_replica) -> None:
+    import pytest
+
+    pytest.importorskip("transformers")
+    url = run_cli("probe", "ckptinspect/examples/qwen3_5_moe_nvfp4_tiny", "--engine", "localhost:8000")
+    assert url.returncode == 2 and "--engine-url localhost:8000" in url.stderr  # main: "unknown url type"
+    closed = run_cli("probe", str(qwen35_replica), "--engine", "vllm", "--engine-url", "127.0.0.1:9")
+    assert closed.returncode == 2 and "Traceback" not in closed.stderr  # main: a traceback and exit 1
+    assert "127.0.0.1:9" in closed.stderr and "tokenizer" not in closed.stderr  # the server first
+    server = _fake_engine("vllm")
+    try:
+        host, port = server.server_address[:2]
+        wrong = run_cli("probe", str(qwen35_replica), "--engine", "sglang", "--engine-url", f"{host}:{port}")
+        assert wrong.returncode == 2 and "--engine sglang, but the server at this address is vllm" in wrong.stderr
+        # the 94-shard replica has no tokenizer: said before any of its headers is read
+        notok = run_cli("probe", str(qwen35_replica), "--engine-url", f"{host}:{port}")
+        assert notok.returncode == 2 and "no tokenizer in the checkpoint" in notok.stderr, notok.stderr
+    finally:
+        server.shutdown()
+
+
+def test_the_bundled_example_suggests_no_probe_it_cannot_run() -> None:
+    """main: the example's report suggested `ckptinspect probe ... --gpu YOUR_GPU`, which fails (no tokenizer)."""
+    text = run_cli("report", "--quiet", "--wide").stdout
+    line = next(x for x in text.splitlines() if x.startswith("Pays off?"))
+    assert "ckptinspect probe ckptinspect/examples" not in line and "needs the model's tokenizer" in line
