@@ -76,17 +76,30 @@ def announce(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def announce_once(line: str, flag: Path) -> None:
+    """``announce`` from the first of the test processes that get here (pytest-xdist workers install in
+    parallel; main printed the line once per worker): ``flag`` is created atomically by exactly one."""
+    flag.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    announce(line)
+
+
 def ensure_sglang() -> Path:
     target = cache_dir()
     marker = target / ".ckptinspect-complete"
     if marker.is_file():
         return target
-    announce(INSTALL_NOTICE.format(what=f"{SGLANG} (no dependencies) and triton", target=target))
+    flag = target.parent / f".{target.name}.announced"
+    announce_once(INSTALL_NOTICE.format(what=f"{SGLANG} (no dependencies) and triton", target=target), flag)
     target.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
            "--target", str(target), "--upgrade", SGLANG, *IMPORT_DEPS]
     subprocess.run(cmd, check=True, timeout=1800)
     marker.write_text(SGLANG + "\n" + "\n".join(IMPORT_DEPS) + "\n", encoding="utf-8")
+    flag.unlink(missing_ok=True)  # a later reinstall announces itself again
     return target
 
 

@@ -28,7 +28,7 @@ def _parse_devices(text: str | None) -> list[int] | None:
         raise ProbeError(f"--devices takes GPU indices like 0,1 (got {text!r})") from exc
 
 
-@click.command("probe", cls=Command, examples=EXAMPLES)
+@click.command("probe", cls=Command, examples=EXAMPLES, refused=("--token",), formats=("text", "json"))
 @click.argument("model")
 @click.option("--device", default=None, help="cuda:N or cpu (default: cuda:0 when a GPU is visible, else cpu).")
 @click.option("--devices", default=None, help="Spread the main model over these GPU indices, e.g. 0,1.")

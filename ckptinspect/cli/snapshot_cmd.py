@@ -14,7 +14,7 @@ EXAMPLES = (
 )
 
 
-@click.command("snapshot", cls=Command, examples=EXAMPLES)
+@click.command("snapshot", cls=Command, examples=EXAMPLES, refused=("--format",))
 @click.argument("model")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Snapshot file to write (.json.gz).")
