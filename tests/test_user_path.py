@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
+
+ROOT_EXAMPLE = ROOT / "ckptinspect" / "examples" / "qwen3_5_moe_nvfp4_tiny"
 
 
 def _share(doc: dict) -> tuple[str, float]:
@@ -174,3 +176,64 @@ def test_the_engine_install_notice_is_printed_once_for_all_test_workers(tmp_path
                               text=True) for _ in range(4)]
     printed = "".join(p.communicate(timeout=60)[1] for p in procs)
     assert printed.count("installing sglang") == 1, printed
+
+
+def _corrupt_prefix_repo(root, length: int):
+    """A one-shard checkpoint whose header length prefix says ``length`` bytes (a corrupt or hostile file)."""
+    import shutil
+    import struct
+
+    shutil.copytree(ROOT_EXAMPLE, root)
+    shard = sorted(root.glob("*.safetensors"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(struct.pack("<Q", length) + data[8:])
+    return shard.name
+
+
+def test_a_corrupt_header_names_one_cap_locally_and_over_the_hub(tmp_path) -> None:
+    """main: the same corrupt prefix named a 100,000,000-byte cap locally and 25,000,000 over the Hub."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from hub_server import HubServer
+
+    repo = tmp_path / "repo"
+    _corrupt_prefix_repo(repo, 60_000_000_000)
+    local = run_cli("report", str(repo))
+    cap = re.search(r"exceeds the cap of ([\d,]+) bytes", local.stderr)
+    assert local.returncode == 2 and cap, local.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "CKPTINSPECT_"))}
+    with HubServer() as server:
+        server.add_repo("org/corrupt", repo)
+        env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=server.url, PYTHONPATH=str(ROOT))
+        hub = subprocess.run([sys.executable, "-m", "ckptinspect", "report", "org/corrupt"], capture_output=True,
+                             text=True, env=env, cwd=str(ROOT), timeout=120)
+    assert hub.returncode == 2 and f"exceeds the cap of {cap.group(1)} bytes" in hub.stderr, hub.stderr
+
+
+def test_a_missing_repo_says_what_to_check_and_a_trailing_slash_is_forgiven(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from hub_repos import make_sharded_repo
+    from hub_server import HubServer
+
+    make_sharded_repo(tmp_path / "repo", shards=2, experts=4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "CKPTINSPECT_"))}
+    with HubServer() as server:
+        server.add_repo("org/real", tmp_path / "repo")
+        env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=server.url, PYTHONPATH=str(ROOT))
+
+        def cli(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "ckptinspect", *args, "--quiet"], capture_output=True,
+                                  text=True, env=env, cwd=str(tmp_path), timeout=120)
+
+        typo = cli("report", "org/raal")
+        slash = cli("report", "org/real/")
+    assert typo.returncode == 2 and len(typo.stderr.strip().splitlines()) == 1
+    assert "not found, private or gated? check the spelling" in typo.stderr and "https://" not in typo.stderr
+    assert slash.returncode == 0, slash.stderr  # main: "no such directory, and not a Hub repo id"
