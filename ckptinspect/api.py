@@ -243,12 +243,13 @@ def probe(ref: str, settings: Settings | None = None, **options: Any) -> "ProbeR
     except ImportError as exc:
         raise ProbeError(probe_install_hint(exc.name)) from exc
     engine = options.pop("engine", None)
+    kind = options.pop("engine_kind", None)
     if engine:  # the engine at this URL measures; the checkpoint gives tokenizer, readiness and cost model
         if options.pop("main_url", None) or options.pop("mode", "greedy") != "greedy":
             raise ProbeError("--engine measures greedy decoding on the server: no --main-url, no --mode teacher")
         from ckptinspect.probe.engine_client import run_engine
 
-        return run_engine(engine, model=check_ref(ref), **options)
+        return run_engine(engine, model=check_ref(ref), kind=kind, **options)
     from ckptinspect.probe.runner import run_probe
     from ckptinspect.sources.gguf_local import looks_like_gguf
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -36,6 +36,15 @@ COMPONENTS = (
 
 VERDICTS = ("ready", "degraded", "unusable", "absent")  # best to worst, see VERDICT_RANK
 VERDICT_RANK = {"ready": 0, "absent": 0, "degraded": 1, "unusable": 2}
+
+# The files a checkpoint's tokenizer comes in (any one of them, or a *.tiktoken file): the probe needs
+# one, so a report suggests the probe only for checkpoints that ship it.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tiktoken.model")
+
+
+def has_tokenizer(names: Iterable[str]) -> bool:
+    """Whether the top level of a checkpoint (``names``: its file names) holds a tokenizer file."""
+    return any(n in TOKENIZER_FILES or (n.endswith(".tiktoken") and "/" not in n) for n in names)
 
 
 @dataclass(frozen=True)

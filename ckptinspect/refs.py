@@ -33,6 +33,10 @@ def normalize_ref(ref: str, revision: str | None = None) -> tuple[str, str | Non
     """(reference a source understands, revision); see the module docstring."""
     ref = _hub_url_ref(ref.strip()) or ref
     ref = _cache_folder(ref)
+    if ref.endswith("/") and len(ref) > 1 and not Path(ref).expanduser().exists():
+        # a trailing slash from tab completion (a directory of that name elsewhere, or a repo id typed
+        # after one): the repo id without it
+        ref = ref.rstrip("/") or ref
     repo, at, pinned = ref.partition("@")
     if at and revision is not None and pinned != revision and not Path(ref).exists():
         raise SourceError(f"the reference pins revision {pinned!r} but --revision says {revision!r}",

@@ -179,7 +179,7 @@ def test_probe_engine_reads_vllm_serve(tmp_path) -> None:
             "--per-request-spec-decode-metrics", "detailed", "--dtype", "bfloat16", "--max-model-len", "256",
             "--gpu-memory-utilization", "0.1", "--max-num-seqs", "4", "--enforce-eager", "--seed", "0"]
     with VllmServer(view, args, tmp_path / "serve.log") as server:
-        proc = subprocess.run([sys.executable, "-m", "ckptinspect", "probe", view, "--engine", server.url,
+        proc = subprocess.run([sys.executable, "-m", "ckptinspect", "probe", view, "--engine", "vllm", "--engine-url", server.url,
                                "--prompts", str(prompts), "--max-new-tokens", str(NEW_TOKENS), "--format", "json",
                                "-q"], capture_output=True, text=True, timeout=900)
         _, model_id, _ = engine_client.detect(server.url)

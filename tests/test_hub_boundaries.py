@@ -66,20 +66,21 @@ def test_predicted_range_covers_boundary_headers_in_one_request(tmp_path, n):
     assert raw.stats["extra_requests"] == 0
 
 
-def test_header_over_the_25mb_cap_is_refused_before_downloading(tmp_path):
+def test_header_over_the_cap_is_refused_before_downloading(tmp_path):
+    """The Hub's cap is a local read's (issue 34: one message for one corrupt header, wherever it is read)."""
     root = tmp_path / "repo"
     root.mkdir()
-    n = 25_000_001
+    n = header_ranges.MAX_HEADER_LENGTH + 1
     with open(root / "model.safetensors", "wb") as fh:
         fh.write(struct.pack("<Q", n) + b'{"a":')
-        fh.truncate(8 + n + 16)  # sparse: a real 25 MB header region the reader must not fetch
+        fh.truncate(8 + n + 16)  # sparse: a real 100 MB header region the reader must not fetch
     (root / "config.json").write_text("{}")
     with HubServer() as server:
         server.add_repo("org/huge", root)
         with pytest.raises(HeaderError) as err:
             open_hub("org/huge", endpoint=server.url, progress=False)
         sent = sum(e[4] for e in server.stats()["log"] if e[1].endswith("model.safetensors"))
-    assert "25,000,001" in str(err.value) and "org/huge/model.safetensors" in str(err.value)
+    assert "100,000,001" in str(err.value) and "org/huge/model.safetensors" in str(err.value)
     assert sent <= header_ranges.DEFAULT_FIRST_RANGE
 
 

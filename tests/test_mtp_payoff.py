@@ -6,8 +6,18 @@ from __future__ import annotations
 import shlex
 
 
-def test_report_says_what_decides_the_payoff(make_fixture, cli) -> None:
-    path = make_fixture("deepseek_v3_nvfp4")
+def _with_tokenizer(make_fixture, tmp_path):
+    """The fixture plus a tokenizer file: the probe command is suggested only where the probe can run."""
+    import shutil
+
+    path = tmp_path / "deepseek_v3_nvfp4"
+    shutil.copytree(make_fixture("deepseek_v3_nvfp4"), path)
+    (path / "tokenizer.json").write_text('{"model": {"vocab": {}}}', encoding="utf-8")
+    return path
+
+
+def test_report_says_what_decides_the_payoff(make_fixture, cli, tmp_path) -> None:
+    path = _with_tokenizer(make_fixture, tmp_path)
     r = cli("report", str(path), "--wide")
     assert r.returncode == 0, r.stderr
     [row] = [line for line in r.stdout.splitlines() if line.startswith("Pays off?")]
@@ -16,11 +26,17 @@ def test_report_says_what_decides_the_payoff(make_fixture, cli) -> None:
     assert shlex.split(command)[:3] == ["ckptinspect", "probe", str(path)]
 
 
-def test_report_with_a_plan_names_the_plan_gpu(make_fixture) -> None:
+def test_without_a_tokenizer_the_report_suggests_no_probe_command(make_fixture, cli) -> None:
+    r = cli("report", str(make_fixture("deepseek_v3_nvfp4")), "--wide")
+    [row] = [line for line in r.stdout.splitlines() if line.startswith("Pays off?")]
+    assert "`ckptinspect probe` measures" in row and "needs the model's tokenizer" in row and "--gpu" not in row
+
+
+def test_report_with_a_plan_names_the_plan_gpu(make_fixture, tmp_path) -> None:
     from ckptinspect import api
     from ckptinspect.render.text import sections
 
-    path = make_fixture("deepseek_v3_nvfp4")
+    path = _with_tokenizer(make_fixture, tmp_path)
     report = api.inspect(str(path), gpu="rtx-pro-6000", gpus=1)
     [(_, _, rows)] = [s for s in sections(report) if s[0] == "MTP summary"]
     [answer] = [value for key, value in rows if key == "Pays off?"]

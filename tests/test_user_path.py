@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
+
+ROOT_EXAMPLE = ROOT / "ckptinspect" / "examples" / "qwen3_5_moe_nvfp4_tiny"
 
 
 def _share(doc: dict) -> tuple[str, float]:
@@ -105,3 +107,137 @@ def test_the_package_lists_its_public_api_and_ships_type_information() -> None:
         assert getattr(ckptinspect, name) is not None, name
     assert ckptinspect.PlanNotPossible.__mro__[1].__name__ == "PlanError"
     assert importlib.resources.files("ckptinspect").joinpath("py.typed").is_file()
+
+
+def _fake_engine(owner: str):
+    """A server that answers /v1/models as a vLLM or SGLang server does (owned_by), nothing else."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/v1/models":
+                body = json.dumps({"data": [{"id": "m", "owned_by": owner}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            else:
+                self.send_error(404)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_probe_engine_takes_an_engine_name_and_the_address_goes_in_engine_url(qwen35_replica) -> None:
+    import pytest
+
+    pytest.importorskip("transformers")
+    url = run_cli("probe", "ckptinspect/examples/qwen3_5_moe_nvfp4_tiny", "--engine", "localhost:8000")
+    assert url.returncode == 2 and "--engine-url localhost:8000" in url.stderr  # main: "unknown url type"
+    closed = run_cli("probe", str(qwen35_replica), "--engine", "vllm", "--engine-url", "127.0.0.1:9")
+    assert closed.returncode == 2 and "Traceback" not in closed.stderr  # main: a traceback and exit 1
+    assert "127.0.0.1:9" in closed.stderr and "tokenizer" not in closed.stderr  # the server first
+    server = _fake_engine("vllm")
+    try:
+        host, port = server.server_address[:2]
+        wrong = run_cli("probe", str(qwen35_replica), "--engine", "sglang", "--engine-url", f"{host}:{port}")
+        assert wrong.returncode == 2 and "--engine sglang, but the server at this address is vllm" in wrong.stderr
+        # the 94-shard replica has no tokenizer: said before any of its headers is read
+        notok = run_cli("probe", str(qwen35_replica), "--engine-url", f"{host}:{port}")
+        assert notok.returncode == 2 and "no tokenizer in the checkpoint" in notok.stderr, notok.stderr
+    finally:
+        server.shutdown()
+
+
+def test_the_bundled_example_suggests_no_probe_it_cannot_run() -> None:
+    """main: the example's report suggested `ckptinspect probe ... --gpu YOUR_GPU`, which fails (no tokenizer)."""
+    text = run_cli("report", "--quiet", "--wide").stdout
+    line = next(x for x in text.splitlines() if x.startswith("Pays off?"))
+    assert "ckptinspect probe ckptinspect/examples" not in line and "needs the model's tokenizer" in line
+
+
+def test_the_engine_install_notice_is_printed_once_for_all_test_workers(tmp_path) -> None:
+    """main: "installing sglang==0.5.23" was printed once per pytest-xdist worker. Four processes racing for
+    the same environment (tests/engine_envs.py, pip replaced by a stand-in that takes a second): one line."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("import sys, subprocess, time; sys.path.insert(0, sys.argv[1]); import engine_envs\n"
+            "def pip(cmd, **kw):\n    time.sleep(1.0)\n    return subprocess.CompletedProcess(cmd, 0)\n"
+            "engine_envs.subprocess.run = pip\n"
+            "engine_envs.ensure(engine_envs.SGLANG_QUANT_DEPS, lambda line: print(line, file=sys.stderr))")
+    env = dict(os.environ, CKPTINSPECT_TEST_CACHE=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(ROOT / "tests")], stderr=subprocess.PIPE, text=True,
+                              env=env) for _ in range(4)]
+    printed = "".join(p.communicate(timeout=60)[1] for p in procs)
+    assert printed.count("ckptinspect tests: installing") == 1, printed
+
+
+def _corrupt_prefix_repo(root, length: int):
+    """A one-shard checkpoint whose header length prefix says ``length`` bytes (a corrupt or hostile file)."""
+    import shutil
+    import struct
+
+    shutil.copytree(ROOT_EXAMPLE, root)
+    shard = sorted(root.glob("*.safetensors"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(struct.pack("<Q", length) + data[8:])
+    return shard.name
+
+
+def test_a_corrupt_header_names_one_cap_locally_and_over_the_hub(tmp_path) -> None:
+    """main: the same corrupt prefix named a 100,000,000-byte cap locally and 25,000,000 over the Hub."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from hub_server import HubServer
+
+    repo = tmp_path / "repo"
+    _corrupt_prefix_repo(repo, 60_000_000_000)
+    local = run_cli("report", str(repo))
+    cap = re.search(r"exceeds the cap of ([\d,]+) bytes", local.stderr)
+    assert local.returncode == 2 and cap, local.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "CKPTINSPECT_"))}
+    with HubServer() as server:
+        server.add_repo("org/corrupt", repo)
+        env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=server.url, PYTHONPATH=str(ROOT))
+        hub = subprocess.run([sys.executable, "-m", "ckptinspect", "report", "org/corrupt"], capture_output=True,
+                             text=True, env=env, cwd=str(ROOT), timeout=120)
+    assert hub.returncode == 2 and f"exceeds the cap of {cap.group(1)} bytes" in hub.stderr, hub.stderr
+
+
+def test_a_missing_repo_says_what_to_check_and_a_trailing_slash_is_forgiven(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from hub_repos import make_sharded_repo
+    from hub_server import HubServer
+
+    make_sharded_repo(tmp_path / "repo", shards=2, experts=4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "CKPTINSPECT_"))}
+    with HubServer() as server:
+        server.add_repo("org/real", tmp_path / "repo")
+        env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=server.url, PYTHONPATH=str(ROOT))
+
+        def cli(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "ckptinspect", *args, "--quiet"], capture_output=True,
+                                  text=True, env=env, cwd=str(tmp_path), timeout=120)
+
+        typo = cli("report", "org/raal")
+        slash = cli("report", "org/real/")
+    assert typo.returncode == 2 and len(typo.stderr.strip().splitlines()) == 1
+    assert "not found, private or gated? check the spelling" in typo.stderr and "https://" not in typo.stderr
+    assert slash.returncode == 0, slash.stderr  # main: "no such directory, and not a Hub repo id"

@@ -18,7 +18,7 @@ EXAMPLES = (
 )
 
 
-@click.command(cls=Command, examples=EXAMPLES, more_help=gpu_list_help)
+@click.command(cls=Command, examples=EXAMPLES, refused=("--revision",), more_help=gpu_list_help)
 @click.argument("repos", nargs=-1)
 @click.option("--quantized-from", "quantized_from", metavar="BASE", default=None,
               help="The quants of base model BASE (the Hub's base_model:quantized:BASE relation).")

@@ -15,7 +15,7 @@ EXAMPLES = (
 )
 
 
-@click.command("diff", cls=Command, examples=EXAMPLES)
+@click.command("diff", cls=Command, examples=EXAMPLES, refused=("--revision",), formats=("text", "json"))
 @click.argument("a")
 @click.argument("b")
 @click.option("--fail-on", type=click.Choice(["warning", "error"]), default=None,

@@ -7,16 +7,30 @@ files it downloaded, so shard *headers* are in the cache only when the whole sha
 
 from __future__ import annotations
 
-from ckptinspect.errors import CkptInspectError, NetworkError, NotFoundError
+import re
+
+from ckptinspect.errors import CkptInspectError, GgufQuantChoice, NetworkError, NotFoundError
 from ckptinspect.settings import Settings
 
 SNAPSHOT_HINT = ("shard headers are in the HF cache only when the whole shards were downloaded; on a machine "
                  "with network run `ckptinspect snapshot {repo} -o {name}.json.gz`, then report that file")
 
 
+# The phrasings the Hub sources give a repo the Hub does not show (sources/repo_info.py, gguf_hub.py)
+# and the one hint a user needs for it: a typo, a private repo or a gated one.
+_REPO_NOT_FOUND = re.compile(r"(repository|repo) not found(?: \(or private: pass (?:--token|a token)\))?")
+REPO_NOT_FOUND_HINT = ("not found, private or gated? check the spelling; a private or gated repo needs --token "
+                       "or HF_TOKEN")
+# huggingface_hub appends a documentation link to some HTTP errors ("... see https://...", "For more
+# details, see https://..."): the one line keeps the status and the cause, not the link.
+_DOC_LINK = re.compile(r"[\s.;,]*(?:\\n)*\s*(?:for more details, )?see https?://\S+\s*$", re.IGNORECASE)
+
+
 def explain(exc: CkptInspectError, settings: Settings | None = None) -> str:
     """``exc``'s line; ``settings``: the command's (the endpoint a network error names)."""
-    text = str(exc)
+    text = _DOC_LINK.sub("", str(exc))
+    if isinstance(exc, NotFoundError) and not isinstance(exc, GgufQuantChoice) and _REPO_NOT_FOUND.search(text):
+        return _REPO_NOT_FOUND.sub(REPO_NOT_FOUND_HINT, text, count=1)
     if isinstance(exc, NetworkError):
         return _network(exc, text, settings or Settings())
     if isinstance(exc, NotFoundError) and "HF_HUB_OFFLINE" in text and exc.path:

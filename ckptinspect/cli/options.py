@@ -234,13 +234,19 @@ class Command(click.Command):
     GPU catalog, so that importing the command stays cheap); a mistyped choice value gets a suggestion."""
 
     def __init__(self, *args: Any, examples: tuple[str, ...] = (), more_help: Callable[[], tuple[str, str]] | None = None,
-                 **kwargs: Any) -> None:
+                 refused: tuple[str, ...] = (), formats: tuple[str, ...] | None = None, **kwargs: Any) -> None:
+        """``refused``: shared options this command refuses (docs/cli.md, "Where an option does not apply"):
+        kept, so using one says why, but left out of --help; ``formats``: the --format values it writes."""
         super().__init__(*args, **kwargs)
         self.examples = examples
         self.more_help = more_help
         for param in self.params:
             if type(param.type) is click.Choice:
                 param.type = SuggestingChoice(param.type.choices, case_sensitive=param.type.case_sensitive)
+            if isinstance(param, click.Option) and any(o in refused for o in param.opts):
+                param.hidden = True
+            elif formats is not None and isinstance(param, click.Option) and "--format" in param.opts:
+                param.metavar = "[" + "|".join(formats) + "]"
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         if self.examples:

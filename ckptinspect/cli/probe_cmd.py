@@ -29,7 +29,7 @@ def _parse_devices(text: str | None) -> list[int] | None:
         raise ProbeError(f"--devices takes GPU indices like 0,1 (got {text!r})") from exc
 
 
-@click.command("probe", cls=Command, examples=EXAMPLES)
+@click.command("probe", cls=Command, examples=EXAMPLES, refused=("--token",), formats=("text", "json"))
 @click.argument("model")
 @click.option("--device", default=None, help="cuda:N or cpu (default: cuda:0 when a GPU is visible, else cpu).")
 @click.option("--devices", default=None, help="Spread the main model over these GPU indices, e.g. 0,1.")
@@ -60,9 +60,13 @@ def _parse_devices(text: str | None) -> list[int] | None:
 @click.option("--output", "-o", default=None, type=click.Path(dir_okay=False), help="Write the result here.")
 @click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write a PNG of acceptance and speedup.")
 @click.option("--main-url", default=None, help="Use a running SGLang server (--enable-return-hidden-states) as main model.")
-@click.option("--engine", "engine_url", default=None, help="Measure acceptance through a running vLLM or SGLang server "
-              "started with MTP speculative decoding (its own counts; vLLM: start it with "
-              "--per-request-spec-decode-metrics detailed).")
+@click.option("--engine", default=None, callback=lambda ctx, param, value: _engine_name(value), metavar="[sglang|vllm]",
+              help="Measure acceptance through a running SGLang or vLLM server started with MTP speculative "
+              "decoding (its own counts; vLLM: --per-request-spec-decode-metrics detailed); the server is at "
+              "--engine-url, default the engine's own port on localhost (SGLang 30000, vLLM 8000).")
+@click.option("--engine-url", default=None, metavar="URL",
+              help="The running engine's address, e.g. http://host:8000 or localhost:30000 (the engine is "
+              "detected when --engine is not given).")
 @click.option("--trust-remote-code", is_flag=True, help="Allow the checkpoint's own Python code (never implied).")
 @click.option("--max-prompts", default=None, type=click.IntRange(1), help="Use only the first N prompts.")
 @click.option("--corpus", default=None, type=click.Path(dir_okay=False),
@@ -82,7 +86,8 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
           categories: str | None,
           synthetic_len: int,
           experts_implementation: str, dtype: str | None,
-          output: str | None, plot: str | None, main_url: str | None, engine_url: str | None, trust_remote_code: bool,
+          output: str | None, plot: str | None, main_url: str | None, engine: str | None, engine_url: str | None,
+          trust_remote_code: bool,
           max_prompts: int | None, corpus: str | None, save_continuations: str | None, continuations: str | None,
           max_gpu_memory: float | None, cost_calibration: str | None, fmt: str, revision: str | None,
           token: str | None, quiet: bool, verbose: bool, wide: bool) -> None:
@@ -118,9 +123,9 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
     if not progress:
         transformers.utils.logging.disable_progress_bar()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if engine_url:
+    if engine or engine_url:
         explicit = click.get_current_context().get_parameter_source("steps") != click.core.ParameterSource.DEFAULT
-        result = api.probe(model, current_settings(), engine=engine_url, prompts=prompts_file, max_new_tokens=max_new_tokens,
+        result = api.probe(model, current_settings(), engine=engine_address(engine, engine_url), engine_kind=engine, prompts=prompts_file, max_new_tokens=max_new_tokens,
                            steps=steps if explicit else None, mode=mode, main_url=main_url, gpu=gpu,
                            trust_remote_code=trust_remote_code, max_prompts=max_prompts,
                            cost_calibration=cost_calibration,
@@ -140,6 +145,31 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
                        experts_implementation=experts_implementation, synthetic_len=synthetic_len)
     _emit(result, fmt, output, plot, wide)
     _verbose(verbose, started)
+
+
+ENGINES = ("sglang", "vllm")
+# Where each engine listens unless told otherwise (SGLang: --port 30000, SG:arg_groups/fields/server.py;
+# vLLM: --port 8000, VL:entrypoints/openai/cli_args.py).
+DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
+
+
+def _engine_name(value: str | None) -> str | None:
+    """``--engine`` is an engine name, as in every other command; a URL there says where it goes."""
+    if value is None or value in ENGINES:
+        return value
+    if "://" in value or ":" in value or "/" in value or "localhost" in value:
+        raise click.BadParameter(f"{value!r} is an address: --engine takes the engine's name (sglang or vllm); "
+                                 f"give the address as --engine-url {value}", param_hint="--engine")
+    raise click.BadParameter(f"{value!r} is not an engine (choose from sglang, vllm)", param_hint="--engine")
+
+
+def engine_address(engine: str | None, url: str | None) -> str:
+    """The engine's base URL: --engine-url (a scheme added when missing: 'localhost:8000'), else the named
+    engine's default port on localhost."""
+    if url is None:
+        return f"http://localhost:{DEFAULT_PORTS[engine]}" if engine else ""
+    url = url.strip().rstrip("/")
+    return url if "://" in url else f"http://{url}"
 
 
 def _with_revision(model: str, revision: str | None) -> str:

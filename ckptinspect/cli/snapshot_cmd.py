@@ -14,7 +14,7 @@ EXAMPLES = (
 )
 
 
-@click.command("snapshot", cls=Command, examples=EXAMPLES)
+@click.command("snapshot", cls=Command, examples=EXAMPLES, refused=("--format",))
 @click.argument("model")
 # a str, not a Path: pathlib drops a trailing slash, and `-o x.json.gz/` names a directory (an error)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),

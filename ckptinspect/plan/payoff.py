@@ -15,7 +15,7 @@ import shlex
 
 from ckptinspect.plan.gpus import GpuSpec
 from ckptinspect.plan.serve_target import serve_target
-from ckptinspect.records import Checkpoint
+from ckptinspect.records import TOKENIZER_FILES, Checkpoint, has_tokenizer
 
 # The probe dequantizes to BF16 and keeps ~10% of the device for activations and scoring
 # (docs/probe.md, batch-size rule: at most 90% of the free device memory).
@@ -47,6 +47,11 @@ def report_line(ck: Checkpoint, gpu: GpuSpec | None) -> str:
         return ("depends on draft acceptance on your own traffic and on concurrency (random-token benchmarks "
                 "show no gain); ckptinspect probe does not run GGUF files: measure with llama-server's own "
                 "draft-acceptance statistics on your prompts")
+    if not has_tokenizer(ck.files):  # the probe needs the model's own tokenizer: no dead-end command
+        return ("depends on draft acceptance on your own traffic and on concurrency (random-token benchmarks "
+                f"show no gain); `ckptinspect probe` measures it but needs the model's tokenizer, which this "
+                f"checkpoint does not include (none of {', '.join(TOKENIZER_FILES)}): probe the repo it was "
+                "made from, or add the tokenizer files")
     if gpu is not None:
         command = probe_command(ck, gpu)
     else:
@@ -58,6 +63,9 @@ def report_line(ck: Checkpoint, gpu: GpuSpec | None) -> str:
 
 def payoff_note(ck: Checkpoint, gpu: GpuSpec) -> str:
     """The plan's note when it drafts without a probe report."""
+    if not has_tokenizer(ck.files):
+        return (f"{WHAT_DECIDES}; `ckptinspect probe` measures it but needs the model's tokenizer, which this "
+                "checkpoint does not include: probe the repo it was made from and pass --probe-report probe.json")
     return (f"{WHAT_DECIDES}; measure it on this GPU with `{probe_command(ck, gpu)}` and pass "
             f"--probe-report probe.json")
 

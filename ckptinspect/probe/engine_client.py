@@ -278,8 +278,10 @@ def measure(base: str, encoded: Seq[tuple[str, list[int]]], max_new_tokens: int,
 def run_engine(url: str, *, model: str, prompts: str | None = None, max_prompts: int | None = None,
                categories: Seq[str] | None = None, max_new_tokens: int = 128, steps: int | None = None,
                gpu: str = "H200", trust_remote_code: bool = False, temperature: float = 0.0,
-               cost_calibration: str | None = None, **_ignored: Any):
-    """The probe's result record (ProbeResult) for acceptance measured by the engine at ``url``."""
+               cost_calibration: str | None = None, kind: str | None = None, **_ignored: Any):
+    """The probe's result record (ProbeResult) for acceptance measured by the engine at ``url`` (``kind``:
+    the engine the user named, checked against what the server says it is). The cheap checks come first
+    (the server answers, MODEL has a tokenizer) and only then are MODEL's headers read."""
     from ckptinspect.probe import loader
     from ckptinspect.probe.checkpoint import open_checkpoint
     from ckptinspect.probe.cost import DEFAULT_EFFICIENCY, load_efficiency
@@ -289,7 +291,11 @@ def run_engine(url: str, *, model: str, prompts: str | None = None, max_prompts:
     from ckptinspect.probe.runner import _spec, select_categories
 
     started = time.time()
+    detected, _, _ = detect(url)  # a server that is not there fails here, in one request
+    if kind is not None and detected != kind:
+        raise ProbeError(f"--engine {kind}, but the server at this address is {detected}", path=url)
     model_dir = loader.resolve_model_dir(model)
+    _require_tokenizer(model_dir)
     probe_ckpt = open_checkpoint(model_dir)
     spec = _spec(probe_ckpt)
     readiness = check_mtp_usable(probe_ckpt, spec, model_dir)
@@ -310,3 +316,15 @@ def run_engine(url: str, *, model: str, prompts: str | None = None, max_prompts:
                         gpu=gpu, tallies=tallies, readiness=readiness, devices=[url], dtype="engine",
                         started=started, max_new_tokens=max_new_tokens, main_source=url, dequantized=False,
                         extra={"source": "engine", "engine": info}, efficiency=efficiency)
+
+
+def _require_tokenizer(model_dir: str) -> None:
+    """The prompts are tokenized with MODEL's own tokenizer: say so before any header is read."""
+    import os
+
+    from ckptinspect.records import TOKENIZER_FILES, has_tokenizer
+
+    if not has_tokenizer(os.listdir(model_dir)):
+        raise ProbeError(f"no tokenizer in the checkpoint (none of {', '.join(TOKENIZER_FILES)}): the prompts are "
+                         "sent as the model's token ids, so MODEL must ship its tokenizer (the repo the server "
+                         "serves does)", path=model_dir)

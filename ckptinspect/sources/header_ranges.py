@@ -12,11 +12,16 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from ckptinspect.header.parser import MAX_HEADER_LENGTH as MAX_HEADER_LENGTH  # re-exported (see below)
 from ckptinspect.records import IndexSummary
 
-# huggingface_hub SAFETENSORS_MAX_HEADER_LENGTH and huggingface.js MAX_HEADER_LENGTH: checked on the
-# 8-byte prefix, before any header byte beyond the first range is requested.
-MAX_HEADER_LENGTH = 25_000_000
+# The same cap as a local read (header/parser.py, the safetensors reference reader's 100,000,000 bytes):
+# one checkpoint is accepted or refused alike locally, from a snapshot and over the Hub, with the same
+# message (main refused above 25,000,000 over the Hub, huggingface_hub's SAFETENSORS_MAX_HEADER_LENGTH).
+# Checked on the 8-byte prefix, before any header byte beyond the first range is requested; the bytes
+# fetched stay within the read's budget (CKPTINSPECT_MAX_BYTES).
+# (MAX_HEADER_LENGTH is imported above; the Hub reader and the header cache take it from here.)
+
 # Used when no index names the shard's tensors (single-file repos); covers a 7B dense model's header.
 DEFAULT_FIRST_RANGE = 131_072
 # First-guess bytes per header entry beyond the tensor name. An entry is

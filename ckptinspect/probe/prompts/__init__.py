@@ -10,6 +10,7 @@ from ckptinspect.errors import ProbeError
 from ckptinspect.guarded_file import (MAX_PROMPTS_BYTES, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, read_bytes,
                                       read_json, read_text)
 from ckptinspect.json_text import decode_json
+from ckptinspect.records import TOKENIZER_FILES, has_tokenizer
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,9 @@ def load_prompts(path: str | None) -> list[Prompt]:
     return prompts
 
 
-# Files one of which a Hugging Face tokenizer is built from (tokenizer_config.json alone names a
-# class but holds no vocabulary: the empty tokenizer it yields is caught by encode_prompt).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tiktoken.model")
-
+# TOKENIZER_FILES (records.py): files one of which a Hugging Face tokenizer is built from
+# (tokenizer_config.json alone names a class but holds no vocabulary: the empty tokenizer it yields is
+# caught by encode_prompt); one list, which a report's probe hint reads too.
 
 def load_tokenizer(model_dir: str, vocab_size: int | None, *, trust_remote_code: bool):
     import os
@@ -61,7 +61,7 @@ def load_tokenizer(model_dir: str, vocab_size: int | None, *, trust_remote_code:
     from transformers import AutoTokenizer
 
     names = os.listdir(model_dir)
-    if not any(n in TOKENIZER_FILES or n.endswith(".tiktoken") for n in names):
+    if not has_tokenizer(names):
         raise ProbeError(f"no tokenizer in the checkpoint (none of {', '.join(TOKENIZER_FILES)}): the probe "
                          "needs the model's own tokenizer", path=model_dir)
     check_tokenizer_files(model_dir, names)
