@@ -1,4 +1,4 @@
-"""Write rules/mirror.jsonl, the JSON mirror of the built-in rule files (ckptinspect/rules/mirror.py), in a
+"""Write mirror.jsonl into rules/, the JSON mirror of the built-in rule files (ckptinspect/rules/mirror.py), in a
 source checkout. It is a build output, never committed: a wheel gets its own from hatch_build.py (which
 calls ``expected``), and a checkout without one reads every rule file from its YAML (same answers).
 
