@@ -125,7 +125,7 @@ def _value_bound(data: bytes | bytearray | memoryview | str, cap: int) -> int:
         data = data.tobytes()
     if isinstance(data, str):
         return data.count(",") + data.count("[") + data.count("{") + 1
-    return len(data) - len(bytes(data).translate(None, b",[{")) + 1
+    return data.count(b",") + data.count(b"[") + data.count(b"{") + 1  # three C-level counts, no copy
 
 
 def check_structure(obj: Any, *, source: str, error: type[CkptInspectError] = ConfigError,
