@@ -114,8 +114,7 @@ def test_json_report_loads_no_terminal_code():
 JSON_WRITERS = {
     "ckptinspect/sources/snapshot.py": "the snapshot file (metadata a later `report` reads back)",
     "ckptinspect/plan/vllm.py": "the value of vLLM's --speculative-config flag is a JSON string",
-    "ckptinspect/probe/server_client.py": "request bodies sent to a running SGLang server",
-    "ckptinspect/probe/engine_client.py": "request bodies sent to a running vLLM / SGLang server (--engine)",
+    "ckptinspect/sources/hub_session.py": "request bodies sent to a running inference server (--engine, --main-url)",
     "ckptinspect/probe/sequences.py": "the --save-continuations file the probe reads back",
     "ckptinspect/probe/loader.py": "config / index files of the probe's temporary model directory",
     "ckptinspect/audit/cache.py": "the audit cache file (report documents by commit, read back by a later audit)",

@@ -168,6 +168,9 @@ def test_twenty_reports_with_the_worker_leave_nothing_behind(many_shards, monkey
     assert _child_pids(os.getpid()) == []
 
 
+_BEFORE: set[int] = set()  # this process's children when the current test started
+
+
 @pytest.fixture(autouse=True)
 def _children_before_the_test():
     """Other tests' long-lived helpers (a session's servers under the same xdist worker) are not this
