@@ -55,12 +55,10 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
     return checkpoint
 
 
-def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress,
-          worker: ScanWorker | None = None) -> Any:
-    """open_source, with the progress line ended when the source fails (a scan that runs ends it itself).
-    ``worker``: fed each header as the source reads it (inventory/parallel.py)."""
+def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress) -> Any:
+    """open_source, with the progress line ended when the source fails (a scan that runs ends it itself)."""
     try:
-        return open_source(ref, revision=revision, token=token, progress=progress, scan=worker)
+        return open_source(ref, revision=revision, token=token, progress=progress)
     except BaseException:
         progress.end()
         raise
