@@ -17,6 +17,7 @@ keys of streams 2..i with the same start t.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +89,47 @@ def stream_mask(depth: int, seq: int, dtype: torch.dtype, device) -> torch.Tenso
     return mask[None, None]
 
 
+# The chain's MLP / MoE block runs on at most this many stream positions at a time: its activations
+# (top_k x expert widths per token, float32 combine) are the chain's largest per-token term, so a long
+# document's chain is bounded by its hidden-size terms instead (scoring.scoring_bytes counts the same).
+MLP_PIECE_TOKENS = 8192
+
+
+@contextlib.contextmanager
+def mlp_in_pieces(head: torch.nn.Module, tokens: int = MLP_PIECE_TOKENS):
+    """Inside: the head's ``mlp`` blocks (per-token functions: a dense MLP, or routed experts whose
+    routing is per token) take [B, L, H] inputs ``tokens`` positions (all rows) at a time. A block
+    that returns more than a tensor runs whole."""
+    patched = []
+    for name, module in head.named_modules():
+        if name.rsplit(".", 1)[-1] != "mlp":
+            continue
+        original = module.forward
+
+        def forward(x, *args, _original=original, **kwargs):
+            if args or kwargs or x.dim() != 3 or x.shape[0] * x.shape[1] <= tokens:
+                return _original(x, *args, **kwargs)
+            piece = max(1, tokens // x.shape[0])
+            outs = []
+            for lo in range(0, x.shape[1], piece):
+                out = _original(x[:, lo:lo + piece])
+                if not isinstance(out, torch.Tensor):
+                    return _original(x)
+                outs.append(out)
+            return torch.cat(outs, dim=1)
+
+        patched.append((module, module.__dict__.get("forward")))
+        module.forward = forward
+    try:
+        yield
+    finally:
+        for module, own in patched:
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
+
+
 @torch.no_grad()
 def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: int, *,
               target_logits_fn=None, temperature: float = 1.0, attention_block: int | None = None,
@@ -120,11 +162,12 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
         if attention_block:
             from ckptinspect.probe.stream_attention import streams_layout
 
-            with streams_layout(head, depth, seq, attention_block):
+            with streams_layout(head, depth, seq, attention_block), mlp_in_pieces(head):
                 out = head.step(emb, hid, pos, None)[:, -seq:]
         else:
             mask = stream_mask(depth, seq, hidden.dtype, device).expand(bsz, -1, -1, -1)
-            out = head.step(emb, hid, pos, mask)[:, -seq:]
+            with mlp_in_pieces(head):
+                out = head.step(emb, hid, pos, mask)[:, -seq:]
         at = clock.part("chain_mtp_layer", at) if clock else None
         d = torch.empty(bsz, seq, dtype=torch.long, device=device)
         pq = torch.full((bsz, seq), float("nan"), device=device) if target_logits_fn is not None else None

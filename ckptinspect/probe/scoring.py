@@ -9,6 +9,7 @@ import torch
 
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe import loader
+from ckptinspect.probe.chain import MLP_PIECE_TOKENS
 from ckptinspect.probe.evaluate import Sequence, score_batch
 from ckptinspect.probe.metrics import Tally
 
@@ -68,7 +69,12 @@ def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dty
         attention = (batch * heads * block * (seq + steps) * 8 + 2 * batch * seq * 2 * hidden * 4
                      + 2 * batch * steps * seq * 2 * hidden * per)
     forward = batch * seq * forward_per_token
-    chain = batch * steps * seq * (forward_per_token if chain_per_token is None else chain_per_token)
+    # the chain's MLP runs chain.MLP_PIECE_TOKENS stream positions at a time: per position only the
+    # hidden-size terms of the layer stay (8 x hidden), the MLP's own for one piece
+    per_position = forward_per_token if chain_per_token is None else chain_per_token
+    positions = batch * steps * seq
+    hidden_terms = min(per_position, 8 * hidden * per)
+    chain = positions * hidden_terms + min(positions, MLP_PIECE_TOKENS) * (per_position - hidden_terms)
     return max(logits, attention + chain, forward) + 4 * batch * seq * hidden * (steps + 1) * per
 
 

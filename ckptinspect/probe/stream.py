@@ -26,6 +26,7 @@ import torch
 
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe import loader
+from ckptinspect.probe.chain import MLP_PIECE_TOKENS, mlp_in_pieces
 from ckptinspect.probe.heads.fusion import EXPERT_TENSOR
 
 
@@ -248,7 +249,8 @@ class StreamedMain:
                         raise ProbeError(f"the decoder called layer {index} {len(box)} times for one forward")
                     first, args, kwargs = box[0]
                     hidden = first if index == 0 else self._fetch(states[c])
-                    out = self._originals[index](hidden, *args, **kwargs)
+                    with mlp_in_pieces(layer):
+                        out = self._originals[index](hidden, *args, **kwargs)
                     states[c] = self._keep(out[0] if isinstance(out, tuple) else out)
                     del box, first, args, kwargs, hidden, out
                 _sync(self.device)
@@ -365,12 +367,12 @@ def stream_estimate(probe_ckpt, dtype: torch.dtype, *, chunk_tokens: int, forwar
     largest batch). The layer phase: the layer computing (dequantized, experts written straight into
     their fused stack), the next layer's stored bytes read ahead onto the device, one tensor's
     dequantization transient, and one chunk's layer activations (``scoring.forward_bytes_per_token``
-    each, plus its residual stream in and out, ``chunk_token_bytes``)."""
+    each, plus its residual stream in and out, ``chunk_bytes``)."""
     per = torch.tensor([], dtype=dtype).element_size()
     hidden = probe_ckpt.checkpoint.config.hidden_size
     parts = {"resident": resident_bytes(probe_ckpt, dtype), "layer": largest_layer_bytes(probe_ckpt, dtype),
              "next_layer": largest_stored_layer_bytes(probe_ckpt), "transient": tensor_transient_bytes(probe_ckpt),
-             "mtp": mtp_bytes, "chunk": chunk_tokens * chunk_token_bytes(forward_per_token, hidden, per),
+             "mtp": mtp_bytes, "chunk": chunk_bytes(chunk_tokens, forward_per_token, hidden, per),
              "store": store_tokens * hidden * per, "scoring": scoring}
     parts["total"] = (parts["resident"] + parts["mtp"] + parts["store"]
                       + max(parts["layer"] + parts["next_layer"] + parts["transient"] + parts["chunk"],
@@ -378,10 +380,24 @@ def stream_estimate(probe_ckpt, dtype: torch.dtype, *, chunk_tokens: int, forwar
     return parts
 
 
-def chunk_token_bytes(forward_per_token: int, hidden: int, per: int) -> int:
-    """Device bytes per padded token of a chunk in the layer phase: the layer's activations and the
-    residual stream in, out and as the next layer's input."""
-    return forward_per_token + 3 * hidden * per
+def chunk_bytes(tokens: int, forward_per_token: int, hidden: int, per: int) -> int:
+    """Device bytes of a chunk of ``tokens`` padded tokens in the layer phase: per token the residual
+    stream (in, out, the next layer's input) and the layer's hidden-size activations (8 x hidden);
+    the MLP's own activations for one piece of chain.MLP_PIECE_TOKENS (the layer's ``mlp`` runs in
+    pieces, ``chain.mlp_in_pieces``)."""
+    small = min(forward_per_token, 8 * hidden * per) + 3 * hidden * per
+    return tokens * small + min(tokens, MLP_PIECE_TOKENS) * max(0, forward_per_token - 8 * hidden * per)
+
+
+def chunk_room(available: int, forward_per_token: int, hidden: int, per: int) -> int:
+    """The most padded tokens a chunk may hold in ``available`` bytes (inverse of ``chunk_bytes``)."""
+    if available <= 0:
+        return 0
+    small = min(forward_per_token, 8 * hidden * per) + 3 * hidden * per
+    big = max(0, forward_per_token - 8 * hidden * per)
+    if available <= MLP_PIECE_TOKENS * (small + big):
+        return available // (small + big)
+    return MLP_PIECE_TOKENS + (available - MLP_PIECE_TOKENS * (small + big)) // small
 
 
 def tensor_transient_bytes(probe_ckpt) -> int:

@@ -71,7 +71,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     from ckptinspect.probe.heads.build import build_head
     from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, Batch,
                                            forward_bytes_per_token, plan_batches, score_all, scoring_bytes)
-    from ckptinspect.probe.stream import StreamedMain, chunk_rows, chunk_token_bytes, stream_estimate
+    from ckptinspect.probe.stream import StreamedMain, chunk_bytes, chunk_room, chunk_rows, stream_estimate
 
     if store not in STORES:
         raise ProbeError(f"unknown stream store {store!r} ({', '.join(STORES)})")
@@ -85,7 +85,6 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     lengths = [len(s.tokens) for s in sequences]
     longest = max(lengths)
     fwd = forward_bytes_per_token(cfg, dtype)
-    token_bytes = chunk_token_bytes(fwd, cfg.hidden_size, per)
     row_bytes = cfg.hidden_size * per
 
     def scratch_at(rows, width, block, logits_tokens=LOGITS_TOKENS):
@@ -103,7 +102,8 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
 
     bare = estimate_at(0, 0)
     fixed = bare["resident"] + bare["mtp"]
-    layer_floor = bare["total"] + longest * token_bytes
+    longest_bytes = chunk_bytes(longest, fwd, cfg.hidden_size, per)
+    layer_floor = bare["total"] + longest_bytes
     least_scratch = min(scratch_at(1, longest, None, LOGITS_TOKENS >> 7),
                         scratch_at(1, longest, ATTENTION_MIN_BLOCK, LOGITS_TOKENS >> 7))
     scoring_floor = -(-(fixed + least_scratch) // AUTO_FRACTION)
@@ -113,14 +113,14 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
             f"even layer-streamed the probe needs at least {_gib(floor)} and {_gib(limit)} is available: resident "
             f"{_gib(bare['resident'])}, MTP layer {_gib(bare['mtp'])}, one layer {_gib(bare['layer'])} and the next "
             f"read ahead {_gib(bare['next_layer'])}, one chunk of the longest sequence ({longest} tokens) "
-            f"{_gib(longest * token_bytes)}, and in the scoring phase the same resident parts and MTP layer with that "
+            f"{_gib(longest_bytes)}, and in the scoring phase the same resident parts and MTP layer with that "
             f"sequence's scoring scratch {_gib(least_scratch)} in {AUTO_FRACTION:.0%} of the budget; the corpus size does not matter (it is "
             "streamed in chunks sized to the budget): allow at least that much with --max-gpu-memory, use "
             "--main-url, or a GPU with more memory", floor_bytes=floor, path=model_dir)
     cap = max(chunk_tokens or DEFAULT_CHUNK_TOKENS, 1)
 
     def room(store_tokens: int) -> int:  # padded tokens a chunk may hold beside the store
-        return max(0, limit - bare["total"] - store_tokens * row_bytes) // token_bytes
+        return chunk_room(limit - bare["total"] - store_tokens * row_bytes, fwd, cfg.hidden_size, per)
 
     # a sequence longer than the chunk is a chunk of its own (chunk_rows): the room must hold the longest
     chosen, rounds, chunk = "host", 1, min(cap, room(0))
