@@ -191,9 +191,12 @@ class Recorder:
     def tensors(self, rows: list) -> Iterator[tuple[str, Any]]:
         """(name, meta tensor) in the order given, as the engine's safetensors iterator yields them."""
         torch = self.torch
+        dtypes = {code: getattr(torch, attr) for code, attr in TORCH_DTYPES.items() if hasattr(torch, attr)}
+        untracked = torch._C.DisableTorchFunction  # creating them needs no provenance (the mode's cost, x371k)
         for name, dtype, shape, _is_mtp in rows:
             self.current = name
-            tensor = torch.empty(shape, dtype=getattr(torch, TORCH_DTYPES[dtype]), device="meta")
+            with untracked():
+                tensor = torch.empty(shape, dtype=dtypes[dtype], device="meta")
             self.provenance[id(tensor)] = (tensor, frozenset((name,)))
             yield name, tensor
             # Kept only while the engine holds it (buffered for a fused load): here, the provenance entry
