@@ -315,9 +315,15 @@ def audit_select(*, ids: Sequence[str] = (), ids_file: Path | None = None, quant
     (``HfApi.list_models``) narrowed by ``quantized_from`` (the ``base_model:quantized:`` relation),
     ``author`` and ``search`` together."""
     from ckptinspect.audit import Selection, select_repos
+    from ckptinspect.audit.hub_reach import check_reachable, quiet_hub_retries
+    from ckptinspect.sources.net_limits import NetLimits
 
-    return select_repos(Selection(ids=tuple(ids), ids_file=ids_file, quantized_from=quantized_from, author=author,
-                                  search=search, limit=limit), token=token, endpoint=hub_endpoint())
+    selection = Selection(ids=tuple(ids), ids_file=ids_file, quantized_from=quantized_from, author=author,
+                          search=search, limit=limit)
+    with quiet_hub_retries():
+        if quantized_from or author or search:  # a listing: an unreachable Hub is one line, at once
+            check_reachable(hub_endpoint(), timeout_s=NetLimits.from_env().request_s)
+        return select_repos(selection, token=token, endpoint=hub_endpoint())
 
 
 def audit(refs: "Sequence[str | RepoRef]", *, gpu: str | None = None, gpus: int | None = None, context: int | None = None,
