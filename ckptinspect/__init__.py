@@ -16,7 +16,7 @@ shadow. Renderers for every command and format: ``ckptinspect.render``.
 
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the release scheme and what each version changed: CHANGELOG.md
 
 # What `from ckptinspect import *` and a notebook's tab completion offer; resolved lazily below, so
 # `import ckptinspect` (and `ckptinspect --help`) stays cheap. ``plan``, ``diff``, ``probe`` and

@@ -27,11 +27,49 @@ from fixtures.generate import FIXTURES, build_fixture  # noqa: E402
 os.environ["CKPTINSPECT_HEADER_CACHE"] = "0"
 
 PYTEST_CONFIG: pytest.Config | None = None  # for tests/sglang_parser.py's one-line install notice
+_BACKGROUND_INSTALL = None  # the engine installer started by this process (tests/engine_envs.py)
+
+# Tests that run an engine's own code: a module that imports one of these helpers needs an engine
+# environment (tests/engine_envs.py). They run last, so the engines install while the rest of the suite runs.
+ENGINE_HELPERS = frozenset({"sglang_parser", "sglang_memory", "sglang_quant_oracle", "vllm_engine",
+                            "vllm_quant_oracle", "engine_envs"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
     global PYTEST_CONFIG
     PYTEST_CONFIG = config
+
+
+def _needs_engine(item: pytest.Item) -> bool:
+    module = getattr(item, "module", None)
+    return module is not None and any(str(getattr(value, "__name__", "")).rpartition(".")[2] in ENGINE_HELPERS
+                                      for value in vars(module).values())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Engine tests last (a stable sort keeps every file's order), and their environments installing now."""
+    global _BACKGROUND_INSTALL
+    engine = [item for item in items if _needs_engine(item)]
+    if not engine:
+        return
+    items[:] = [item for item in items if not _needs_engine(item)] + engine
+    if config.getoption("collectonly"):
+        return
+    import engine_envs
+    from sglang_parser import announce
+
+    _BACKGROUND_INSTALL = engine_envs.start_background_install(announce)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """An installer still running when the session ends (no engine test needed it) is stopped; the
+    unfinished environment has no marker, so the next run installs it again from the start."""
+    if _BACKGROUND_INSTALL is not None and _BACKGROUND_INSTALL.poll() is None:
+        import signal
+
+        os.killpg(_BACKGROUND_INSTALL.pid, signal.SIGTERM)
+        _BACKGROUND_INSTALL.wait(timeout=60)
+
 
 
 @pytest.fixture(scope="session")

@@ -91,7 +91,9 @@ class _Any(types.ModuleType):
             raise AttributeError(name)
         return _stub_class(name)
 
-ROOTS = set(sys.argv[1].split(","))  # absent third-party packages
+# Absent third-party packages only: a package this environment has is imported for real (a stand-in for an
+# installed package would hide its API, e.g. transformers calling kernels' decorators with arguments).
+ROOTS = {root for root in sys.argv[1].split(",") if importlib.machinery.PathFinder.find_spec(root) is None}
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in ROOTS or name in ROOTS:

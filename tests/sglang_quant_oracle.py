@@ -23,7 +23,8 @@ What is not SGLang's own code here, and why:
   transformers is imported first so that it keeps seeing torchvision as absent.
 
 The SGLang install is the one tests/sglang_parser.py makes; the few pure-Python packages the
-quantization modules import besides (``QUANT_DEPS``) go into a sibling directory once.
+quantization modules import besides (tests/locks/sglang-0.5.23-quant-deps.lock) go into a sibling
+directory once (tests/engine_envs.py).
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.sglang_parser import announce, cache_dir, ensure_sglang
+from tests.sglang_parser import announce, ensure_sglang
 
-QUANT_DEPS = ("compressed-tensors==0.18.0", "dill", "einops", "openai", "partial-json-parser", "sniffio")
 STUBBED = ("tvm_ffi", "torchvision", "sentencepiece", "gguf", "loguru",
            "sglang.srt.multimodal.internvl_utils")
 
@@ -46,7 +46,10 @@ warnings.simplefilter("ignore")
 import transformers.utils.import_utils as iu
 iu.is_torchvision_available()
 import transformers.models.auto.image_processing_auto  # noqa: F401  (caches "no torchvision")
-STUBBED = set(sys.argv[1].split(","))
+# A third-party package is stood in for only where this environment lacks it (an installed one is imported
+# for real, so the API SGLang meets is the installed version's); a named SGLang submodule always is.
+STUBBED = {name for name in sys.argv[1].split(",")
+           if "." in name or importlib.machinery.PathFinder.find_spec(name) is None}
 
 class _Any(types.ModuleType):
     __path__ = []
@@ -149,21 +152,11 @@ print(json.dumps(out))
 """
 
 
-def deps_dir() -> Path:
-    return cache_dir().parent / "sglang-0.5.23-quant-deps"
-
-
 def ensure_quant_deps() -> Path:
-    target = deps_dir()
-    marker = target / ".ckptinspect-complete"
-    if marker.is_file():
-        return target
-    announce(f"ckptinspect tests: installing {', '.join(QUANT_DEPS)} into {target} once (a few MB)")
-    target.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "--no-deps", "--target", str(target), "--upgrade", *QUANT_DEPS], check=True, timeout=1800)
-    marker.write_text("\n".join(QUANT_DEPS) + "\n", encoding="utf-8")
-    return target
+    """The quantization modules' extra packages (tests/locks/sglang-0.5.23-quant-deps.lock), installed once."""
+    from tests import engine_envs
+
+    return engine_envs.ensure(engine_envs.SGLANG_QUANT_DEPS, announce)
 
 
 def built(answer: str | None, kind: str = "linear") -> str:

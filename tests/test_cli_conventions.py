@@ -335,19 +335,22 @@ def test_diff_fail_on(make_fixture):
 @pytest.mark.skipif(not os.environ.get("CKPTINSPECT_NOTICE_PROBE"), reason="run by the test below")
 def test_sglang_install_inner(monkeypatch):
     sys.path.insert(0, str(ROOT / "tests"))
+    import engine_envs
     import sglang_parser
 
     calls = []
 
-    def fake_pip(cmd, **kwargs):  # records the install instead of downloading 1.3 GB
+    def fake_pip(cmd, **kwargs):  # records the install instead of downloading 1.3 GB (a stand-in for pip)
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setenv("CKPTINSPECT_TEST_CACHE", os.environ["CKPTINSPECT_NOTICE_PROBE"])
-    monkeypatch.setattr(sglang_parser.subprocess, "run", fake_pip)
+    monkeypatch.setattr(engine_envs.subprocess, "run", fake_pip)
     sglang_parser.ensure_sglang()
     sglang_parser.ensure_sglang()  # marker written: nothing to install, nothing printed
-    assert len(calls) == 1 and "--no-deps" in calls[0] and sglang_parser.SGLANG in calls[0]
+    assert len(calls) == 1
+    assert {"--require-hashes", "--no-deps"} <= set(calls[0])
+    assert str(engine_envs.SGLANG.lock) in calls[0]
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["serial", "xdist"])

@@ -17,12 +17,12 @@ def test_set_up_has_exactly_the_two_commands():
     setup = README.split("## Set-up", 1)[1].split("\n## ", 1)[0]
     commands = [b.strip() for b in re.findall(r"```\n(.*?)```", setup, re.S)]
     assert commands == ["pip install -e . && ckptinspect report",
-                        "python -m pip install -e '.[dev]' 'torch==2.13.0' && python -m pytest -n 2"]
+                        "python -m pip install --require-hashes --no-deps -r requirements/dev.lock && python -m pip install --no-deps --no-build-isolation -e . && python -m pytest -n 2"]
 
 
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
-    readme_test_command = "python -m pip install -e '.[dev]' 'torch==2.13.0' && python -m pytest -n 2"
+    readme_test_command = "python -m pip install --require-hashes --no-deps -r requirements/dev.lock && python -m pip install --no-deps --no-build-isolation -e . && python -m pytest -n 2"
     assert readme_test_command in ci.splitlines()
 
 

@@ -162,22 +162,6 @@ def test_the_bundled_example_suggests_no_probe_it_cannot_run() -> None:
     assert "ckptinspect probe ckptinspect/examples" not in line and "needs the model's tokenizer" in line
 
 
-def test_the_engine_install_notice_is_printed_once_for_all_test_workers(tmp_path) -> None:
-    """main: "installing sglang==0.5.23" was printed once per pytest-xdist worker."""
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
-            "from sglang_parser import announce_once; announce_once('installing sglang', Path(sys.argv[2]))")
-    flag = tmp_path / ".sglang-0.5.23.announced"
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(ROOT / "tests"), str(flag)], stderr=subprocess.PIPE,
-                              text=True) for _ in range(4)]
-    printed = "".join(p.communicate(timeout=60)[1] for p in procs)
-    assert printed.count("installing sglang") == 1, printed
-
-
 def _corrupt_prefix_repo(root, length: int):
     """A one-shard checkpoint whose header length prefix says ``length`` bytes (a corrupt or hostile file)."""
     import shutil

