@@ -246,3 +246,22 @@ def test_a_missing_repo_says_what_to_check_and_a_trailing_slash_is_forgiven(tmp_
     assert typo.returncode == 2 and len(typo.stderr.strip().splitlines()) == 1
     assert "not found, private or gated? check the spelling" in typo.stderr and "https://" not in typo.stderr
     assert slash.returncode == 0, slash.stderr  # main: "no such directory, and not a Hub repo id"
+
+
+def test_an_audit_without_network_fails_fast_in_one_line() -> None:
+    """main: six huggingface_hub "Retrying in Ns" lines over 27 s before the error; `report` gave one line."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    done = run_cli("audit", "--author", "someone", env={"HF_ENDPOINT": f"http://127.0.0.1:{port}"}, timeout=120)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2 and "Retrying" not in done.stderr
+    # the listing goes through the one bounded client (sources/hub_session.py): its attempts, one line
+    # naming what failed and the endpoint
+    line = done.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Hub listing failed" in line and f"127.0.0.1:{port}" in line, line
+    assert elapsed < 15, elapsed  # the client's few quick attempts (main: 27 s)
