@@ -200,8 +200,8 @@ def snapshot(ref: str, output: Path, *, revision: str | None = None, token: str 
     if not str(output).endswith(".json.gz"):
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
     if not Path(output).parent.is_dir():  # checked before any read; a typo must not grow a directory tree
-        raise CkptInspectError(f"the directory {Path(output).parent} does not exist (create it first)",
-                               path=str(output))
+        raise CkptInspectError(f"refusing to write: the directory {Path(output).parent} does not exist (create "
+                               "it first; snapshot never creates directories)", path=str(output))
     from ckptinspect.snapshot_output import refuse_protected_output, write_error
 
     ref, revision = normalize_ref(check_ref(ref), revision)
