@@ -207,15 +207,14 @@ def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token
     ``RawCheckpoint`` that was saved (its ``stats`` say how it was read)."""
     from ckptinspect.snapshot_output import refuse_protected_output, write_error
     from ckptinspect.sources import open_source
-    from ckptinspect.snapshot_output import refuse_protected_output, write_error
     from ckptinspect.sources.snapshot import write_snapshot
 
     if not str(output).endswith(".json.gz"):  # also refuses "x.json.gz/" (a directory's name)
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
     output = Path(output)
     if not Path(output).parent.is_dir():  # checked before any read; a typo must not grow a directory tree
-        raise CkptInspectError(f"the directory {Path(output).parent} does not exist (create it first)",
-                               path=str(output))
+        raise CkptInspectError(f"refusing to write: the directory {Path(output).parent} does not exist (create "
+                               "it first; snapshot never creates directories)", path=str(output))
 
     ref, revision = normalize_ref(check_ref(ref), revision)
     with _not_found_context(ref):

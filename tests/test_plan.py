@@ -155,8 +155,15 @@ def test_probe_saying_mtp_does_not_pay_drops_the_speculative_flags(qwen35) -> No
 def test_plan_says_what_decides_the_payoff_and_prints_the_probe_command() -> None:
     """A drafting plan without a probe report says what decides whether MTP pays, warns about random-token
     benchmarks and prints the probe command with this plan's GPU, layer-streamed (teacher mode under a
-    memory cap) when the BF16 weights do not fit one GPU (DeepSeek-V3: ~1.3 TB BF16)."""
-    plan = make_plan(deepseek_v3_fp8(), mtp_ready(), gpu="b200", gpus=8)
+    memory cap) when the BF16 weights do not fit one GPU (DeepSeek-V3: ~1.3 TB BF16). The command needs the
+    model's tokenizer, which deepseek-ai/DeepSeek-V3 ships (tokenizer.json); without one no command is
+    printed (issue 34: no dead-end suggestion)."""
+    from dataclasses import replace
+
+    ck = deepseek_v3_fp8()
+    bare = make_plan(ck, mtp_ready(), gpu="b200", gpus=8)
+    assert not any("`ckptinspect probe " in n.message for n in bare.notes)
+    plan = make_plan(replace(ck, files=(*ck.files, "tokenizer.json")), mtp_ready(), gpu="b200", gpus=8)
     [note] = [n.message for n in plan.notes if "ckptinspect probe" in n.message]
     assert "acceptance" in note and "concurrency" in note and "random" in note
     command = note.split("`")[1]

@@ -119,7 +119,7 @@ def test_a_mistyped_path_that_looks_like_a_repo_id_says_no_directory_either(onli
     res = _cli("report", "mymodels/qwen-nvfp4", hub=hub if online else None, home=tmp_path, offline=not online)
     line = _one_error_line(res)
     assert line.startswith("error: mymodels/qwen-nvfp4: ") and "no local directory of that name either" in line
-    assert ("repository not found" in line) if online else ("HF_HUB_OFFLINE=1" in line)
+    assert ("not found, private or gated? check the spelling" in line) if online else ("HF_HUB_OFFLINE=1" in line)
 
 
 # -- Hub URLs ---------------------------------------------------------------------------------------

@@ -67,8 +67,12 @@ def test_a_mistyped_path_that_looks_like_a_repo_id_says_so(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_text_to_a_pipe_is_not_wrapped_at_80_columns(make_fixture):
-    path = make_fixture("deepseek_v3_nvfp4_mtp_fp4")
+def test_text_to_a_pipe_is_not_wrapped_at_80_columns(make_fixture, tmp_path):
+    import shutil
+
+    path = tmp_path / "model"  # with a tokenizer file: the payoff section prints the probe command then
+    shutil.copytree(make_fixture("deepseek_v3_nvfp4_mtp_fp4"), path)
+    (path / "tokenizer.json").write_text('{"model": {"vocab": {}}}', encoding="utf-8")
     piped = _cli("report", str(path))
     assert piped.returncode == 0 and max(map(len, piped.stdout.splitlines())) > 100
     # the probe command of the payoff section is whole on one line

@@ -1,4 +1,4 @@
-"""``probe --engine URL``: draft acceptance as a running serving engine measures it.
+"""``probe --engine sglang|vllm [--engine-url URL]``: draft acceptance as a running serving engine measures it.
 
 The engine runs main model and MTP layer with its own kernels; we send the probe's prompts (greedy,
 the checkpoint's own tokenizer and chat template, as token ids) and read back the engine's counts.
