@@ -127,9 +127,11 @@ def test_scoring_estimate_takes_the_larger_phase():
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=16) == max(logits, attention16) + streams
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=0) == logits + streams
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=32) == 2 * attention16 + streams
-    # the chain's own activations (K x seq positions) join its attention; the main forward is its own phase
+    # the chain's own activations (K x seq positions) join its attention; the main forward is its own phase.
+    # Per position the layer's hidden-size terms (8 x hidden x 2 B); its MLP runs 8,192 positions at a time
     fwd = 100_000
-    chain = 144 * 3 * 625 * fwd
+    hidden_terms = 8 * 2048 * 2
+    chain = 144 * 3 * 625 * hidden_terms + 8192 * (fwd - hidden_terms)
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=16, forward_per_token=fwd) == attention16 + chain + streams
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=0, forward_per_token=fwd, chain_per_token=0) == \
         max(logits, 144 * 625 * fwd) + streams

@@ -112,7 +112,7 @@ def mlp_in_pieces(head: torch.nn.Module, tokens: int = MLP_PIECE_TOKENS):
             piece = max(1, tokens // x.shape[0])
             outs = []
             for lo in range(0, x.shape[1], piece):
-                out = _original(x[:, lo:lo + piece])
+                out = _original(x[:, lo:lo + piece].contiguous())
                 if not isinstance(out, torch.Tensor):
                     return _original(x)
                 outs.append(out)
