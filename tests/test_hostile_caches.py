@@ -169,7 +169,10 @@ def _key_in(tmp_path: Path, code: str, **extra: str) -> str:
                           timeout=60).stdout.strip()
 
 
-KEY_CODE = "from ckptinspect.cache_auth import cache_key; k = cache_key(); print('none' if k is None else len(k))"
+# the environment read once into Settings, as the CLI does; cache_auth takes the key file and the cache from it
+KEY_CODE = ("from ckptinspect.cache_auth import cache_key; from ckptinspect.settings import Settings; "
+            "s = Settings.from_environ(); k = cache_key(s.cache_dir, s.cache_key_file); "
+            "print('none' if k is None else len(k))")
 
 
 def test_the_key_is_made_private_outside_the_cache_and_reused(tmp_path):
