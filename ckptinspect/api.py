@@ -13,6 +13,7 @@ and hands it down; without it, the environment is read once (``settings.or_envir
 
 from __future__ import annotations
 
+import errno
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -205,16 +206,22 @@ def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token
              progress: bool = False, settings: Settings | None = None) -> "RawCheckpoint":
     """Write ``ref``'s config files, index and every shard header into ``output`` (.json.gz); returns the
     ``RawCheckpoint`` that was saved (its ``stats`` say how it was read)."""
-    from ckptinspect.snapshot_output import refuse_protected_output, write_error
+    from ckptinspect.snapshot_output import refuse_output_in, refuse_protected_output, write_error
     from ckptinspect.sources import open_source
     from ckptinspect.sources.snapshot import write_snapshot
 
     if not str(output).endswith(".json.gz"):  # also refuses "x.json.gz/" (a directory's name)
         raise CkptInspectError("the snapshot file name must end with .json.gz", path=str(output))
     output = Path(output)
-    if not Path(output).parent.is_dir():  # checked before any read; a typo must not grow a directory tree
-        raise CkptInspectError(f"refusing to write: the directory {Path(output).parent} does not exist (create "
-                               "it first; snapshot never creates directories)", path=str(output))
+    # Before any read: a path in a Hugging Face cache repo folder is refused as such (not sent off to create
+    # a folder there), and a missing folder is not grown (a typo must not make a directory tree).
+    refuse_output_in((), output, "a snapshot")
+    if output.parent.exists() and not output.parent.is_dir():
+        raise write_error(NotADirectoryError(errno.ENOTDIR, "Not a directory"), output)
+    if not output.parent.is_dir():
+        raise CkptInspectError(f"refusing to write: the directory {output.parent} does not exist (create "
+                               "it first; snapshot never creates directories)",
+                               path=str(output))
 
     ref, revision = normalize_ref(check_ref(ref), revision)
     with _not_found_context(ref):

@@ -250,8 +250,12 @@ def test_hybrid_qwen35moe_layers_and_a_head_without_embedding_or_lm_head(models)
     cfg = report.checkpoint.config
     assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",) and cfg.attention_kind == "hybrid_linear"
     assert report.mtp.present_layers == 1 and report.mtp.layers[0].prefix == "blk.4."
-    from ckptinspect.plan.llamacpp import _kv_per_token_layer, plan_llamacpp
+    from ckptinspect.plan.kvcache import _gqa_layer, state_bytes_per_request
+    from ckptinspect.plan.llamacpp import KV_DTYPE, plan_llamacpp
 
     plan = plan_llamacpp(report.checkpoint, report.mtp, gpu="h200", gpus=1, context=8192)
-    # KV for the one attention layer and the NextN block only: the recurrent layers keep a fixed state
-    assert plan.kv_bytes == 2 * 8192 * _kv_per_token_layer(report.checkpoint)
+    # KV growing with the context for the one attention layer and the NextN block only; the recurrent
+    # layers keep a fixed conv + SSM state whatever the context (plan/kvcache.py's one model)
+    per_token = _gqa_layer(report.checkpoint, 1, KV_DTYPE)
+    assert per_token > 0
+    assert plan.kv_bytes == int(2 * 8192 * per_token + state_bytes_per_request(report.checkpoint, 1))

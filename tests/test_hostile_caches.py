@@ -169,9 +169,9 @@ def _key_in(tmp_path: Path, code: str, **extra: str) -> str:
                           timeout=60).stdout.strip()
 
 
-# The key as a command sees it: its settings read from the environment at the edge (ckptinspect/settings.py).
+# the environment read once into Settings, as the CLI does; cache_auth takes the key file and the cache from it
 KEY_CODE = ("from ckptinspect.cache_auth import cache_key; from ckptinspect.settings import Settings; "
-            "s = Settings.from_environ(); k = cache_key(s.cache_dir / 'hub-headers', s.cache_key_file, s.cache_dir); "
+            "s = Settings.from_environ(); k = cache_key(s.cache_dir, s.cache_key_file); "
             "print('none' if k is None else len(k))")
 
 

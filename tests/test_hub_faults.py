@@ -18,6 +18,7 @@ from hub_server import HubServer  # noqa: E402
 
 from ckptinspect.errors import NetworkError  # noqa: E402
 from ckptinspect.sources import hub_client  # noqa: E402
+from ckptinspect.settings import Settings  # noqa: E402
 from ckptinspect.sources.hub import open_hub  # noqa: E402
 
 REPO = "org/faulty"
@@ -29,6 +30,11 @@ def _fast_retries(tmp_path, monkeypatch):
     isolate_hf(monkeypatch, tmp_path / "hf_home")
     monkeypatch.setattr(hub_client, "DEFAULT_ATTEMPTS", 3)
     monkeypatch.setattr(hub_client, "DEFAULT_BACKOFF_S", 0.01)
+
+
+# the client takes its attempts and backoff from the command's Settings (ckptinspect/settings.py), so the
+# reads here are given the same fast retries the fixture sets for any client built without settings
+FAST = Settings(http_attempts=3, http_backoff_s=0.01)
 
 
 @pytest.fixture()
@@ -48,7 +54,7 @@ def _shard_gets(server) -> list[tuple]:
 def test_transient_fault_is_retried(served, kind):
     server, headers = served
     server.add_fault(kind, path_contains=SHARD, times=1, delay_s=1.0)
-    raw = open_hub(REPO, endpoint=server.url, progress=False, timeout=0.3)
+    raw = open_hub(REPO, endpoint=server.url, progress=False, timeout=0.3, settings=FAST)
     assert dict(raw.headers) == headers
     assert raw.stats["retries"] == 1
     assert len(_shard_gets(server)) == 2
@@ -65,7 +71,7 @@ def test_persistent_fault_gives_one_line_naming_repo_and_file(served, kind, need
     server, _ = served
     server.add_fault(kind, path_contains=SHARD, delay_s=1.0)
     with pytest.raises(NetworkError) as err:
-        open_hub(REPO, endpoint=server.url, progress=False, timeout=0.3)
+        open_hub(REPO, endpoint=server.url, progress=False, timeout=0.3, settings=FAST)
     message = str(err.value)
     assert message.startswith(f"{REPO}/{SHARD}: ")
     assert needle in message and "3 attempts" in message
@@ -82,7 +88,7 @@ def test_server_ignoring_range_is_cut_off_after_the_header(tmp_path):
     with HubServer() as server:
         server.add_repo(REPO, root)
         server.add_fault("ignore-range", path_contains="model.safetensors")
-        raw = open_hub(REPO, endpoint=server.url, progress=False)
+        raw = open_hub(REPO, endpoint=server.url, progress=False, settings=FAST)
         time.sleep(0.3)  # let the server notice the closed connection
         sent = sum(e[4] for e in server.stats()["log"] if e[1].endswith("model.safetensors"))
         statuses = [e[3] for e in server.stats()["log"] if e[1].startswith("/cdn/")]
@@ -95,7 +101,7 @@ def test_server_ignoring_range_is_cut_off_after_the_header(tmp_path):
 def test_short_206_answers_are_stitched(served):
     server, headers = served
     server.add_fault("short", path_contains=SHARD, short_bytes=1000)
-    raw = open_hub(REPO, endpoint=server.url, progress=False)
+    raw = open_hub(REPO, endpoint=server.url, progress=False, settings=FAST)
     assert dict(raw.headers) == headers
     n = len(headers[SHARD]) + 8
     assert len(_shard_gets(server)) == -(-n // 1000)  # ceil: every answer made progress

@@ -155,6 +155,13 @@ def test_a_damaged_entry_is_a_miss_with_the_same_answer(server, repo, tmp_path, 
         assert len(_ours(server)) == 1
 
 
+def _cache(root: Path, limit: int | None = None) -> HeaderCache:
+    """A header cache under ``root`` with a per-user key (cache_auth.py): without a key file nothing is stored
+    or looked up. The key lies outside the cache's parent directory, as cache_auth requires, beside the
+    test's own temporary folder."""
+    return HeaderCache(root, limit, key_file=root.parent.parent / f"{root.parent.name}.cache-key")
+
+
 def test_entry_key_pins_commit_etag_and_size_and_drops_userinfo():
     key = entry_key("http://hub.local:8080/", REPO, SHA, "a.safetensors", ETAG, 1000)
     assert key == entry_key("http://user:secret@hub.local:8080", REPO, SHA, "a.safetensors", ETAG, 1000)
@@ -175,7 +182,7 @@ def test_entry_key_pins_commit_etag_and_size_and_drops_userinfo():
 
 
 def test_the_cap_evicts_least_recently_used_first(tmp_path):
-    cache = HeaderCache(tmp_path / "c", limit=10_000)
+    cache = _cache(tmp_path / "c", limit=10_000)
     keys = [entry_key("http://h", REPO, SHA, f"s{i}.safetensors", ETAG, 10**6) for i in range(4)]
     for i, key in enumerate(keys[:3]):
         cache.put(key, b"{" + b" " * 2_998 + b"}")
@@ -210,7 +217,7 @@ def test_concurrent_writers_of_the_same_entry_leave_one_whole_entry(tmp_path):
     seen: list[bytes | None] = []
 
     def work() -> None:
-        cache = HeaderCache(tmp_path / "c")
+        cache = _cache(tmp_path / "c")
         for _ in range(40):
             cache.put(key, header)
             seen.append(cache.get(key))
@@ -221,7 +228,7 @@ def test_concurrent_writers_of_the_same_entry_leave_one_whole_entry(tmp_path):
     for t in threads:
         t.join()
     assert set(seen) <= {header, None} and header in seen  # never a partial or other answer
-    assert [p.name for p in (tmp_path / "c").iterdir()] == [HeaderCache(tmp_path / "c")._path(key).name]
+    assert [p.name for p in (tmp_path / "c").iterdir()] == [_cache(tmp_path / "c")._path(key).name]
 
 
 def test_concurrent_hub_reads_share_the_cache_safely(server, repo, tmp_path):
@@ -280,7 +287,7 @@ def test_offline_mode_is_unchanged_by_the_header_cache(server, repo, tmp_path, m
 
 def test_a_header_longer_than_the_file_the_key_names_is_a_miss(tmp_path):
     """A stored header must fit in the file the key pins (8 + n <= size), as the reader checks online."""
-    cache = HeaderCache(tmp_path / "c")
+    cache = _cache(tmp_path / "c")
     header = b'{"__metadata__":{"format":"pt"}}'
     short = entry_key("http://h", REPO, SHA, "s.safetensors", ETAG, 8 + len(header) - 1)
     fits = entry_key("http://h", REPO, SHA, "s.safetensors", ETAG, 8 + len(header))
@@ -291,7 +298,7 @@ def test_a_header_longer_than_the_file_the_key_names_is_a_miss(tmp_path):
 
 def _write_and_read(args: tuple[str, bytes, bytes]) -> list[bytes | None]:
     root, key, header = args
-    cache = HeaderCache(Path(root))
+    cache = _cache(Path(root))
     got = []
     for _ in range(30):
         cache.put(key, header)
@@ -307,8 +314,8 @@ def test_concurrent_processes_writing_the_same_entry_leave_one_whole_entry(tmp_p
     with multiprocessing.get_context("spawn").Pool(3) as pool:
         seen = [x for got in pool.map(_write_and_read, [(str(tmp_path / "c"), key, header)] * 3) for x in got]
     assert set(seen) <= {header, None} and seen.count(header) >= 1
-    assert [p.name for p in (tmp_path / "c").iterdir()] == [HeaderCache(tmp_path / "c")._path(key).name]
-    assert HeaderCache(tmp_path / "c").get(key) == header
+    assert [p.name for p in (tmp_path / "c").iterdir()] == [_cache(tmp_path / "c")._path(key).name]
+    assert _cache(tmp_path / "c").get(key) == header
 
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from ckptinspect.errors import CkptInspectError, HeaderError
 from ckptinspect.pipeline import build_report
+from ckptinspect.settings import Settings
 from ckptinspect.render.json_out import dumps, report_to_json
 from fixtures.families_misc import llama_bf16
 from fixtures.generate import write_fixture
@@ -33,7 +34,7 @@ def many_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _json(ref: str) -> str:
     """The report JSON less where it was read from (location, kind, request timings), or the error's line."""
     try:
-        doc = report_to_json(build_report(ref, progress=False))
+        doc = report_to_json(build_report(ref, progress=False, settings=Settings.from_environ()))  # as the CLI reads it
     except CkptInspectError as exc:
         return f"{type(exc).__name__}: {exc}"
     doc.pop("source", None)

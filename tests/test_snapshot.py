@@ -100,7 +100,7 @@ def test_snapshot_command_from_the_hub_then_offline(tmp_path):
     root = tmp_path / "repo"
     headers = make_sharded_repo(root, shards=3, experts=8)
     out = tmp_path / "out" / "tiny.json.gz"
-    out.parent.mkdir()  # snapshot writes into an existing directory only (issue 34)
+    out.parent.mkdir()  # snapshot writes into an existing folder only (it never grows a directory tree)
     with HubServer() as server:
         server.add_repo("org/tiny", root)
         env = {**os.environ, "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "cli_home"),

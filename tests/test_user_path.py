@@ -88,13 +88,13 @@ def test_library_plan_that_cannot_be_made_raises_like_an_unknown_gpu(make_fixtur
 
     with pytest.raises(PlanError):
         api.plan(str(make_fixture("qwen3_5_moe_nvfp4")), gpu="no-such-gpu", gpus=8)
+    # The tiny example now plans on 8x H200 (TP 2, idle GPUs allowed: plan/memory.py), so the plan that
+    # cannot be made is the same model on H200s given 0.5 MiB each: no static pool fits anywhere.
     from dataclasses import replace
 
-    # An H200 of 1 MiB: nothing fits, whatever the divisibility rules allow (the tiny example now plans on
-    # real GPUs: the engines only warn where its widths do not divide).
-    tiny_gpu = replace(api.find_gpu("h200"), memory_gib=0.001)
+    tiny_h200 = replace(api.find_gpu("h200"), memory_gib=0.0005)
     with pytest.raises(PlanNotPossible) as raised:
-        api.plan("ckptinspect/examples/qwen3_5_moe_nvfp4_tiny", gpu=tiny_gpu, gpus=1)
+        api.plan("ckptinspect/examples/qwen3_5_moe_nvfp4_tiny", gpu=tiny_h200, gpus=8)
     assert isinstance(raised.value, CkptInspectError) and raised.value.failure.ok is False
     assert raised.value.failure.options and "does not run on 1x H200-SXM" in str(raised.value)
 
