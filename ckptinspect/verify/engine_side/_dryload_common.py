@@ -23,6 +23,8 @@ import time
 import traceback
 from typing import Any, Callable, Iterator
 
+from _dryload_stubs import stub_missing  # noqa: E402,F401  (the engine scripts call common.stub_missing)
+
 ANSWER_MARK = "@@ckptinspect-verify "
 PLATFORM_REFUSAL = re.compile(r"(?i)current platform does not support|not compiled with cuda|cuda is not available|"
                               r"no cuda gpus|requires (amx|cuda|a gpu)|found no nvidia driver|"
@@ -102,6 +104,7 @@ class Recorder:
         self.names: dict[int, str] = {}  # id(parameter) -> its name
         self.param_items: list = []
         self.provenance: dict[int, tuple] = {}  # id(meta tensor) -> (tensor, stored names it came from)
+        self.mode: Any = None  # the provenance mode while tracking() is active
 
     def sources_of(self, tensor: Any) -> list[str]:
         """The stored tensors ``tensor`` was computed from (a loader may receive a concatenation of two
@@ -112,8 +115,11 @@ class Recorder:
         return [self.current] if self.current is not None else []
 
     def tracking(self) -> Any:
-        """A TorchFunctionMode that carries each stored tensor's name through every torch op (views, cat,
-        slicing) to the tensors computed from it."""
+        """A context with a TorchFunctionMode that carries each stored tensor's name through every torch op
+        (views, cat, slicing) to the tensors computed from it. ``tensors`` takes it off the stack while the
+        engine handles a non-MTP tensor (most of a large checkpoint), where its per-op cost buys nothing."""
+        import contextlib
+
         import torch
         from torch.overrides import TorchFunctionMode
 
@@ -141,7 +147,24 @@ class Recorder:
                             recorder.provenance[id(value)] = (value, frozenset(names))
                 return out
 
-        return Provenance()
+        @contextlib.contextmanager
+        def active():
+            mode = Provenance()
+            torch._C._push_on_torch_function_stack(mode)
+            recorder.mode = mode
+            try:
+                yield
+            finally:
+                recorder.mode = None
+                if self._mode_on_top(torch, mode):
+                    torch._C._pop_torch_function_stack()
+
+        return active()
+
+    @staticmethod
+    def _mode_on_top(torch: Any, mode: Any) -> bool:
+        depth = torch._C._len_torch_function_stack()
+        return depth > 0 and torch._C._get_function_stack_at(depth - 1) is mode
 
     def wrap(self, loader: Callable, fallback_name: str | None = None) -> Callable:
         recorder = self
@@ -193,12 +216,18 @@ class Recorder:
         torch = self.torch
         dtypes = {code: getattr(torch, attr) for code, attr in TORCH_DTYPES.items() if hasattr(torch, attr)}
         untracked = torch._C.DisableTorchFunction  # creating them needs no provenance (the mode's cost, x371k)
-        for name, dtype, shape, _is_mtp in rows:
+        for name, dtype, shape, is_mtp in rows:
             self.current = name
             with untracked():
                 tensor = torch.empty(shape, dtype=dtypes[dtype], device="meta")
             self.provenance[id(tensor)] = (tensor, frozenset((name,)))
+            mode = self.mode
+            off = mode is not None and not is_mtp and self._mode_on_top(torch, mode)
+            if off:  # a non-MTP tensor: a loader that takes it gets it whole (its name is `current`)
+                torch._C._pop_torch_function_stack()
             yield name, tensor
+            if off and self.mode is mode:
+                torch._C._push_on_torch_function_stack(mode)
             # Kept only while the engine holds it (buffered for a fused load): here, the provenance entry
             # and getrefcount's argument are the only other references.
             if sys.getrefcount(tensor) <= 3:
@@ -289,67 +318,6 @@ def tensor_outcome(rows: list, recorder: Recorder) -> dict:
     targets = {name: sorted(recorder.loaded_from[name]) for name in loaded_mtp}
     return {"offered": len(rows), "loaded_mtp": loaded_mtp, "skipped_mtp": skipped_mtp,
             "loaded_other": loaded_other, "skipped_other": skipped_other, "mtp_targets": targets}
-
-
-STUB_SOURCE = r"""
-import importlib.abc, importlib.machinery, sys, types
-class _Any(types.ModuleType):
-    __path__ = []
-    def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return _Any(f"{self.__name__}.{name}")
-    def __call__(self, *a, **k):
-        return _Any("call")
-    def __mro_entries__(self, bases):
-        return (object,)
-    def __iter__(self):
-        return iter(())
-class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, names):
-        self.names = names
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in self.names:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-    def create_module(self, spec):
-        return _Any(spec.name)
-    def exec_module(self, module):
-        pass
-try:  # transformers decides "absent" once, before the stand-ins exist, and keeps that answer
-    import transformers.utils.import_utils as _iu
-    _iu.is_torchvision_available()
-    import transformers.models.auto.image_processing_auto  # noqa: F401
-except Exception:
-    pass
-sys.meta_path.insert(0, _Stubs(set(%r)))
-"""
-
-
-_STUBBED: list[str] = []
-
-
-def stub_missing(names: list[str], scratch: str, shims: list[str], why: str) -> None:
-    """Packages named in CKPTINSPECT_VERIFY_STUB_MISSING that this environment lacks become empty stand-in
-    modules, in this process and (through a sitecustomize on PYTHONPATH) in the engine's own subprocesses.
-    Test environments use it for a package the dry-load never runs (torchvision's image transforms)."""
-    import importlib.util
-    import os
-
-    missing = [n for n in names if n and (n in _STUBBED or importlib.util.find_spec(n) is None)]
-    if not missing:
-        return
-    if all(n in _STUBBED for n in missing):  # an earlier job of this process installed them
-        shims.append(f"{', '.join(missing)} absent from this environment: stand-in modules ({why})")
-        return
-    _STUBBED.extend(missing)
-    source = STUB_SOURCE % (missing,)
-    directory = os.path.join(scratch, "stubs")
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "sitecustomize.py"), "w", encoding="utf-8") as fh:
-        fh.write(source)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (directory, os.environ.get("PYTHONPATH")) if p)
-    exec(compile(source, "ckptinspect-stubs", "exec"), {})
-    shims.append(f"{', '.join(missing)} absent from this environment: stand-in modules ({why})")
 
 
 def run(main: Callable[[dict, dict], None], prepare: Callable[[], None] | None = None) -> None:
