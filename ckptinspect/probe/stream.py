@@ -18,7 +18,6 @@ in rounds when even the host cannot hold its activations).
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -28,6 +27,7 @@ from ckptinspect.errors import ProbeError
 from ckptinspect.probe import loader
 from ckptinspect.probe.chain import MLP_PIECE_TOKENS, mlp_in_pieces
 from ckptinspect.probe.heads.fusion import EXPERT_TENSOR
+from ckptinspect.probe.layer_reader import LayerReader, layer_names
 
 
 @dataclass
@@ -51,10 +51,6 @@ class StreamStats:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _layer_names(inventory, layer: int) -> list[str]:
-    return [n for g in inventory.groups if g.layer == layer and g.mtp_layer is None for n in g.names()]
 
 
 def _local(name: str, layer: int) -> str:
@@ -131,7 +127,7 @@ class StreamedMain:
         """Layer ``index``'s tensors under transformers' names, dequantized on the device; routed
         experts stored one per tensor are written straight into the fused 3-D stack transformers holds
         (never the per-expert tensors and the stack at once: one layer, not two, on the device)."""
-        names = _layer_names(self.inventory, index)
+        names = layer_names(self.inventory, index)
         own = layer.state_dict()
         state: dict[str, torch.Tensor] = {}
         fused: dict[str, torch.Tensor] = {}
@@ -221,10 +217,10 @@ class StreamedMain:
     def hidden_chunks(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
         """Post-final-norm hidden states of each id chunk [b, n], one pass over the layers for all
         chunks; returned in the store (device or pinned host memory). Layer i+1's stored bytes are
-        read (``_LayerReader``: disk -> host buffer -> device, on a thread and a side stream) while
+        read (``layer_reader.LayerReader``: disk -> host buffer -> device, on a thread and a side stream) while
         layer i computes."""
         states: list[torch.Tensor | None] = [None] * len(chunks)
-        reader = _LayerReader(self)
+        reader = LayerReader(self)
         try:
             pending = reader.submit(0)
             for index, layer in enumerate(self.layers):
@@ -273,52 +269,6 @@ class StreamedMain:
             states[c] = None
         _sync(self.device)
         return finals
-
-
-class _LayerReader:
-    """Reads one decoder layer's stored (still quantized) bytes ahead, on one background thread: from
-    the shards into a host buffer (pinned on a GPU; two, used in turn, each the largest layer's stored
-    size, allocated once), then to the device on a side stream. Device memory: the stored bytes of the
-    layer read ahead (``stream_estimate``'s "next layer"), beside the layer computing. When a tensor's
-    dtype has no torch equivalent the main thread reads through safetensors as before (no overlap)."""
-
-    def __init__(self, owner: "StreamedMain") -> None:
-        self.owner, self.device = owner, owner.device
-        cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(self.device) if cuda else None
-        sizes = [sum(owner.metas[n].nbytes for n in _layer_names(owner.inventory, i)) for i in range(len(owner.layers))]
-        self.buffers = [torch.empty(max(sizes, default=0), dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
-        self.offsets: dict[str, dict[str, tuple[int, int]]] = {}
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ckptinspect-layer-read")
-        self.overlaps = True
-
-    def submit(self, index: int) -> Future:
-        return self.pool.submit(self._read, index, self.buffers[index % 2])
-
-    def _read(self, index: int, buffer: torch.Tensor) -> tuple[dict[str, torch.Tensor] | None, float]:
-        t0 = time.perf_counter()
-        names = _layer_names(self.owner.inventory, index)
-        host = loader.read_stored(self.owner.model_dir, self.owner.metas, names, buffer, self.offsets)
-        if host is None:
-            self.overlaps = False
-            return None, 0.0
-        if self.stream is None:  # CPU: private copies (the buffer is reused two layers on)
-            return {k: v.clone() for k, v in host.items()}, time.perf_counter() - t0
-        with torch.cuda.stream(self.stream):
-            on_device = {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
-        self.stream.synchronize()  # the buffer is free again and the tensors are whole
-        return on_device, time.perf_counter() - t0
-
-    def adopt(self, stored: dict[str, torch.Tensor] | None) -> None:
-        """The main stream uses tensors the side stream allocated: tell the allocator, so that their
-        memory is not handed out again before the main stream's work on them is done."""
-        if stored and self.stream is not None:
-            main = torch.cuda.current_stream(self.device)
-            for t in stored.values():
-                t.record_stream(main)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def chunk_rows(lengths: list[int], chunk_tokens: int) -> list[list[int]]:
