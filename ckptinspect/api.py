@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from ckptinspect.errors import (CkptInspectError, GgufQuantChoice, NotFoundError, PlanError, PlanNotPossible,
-                                probe_install_hint)
+                                ProbeError, probe_install_hint)
 from ckptinspect.lookups import (family_rule, find_gpu, gpus, list_rules, split_gpu_count, split_problem,
                                  validate_rules)
 from ckptinspect.records import VERDICT_RANK
