@@ -361,7 +361,7 @@ def audit(refs: "Sequence[str | RepoRef]", *, gpu: str | None = None, gpus: int 
 
     return expand_gguf_quants(run_audit(wanted, options, _audit_report),
                               lambda more: run_audit(more, options, _audit_report),
-                              lambda repo: repo_files(repo, token=token, endpoint=options.endpoint))
+                              lambda repo: repo_files(repo, token=token, endpoint=options.endpoint, settings=settings))
 
 
 async def _audit_report(repo_id: str, options: dict) -> str:
