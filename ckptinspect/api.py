@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from ckptinspect.errors import (CkptInspectError, GgufQuantChoice, NotFoundError, PlanError, PlanNotPossible,
-                                probe_install_hint)
+                                ProbeError, probe_install_hint)
 from ckptinspect.lookups import (family_rule, find_gpu, gpus, list_rules, split_gpu_count, split_problem,
                                  validate_rules)
 from ckptinspect.records import VERDICT_RANK
@@ -363,7 +363,7 @@ def audit(refs: "Sequence[str | RepoRef]", *, gpu: str | None = None, gpus: int 
 
     return expand_gguf_quants(run_audit(wanted, options, _audit_report),
                               lambda more: run_audit(more, options, _audit_report),
-                              lambda repo: repo_files(repo, token=token, endpoint=options.endpoint))
+                              lambda repo: repo_files(repo, token=token, endpoint=options.endpoint, settings=settings))
 
 
 async def _audit_report(repo_id: str, options: dict) -> str:

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator
 from ckptinspect.audit.row import AuditRow
 from ckptinspect.audit.select import RepoRef
 from ckptinspect.errors import CkptInspectError
+from ckptinspect.settings import DEFAULTS, Settings
 
 QUANT_CHOICE = "GgufQuantChoice"  # the error kind of a repo named without :TAG (ckptinspect/errors.py)
 
@@ -58,13 +59,20 @@ def expand_gguf_quants(rows: Iterable[AuditRow], rerun: Callable[[list[RepoRef]]
                 close()
 
 
-def repo_files(ref: str, *, token: str | None, endpoint: str | None) -> list[str]:
-    """The file names of a local directory (relative, '/'-separated) or a Hub repo (one repo-info call)."""
+def repo_files(ref: str, *, token: str | None, endpoint: str | None, settings: Settings = DEFAULTS) -> list[str]:
+    """The file names of a local directory (relative, '/'-separated) or a Hub repo (one repo-info call, made
+    by the one bounded client: the command's deadline, byte budget and attempts apply to it)."""
     root = Path(ref)
     if root.is_dir():
         return sorted(str(p.relative_to(root)).replace(os.sep, "/") for p in root.rglob("*") if p.is_file())
-    from ckptinspect.audit.select import _hf_api, _hub_call
+    from ckptinspect.sources.hub_session import hub_session
+    from ckptinspect.sources.net_edge import run_sync
+    from ckptinspect.sources.repo_info import model_info
 
-    api = _hf_api(token, endpoint)
-    info = _hub_call(lambda: api.model_info(ref), ref)
-    return [s.rfilename for s in info.siblings or []]
+    async def read() -> list[str]:
+        session = hub_session(endpoint, token, settings=settings)
+        async with session.open(ref) as client:
+            info = await model_info(client, session.endpoint, ref, None)
+        return [s.rfilename for s in info.siblings]
+
+    return run_sync(read)

@@ -7,6 +7,7 @@ Each subcommand lives in its own module and is imported only when invoked, so
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from dataclasses import replace
 from typing import Any

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
-from ckptinspect.cli.options import Command, checkpoint_options, not_applicable
+from ckptinspect.cli.options import Command, checkpoint_options, current_settings, not_applicable
 
 EXAMPLES = (
     "ckptinspect verify nvidia/Qwen3.5-397B-A17B-NVFP4 --engine vllm          # vLLM installed in this Python",
@@ -44,9 +42,9 @@ def verify(model: str, engine: str, engine_python: str | None, engine_pythonpath
 
     if fmt == "markdown":
         raise not_applicable("verify", "--format markdown", "its output is text or JSON")
-    deadline = os.environ.get("CKPTINSPECT_DEADLINE_S")
+    # --deadline / CKPTINSPECT_DEADLINE_S, parsed once into the command's Settings (cli/options.py)
     result = api.verify(model, engine, engine_python=engine_python, engine_pythonpath=engine_pythonpath,
-                        deadline=float(deadline) if deadline else None, revision=revision, token=token,
+                        deadline=current_settings().deadline_s, revision=revision, token=token,
                         progress=progress_enabled(quiet), method=method, trust_remote_code=trust_remote_code)
     click.echo(render_verify(result, fmt))
     if verbose:
