@@ -230,14 +230,14 @@ def probe_startup(tmp_path_factory, probe_model, probe_prompts):
     tokenizer load before the first request): the base the time bounds below add to."""
     tmp = tmp_path_factory.mktemp("base")
     url = f"http://127.0.0.1:{_closed_port()}"
-    run = cli(tmp, "probe", probe_model, "--engine", url, "--prompts", str(probe_prompts), "-q", timeout=300)
+    run = cli(tmp, "probe", probe_model, "--engine", "vllm", "--engine-url", url, "--prompts", str(probe_prompts), "-q", timeout=300)
     assert run.returncode == 2, run.stderr[-2000:]
     return run.elapsed
 
 
 def test_a_password_in_the_engine_url_is_never_printed(tmp_path, probe_model, probe_prompts):
     url = f"http://user:{SECRET}@127.0.0.1:{_closed_port()}"
-    run = cli(tmp_path, "probe", probe_model, "--engine", url, "--prompts", str(probe_prompts), "-q", timeout=300)
+    run = cli(tmp_path, "probe", probe_model, "--engine", "vllm", "--engine-url", url, "--prompts", str(probe_prompts), "-q", timeout=300)
     line = run.one_error_line()
     assert run.returncode == 2 and "127.0.0.1" in line
     assert SECRET not in run.stderr and SECRET not in run.stdout
@@ -254,7 +254,7 @@ ENGINE_CASES = {
 def test_a_hostile_engine_gives_one_error_line(tmp_path, probe_model, probe_prompts, probe_startup, mode):
     with HostileEngine(mode) as engine:
         url = engine.url if mode != "refuse" else engine.url.replace("http://", f"http://user:{SECRET}@")
-        run = cli(tmp_path, "--deadline", str(DEADLINE_S), "probe", probe_model, "--engine", url, "--prompts",
+        run = cli(tmp_path, "--deadline", str(DEADLINE_S), "probe", probe_model, "--engine", "vllm", "--engine-url", url, "--prompts",
                   str(probe_prompts), "--max-new-tokens", "4", "-q", timeout=300)
     line = run.one_error_line()
     assert run.returncode == 2 and ENGINE_CASES[mode] in line, line

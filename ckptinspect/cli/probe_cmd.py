@@ -158,8 +158,11 @@ def _engine_name(value: str | None) -> str | None:
     if value is None or value in ENGINES:
         return value
     if "://" in value or ":" in value or "/" in value or "localhost" in value:
-        raise click.BadParameter(f"{value!r} is an address: --engine takes the engine's name (sglang or vllm); "
-                                 f"give the address as --engine-url {value}", param_hint="--engine")
+        import re
+
+        shown = re.sub(r"://[^/?#\s@]*@", "://", value)  # a password in the URL is never echoed
+        raise click.BadParameter(f"{shown!r} is an address: --engine takes the engine's name (sglang or vllm); "
+                                 f"give the address as --engine-url {shown}", param_hint="--engine")
     raise click.BadParameter(f"{value!r} is not an engine (choose from sglang, vllm)", param_hint="--engine")
 
 
