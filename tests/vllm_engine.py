@@ -26,6 +26,7 @@ import pytest
 import engine_envs
 from sglang_parser import announce
 
+HERE = Path(__file__).resolve().parent  # the engine-side scripts (vllm_offline.py, vllm_serve.py, ...) live here
 
 
 def platform_problem() -> str | None:
