@@ -46,17 +46,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _needs_engine(item: pytest.Item) -> bool:
     module = getattr(item, "module", None)
-    return module is not None and any(str(getattr(value, "__name__", "")).rpartition(".")[2] in ENGINE_HELPERS
-                                      for value in vars(module).values())
+    # a helper module imported whole, or a name imported from one (its __module__ says where it lives)
+    return module is not None and any(
+        str(getattr(value, "__name__", "") if isinstance(value, type(os)) else getattr(value, "__module__", "") or "")
+        .rpartition(".")[2] in ENGINE_HELPERS for value in vars(module).values())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Engine tests last (a stable sort keeps every file's order), and their environments installing now."""
     global _BACKGROUND_INSTALL
-    engine = [item for item in items if _needs_engine(item)]
-    if not engine:
+    needs = [_needs_engine(item) for item in items]  # asked once per item: it walks the module's names
+    if not any(needs):
         return
-    items[:] = [item for item in items if not _needs_engine(item)] + engine
+    items[:] = [item for item, n in zip(items, needs) if not n] + [item for item, n in zip(items, needs) if n]
     if config.getoption("collectonly"):
         return
     import engine_envs
@@ -73,7 +75,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
         os.killpg(_BACKGROUND_INSTALL.pid, signal.SIGTERM)
         _BACKGROUND_INSTALL.wait(timeout=60)
-
 
 
 @pytest.fixture(scope="session")
