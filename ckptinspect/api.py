@@ -255,14 +255,14 @@ def probe(ref: str, settings: Settings | None = None, **options: Any) -> "ProbeR
             raise ProbeError("--engine measures greedy decoding on the server: no --main-url, no --mode teacher")
         from ckptinspect.probe.engine_client import run_engine
 
-        return run_engine(engine, model=check_ref(ref), kind=kind, **options)
+        return run_engine(engine, model=check_ref(ref), kind=kind, settings=settings, **options)
     from ckptinspect.probe.runner import run_probe
     from ckptinspect.sources.gguf_local import looks_like_gguf
 
     if looks_like_gguf(ref):
         raise ProbeError("the probe runs safetensors checkpoints with transformers; GGUF files are not probed "
                          "(llama-server logs its draft acceptance)", path=ref)
-    return run_probe(check_ref(ref), **options)
+    return run_probe(check_ref(ref), settings=settings, **options)
 
 
 def gate(report: "Report", fail_on: str, engine: str = "both") -> list[str]:

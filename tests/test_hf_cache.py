@@ -105,13 +105,13 @@ def test_hub_run_fills_the_cache_with_json_only(tmp_path, monkeypatch):
     assert "model-00001-of-00002.safetensors" in gap and "config.json" not in gap
 
 
-def test_cli_offline_error_names_the_missing_shard(cached_repo, monkeypatch):
+def test_cli_offline_error_names_the_missing_shard(cached_repo, monkeypatch, tmp_path):
     import subprocess
 
     _, _, snapshot = cached_repo
     (snapshot / "model-00001-of-00003.safetensors").unlink()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
-    proc = subprocess.run([sys.executable, "-m", "ckptinspect", "snapshot", REPO, "-o", str(snapshot.parent / "x.json.gz"),
+    proc = subprocess.run([sys.executable, "-m", "ckptinspect", "snapshot", REPO, "-o", str(tmp_path / "x.json.gz"),  # outside the
                            "--quiet"], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1

@@ -18,7 +18,7 @@ import pytest
 
 from probe_helpers import ROOT, fixture, load_main, torch, write_prompts
 
-from ckptinspect.errors import ProbeError
+from ckptinspect.errors import NetworkError, ProbeError
 from ckptinspect.probe.result import FLOOR_MISSING
 from ckptinspect.render.probe_out import probe_json
 from ckptinspect.probe.runner import run_probe
@@ -269,7 +269,8 @@ def test_main_url_against_protocol_server_equals_in_process(tmp_path, kind):
     assert rj["overall"]["histogram"] == lj["overall"]["histogram"] and sum(lj["overall"]["histogram"]) > 10
     assert lj["overall"]["histogram"][0] < sum(lj["overall"]["histogram"])  # not a degenerate all-accept
     assert rj["overall"]["depths"][0]["sampled_acceptance"] is None  # no target logits over the wire
-    with pytest.raises(ProbeError, match="cannot reach"):
+    # the one bounded network client's error: it names the server's URL and what went wrong
+    with pytest.raises(NetworkError, match="127.0.0.1:9/generate: connection error"):
         run_probe(fixture(kind), prompts=prompts, steps=1, max_new_tokens=8, main_url="http://127.0.0.1:9",
                   progress=False)
 

@@ -153,4 +153,5 @@ def _comparable(out: str) -> list:
             if isinstance(holder.get("source"), dict):
                 holder["source"].pop("stats", None)
         doc.pop("elapsed_s", None)
-    return docs
+    # audit --format jsonl writes each repo's line as it finishes (cli/audit_cmd.py): the order is the network's
+    return sorted(docs, key=lambda d: json.dumps(d, sort_keys=True)) if len(docs) > 1 else docs

@@ -33,6 +33,13 @@ PASSES = (
     "deepseek_v4_nvidia_nvfp4", "qwen3_8_fp8_mtp_mixed", "nemotron3_5_lightning_nvfp4",
     # fixed third-party exports: what the broken ones below should have been
     "qwen3_5_moe_mtp_fc_excluded", "qwen3_5_moe_ct_nvfp4_mtp_ignored_per_projection",
+    # exports whose MTP layer mixes schemes module by module, which both engines build as stored: nvidia's
+    # MIXED_PRECISION pattern with FP8_BLOCK_SCALES MTP experts (vLLM >= 0.32 Fp8MoEMethod, SGLang's
+    # ModelOptMixedPrecisionConfig per entry: tests/test_failure_modes.py test_d; vLLM 0.31 cannot), and a
+    # weight-only NVFP4A16 export with NVFP4 MTP experts (SGLang 0.5.23's own loader loads every MTP tensor:
+    # tests/test_verify.py; vLLM drafts it 4-bit, a warning). The rule that failed them ("SGLang builds one
+    # scheme for the whole draft") generalized one PR's Quark MXFP4 path to every quantization method.
+    "qwen3_5_moe_mixed_mtp_experts_fp8_block", "qwen3_5_moe_ct_nvfp4a16_mtp_experts",
 )
 
 # Official releases one or both engines cannot draft: engine -> the error codes that engine's findings carry.
@@ -62,8 +69,8 @@ ENGINE_CANNOT = {
 # Quants and exports that dropped, re-keyed, truncated or mis-declared the MTP layer: the gate fails.
 BROKEN_QUANTS = (
     "qwen3_5_moe_nvfp4_nomtp", "qwen3_5_moe_mtp_partial_quant", "qwen3_5_moe_mtp_incomplete",
-    "qwen3_5_moe_mtp_quantized_but_excluded", "qwen3_5_moe_mixed_mtp_experts_fp8_block",
-    "qwen3_5_moe_mtp_nvfp4_no_global_scale", "qwen3_5_moe_ct_nvfp4a16_mtp_experts", "deepseek_v3_nvfp4_nomtp",
+    "qwen3_5_moe_mtp_quantized_but_excluded",
+    "qwen3_5_moe_mtp_nvfp4_no_global_scale", "deepseek_v3_nvfp4_nomtp",
     "deepseek_v3_nvfp4_mtp_fp4", "deepseek_v3_depth_mismatch", "deepseek_v3_ct_nvfp4_eh_proj_quantized",
     "deepseek_v3_nvfp4_mtp_experts_mxfp4", "deepseek_v3_ct_fp8_mtp_ignored_at_3", "deepseek_v4_flash_nomtp",
     "deepseek_v4_flash_mtp_incomplete", "glm5_flash_nvfp4_mtp_fp4", "hy_v3_nomtp", "hy_v4_at_layer_l",

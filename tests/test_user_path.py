@@ -96,7 +96,7 @@ def test_library_plan_that_cannot_be_made_raises_like_an_unknown_gpu(make_fixtur
     with pytest.raises(PlanNotPossible) as raised:
         api.plan("ckptinspect/examples/qwen3_5_moe_nvfp4_tiny", gpu=tiny_h200, gpus=8)
     assert isinstance(raised.value, CkptInspectError) and raised.value.failure.ok is False
-    assert raised.value.failure.options and "does not run on 1x H200-SXM" in str(raised.value)
+    assert raised.value.failure.options and "does not run on 8x H200-SXM" in str(raised.value)  # the 8 GPUs asked for
 
 
 def test_the_package_lists_its_public_api_and_ships_type_information() -> None:

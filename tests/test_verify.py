@@ -80,13 +80,17 @@ def sglang_dryloads(tmp_path_factory):
 
     python, path = sglang_environment()
     tmp = tmp_path_factory.mktemp("verify-sglang")
+    from fixtures.generate import build_fixture
+
     refs = [_deepseek(tmp, "as-stored"), _deepseek(tmp, "bf16-expert", _bf16_expert),
-            _deepseek(tmp, "missing-scale", _missing_scale)]
+            _deepseek(tmp, "missing-scale", _missing_scale),
+            build_fixture("qwen3_5_moe_ct_nvfp4a16_mtp_experts", tmp)]
     start = time.perf_counter()
     results = verify_many([str(r) for r in refs], "sglang", engine_python=python, engine_pythonpath=path,
                           deadline=900)
-    print(f"\nverify: 3 DeepSeek-V3 replicas dry-loaded by SGLang in one process: {time.perf_counter() - start:.1f} s")
-    return dict(zip(("as-stored", "bf16-expert", "missing-scale"), results))
+    print(f"\nverify: 3 DeepSeek-V3 replicas and a Qwen3.5 export dry-loaded by SGLang in one process: "
+          f"{time.perf_counter() - start:.1f} s")
+    return dict(zip(("as-stored", "bf16-expert", "missing-scale", "qwen3.5-nvfp4a16"), results))
 
 
 def test_sglang_as_stored_loads_with_its_own_nextn_draft(sglang_dryloads):
@@ -111,6 +115,22 @@ def test_sglang_finds_the_same_defects(sglang_dryloads):
     assert sglang_dryloads["bf16-expert"].outcome == "defects" and bf16.status == "mismatch"
     scale = _params(sglang_dryloads["missing-scale"])["model.decoder.mlp.experts.w13_weight_scale_inv"]
     assert scale.problems == ("1 of 16 (shard, expert) slots never loaded: expert 2 w3",)
+
+
+def test_sglang_builds_a_hybrid_qwen35_draft_per_module_as_stored(sglang_dryloads):
+    """Qwen3.5 (linear attention + MoE) weight-only NVFP4 export whose MTP experts are NVFP4 and the rest of
+    the MTP layer BF16: SGLang 0.5.23 builds the NextN experts NVFP4 from the ignore list, module by module,
+    and every stored MTP tensor loads (no one-scheme-for-the-whole-draft failure). On CPU the dry-load runs
+    without the radix cache, whose Mamba extra-buffer check refuses a machine without CUDA."""
+    result = sglang_dryloads["qwen3.5-nvfp4a16"]
+    assert not isinstance(result, str), result
+    assert result.outcome == "loads", [s for s in result.steps if not s.ok]
+    params = _params(result)
+    experts = params["model.layers.0.mlp.experts.w13_weight_packed"]
+    assert (experts.dtype, experts.status) == ("uint8", "loaded")
+    assert params["model.layers.0.qkv_proj.weight"].dtype == "bfloat16"
+    assert not result.mtp_tensors_skipped or all(".experts." not in n for n in result.mtp_tensors_skipped)
+    assert any("disable_radix_cache" in s for s in result.shims)
 
 
 @pytest.fixture(scope="module")

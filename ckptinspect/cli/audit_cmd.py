@@ -97,7 +97,7 @@ def audit(repos: tuple[str, ...], quantized_from: str | None, author: str | None
         click.echo(f"audit: interrupted after {len(rows)}/{len(refs)} repos", err=True)
         sys.exit(130)
     finally:
-        results.close()  # ends the worker processes whatever ended the loop (a closed pipe, an error)
+        results.close()  # ends the audit's event loop whatever ended this one (a closed pipe, an error)
     if show:
         click.echo("", err=True)
     rows = api.audit_sort(rows, engine)

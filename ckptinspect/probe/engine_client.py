@@ -45,10 +45,13 @@ MAX_SPEC_TOKENS = 64
 MAX_COUNTER = float(2 ** 53)
 
 
-def _client(base: str) -> Any:
+def _client(base: str, settings: Any = None) -> Any:
+    """The bounded client for the engine at ``base``; ``settings`` (ckptinspect/settings.py): the command's
+    deadline and byte budget (None: the environment's, read once)."""
+    from ckptinspect.settings import or_environ
     from ckptinspect.sources.hub_session import ServerClient
 
-    return ServerClient(base, "engine")
+    return ServerClient(base, "engine", or_environ(settings))
 
 
 def _json(client: Any, path: str, payload: dict | None = None) -> Any:
@@ -57,11 +60,11 @@ def _json(client: Any, path: str, payload: dict | None = None) -> Any:
     return client.post_json(path, payload, MAX_REPLY_BYTES)
 
 
-def detect(base: Any) -> tuple[str, str, str | None]:
+def detect(base: Any, settings: Any = None) -> tuple[str, str, str | None]:
     """(engine kind, served model id, version) from ``/v1/models`` (``owned_by``) and ``/version``."""
     from ckptinspect.errors import CkptInspectError
 
-    client = _client(base) if isinstance(base, str) else base
+    client = _client(base, settings) if isinstance(base, str) else base
     models = _json(client, "/v1/models")
     data = models.get("data") if isinstance(models, dict) else None
     if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not isinstance(data[0].get("id"), str):
@@ -213,10 +216,10 @@ def _steps(value: Any, k: int | None, where: str) -> list[int]:
 
 
 def measure(base: str, encoded: Seq[tuple[str, list[int]]], max_new_tokens: int,
-            steps: int | None) -> tuple[dict[str, Tally], dict[str, Any]]:
+            steps: int | None, settings: Any = None) -> tuple[dict[str, Tally], dict[str, Any]]:
     """Per-category tallies and the ``engine`` record of one run over the encoded prompts; every request
     of the run through one client (one byte budget)."""
-    client = _client(base)
+    client = _client(base, settings)
     where = client.shown
     kind, model_id, version = detect(client)
     by_cat: dict[str, list] = {}
@@ -278,7 +281,8 @@ def measure(base: str, encoded: Seq[tuple[str, list[int]]], max_new_tokens: int,
 def run_engine(url: str, *, model: str, prompts: str | None = None, max_prompts: int | None = None,
                categories: Seq[str] | None = None, max_new_tokens: int = 128, steps: int | None = None,
                gpu: str = "H200", trust_remote_code: bool = False, temperature: float = 0.0,
-               cost_calibration: str | None = None, kind: str | None = None, **_ignored: Any):
+               cost_calibration: str | None = None, kind: str | None = None, settings: Any = None,
+               **_ignored: Any):
     """The probe's result record (ProbeResult) for acceptance measured by the engine at ``url`` (``kind``:
     the engine the user named, checked against what the server says it is). The cheap checks come first
     (the server answers, MODEL has a tokenizer) and only then are MODEL's headers read."""
@@ -291,7 +295,7 @@ def run_engine(url: str, *, model: str, prompts: str | None = None, max_prompts:
     from ckptinspect.probe.runner import _spec, select_categories
 
     started = time.time()
-    detected, _, _ = detect(url)  # a server that is not there fails here, in one request
+    detected, _, _ = detect(url, settings)  # a server that is not there fails here, in one request
     if kind is not None and detected != kind:
         raise ProbeError(f"--engine {kind}, but the server at this address is {detected}", path=url)
     model_dir = loader.resolve_model_dir(model)
@@ -308,7 +312,7 @@ def run_engine(url: str, *, model: str, prompts: str | None = None, max_prompts:
                for p in prompt_list]
     from ckptinspect.sources.redact import redact_url
 
-    tallies, info = measure(url, encoded, max_new_tokens, steps)
+    tallies, info = measure(url, encoded, max_new_tokens, steps, settings)
     url = redact_url(url.rstrip("/"))  # what the result records: never the URL's password
     k = info["num_speculative_tokens"]
     efficiency = load_efficiency(cost_calibration) if cost_calibration else DEFAULT_EFFICIENCY

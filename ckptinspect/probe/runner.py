@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence as Seq
 import torch
 
 from ckptinspect.errors import ProbeError
+from ckptinspect.settings import Settings
 from ckptinspect.probe import loader
 from ckptinspect.probe.checkpoint import ProbeCheckpoint, open_checkpoint
 from ckptinspect.probe.heads import HeadSpec, spec_from_rule
@@ -84,7 +85,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
               stream_chunk_tokens: int | None = None, cost_calibration: str | None = None,
               categories: Seq[str] | None = None, experts_implementation: str = "auto",
               synthetic_len: int = 1024, stream_store: str = "auto", memory_limit: int | None = None,
-              host_memory_limit: int | None = None) -> ProbeResult:
+              host_memory_limit: int | None = None, settings: "Settings | None" = None) -> ProbeResult:
     """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md. ``batch_size`` None: greedy
     mode batches the most prompts whose memory estimate fits (``auto_batch``); teacher mode sizes each
     batch of its length-sorted sequences by the estimate (``scoring.plan_batches``), so device memory
@@ -147,7 +148,8 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
         return run_remote(main_url, model_dir=model_dir, config=config, probe_ckpt=probe_ckpt, spec=spec,
                           prompts=prompt_list, steps=steps, max_new_tokens=max_new_tokens, gpu=gpu,
                           readiness=readiness, device=primary, dtype=torch_dtype, started=started, ref=model,
-                          batch_size=batch_size, progress=progress, temperature=temperature, efficiency=efficiency)
+                          batch_size=batch_size, progress=progress, temperature=temperature, efficiency=efficiency,
+                          settings=settings)
     tok = load_tokenizer(model_dir, vocab, trust_remote_code=trust_remote_code)
     if synthetic:
         from ckptinspect.probe.synthetic import synthetic_prompts

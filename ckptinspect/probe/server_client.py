@@ -122,7 +122,7 @@ def build_remote_head(spec, main, model_dir: str, num_layers: int, metas):
 
 
 def run_remote(url: str, *, model_dir, config, probe_ckpt, spec, prompts, steps, max_new_tokens, gpu, readiness,
-               device, dtype, started, ref, batch_size, progress, temperature, efficiency):
+               device, dtype, started, ref, batch_size, progress, temperature, efficiency, settings=None):
     from tqdm import tqdm
 
     from ckptinspect.probe.result import build_result
@@ -137,7 +137,10 @@ def run_remote(url: str, *, model_dir, config, probe_ckpt, spec, prompts, steps,
     tallies: dict[str, Tally] = {}
     from ckptinspect.sources.hub_session import ServerClient
 
-    client = ServerClient(base, "main-model server")  # the run's requests: one byte budget
+    from ckptinspect.settings import or_environ
+
+    # the run's requests: one byte budget, the command's deadline
+    client = ServerClient(base, "main-model server", or_environ(settings))
     base = client.shown  # what messages and the result name: never the URL's password
     for prompt in tqdm(prompts, desc="remote generate+mtp", unit="prompt", disable=not progress):
         ids = encode_prompt(tok, prompt, chat=True, vocab_size=probe_ckpt.checkpoint.config.vocab_size, source=model_dir)

@@ -28,7 +28,10 @@ from _dryload_stubs import stub_missing  # noqa: E402,F401  (the engine scripts 
 ANSWER_MARK = "@@ckptinspect-verify "
 PLATFORM_REFUSAL = re.compile(r"(?i)current platform does not support|not compiled with cuda|cuda is not available|"
                               r"no cuda gpus|requires (amx|cuda|a gpu)|found no nvidia driver|"
-                              r"requires platform support")
+                              r"requires platform support|"
+                              # vLLM's MoE kernel oracles (fused_moe/oracle/*.py) choose among the GPU kernels of
+                              # this machine: none on a CPU, or on a GPU arch without one, is the machine's answer
+                              r"no \w+ moe backend supports")
 EXIT_ENGINE_MISSING = 3  # the engine package cannot be imported: the environment is not the engine's
 EXIT_INTERNAL = 4  # the dry-load script itself failed (a bug here, not an answer about the checkpoint)
 

@@ -87,10 +87,16 @@ def main(request: dict, result: dict) -> None:
             json.dump(doc, fh)
     steps = result["steps"]
     method = request.get("method") or "NEXTN"
+    # No radix cache: for hybrid Mamba / linear-attention models SGLang's automatic radix-cache strategy
+    # asserts that the platform can snapshot Mamba state (arg_groups/mamba_hook.py
+    # validate_mamba_extra_buffer), which a CPU cannot; the cache is a scheduler structure that never
+    # reaches the draft's construction or its weight loading.
+    result["shims"].append("disable_radix_cache=True in ServerArgs (a scheduler cache; on CPU the Mamba "
+                           "extra-buffer check would refuse hybrid models before the draft is built)")
     with common.Step(steps, "server args"):
         server_args = ServerArgs(model_path=scratch, speculative_algorithm=method, device="cpu",
                                  trust_remote_code=bool(request.get("trust_remote_code")), skip_tokenizer_init=True,
-                                 disable_cuda_graph=True)
+                                 disable_cuda_graph=True, disable_radix_cache=True)
         publish(server_args, role="scheduler", ranks=SpawnRanks(
             world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), dp_rank=None, gpu_id=0))
     if not steps[-1]["ok"]:
