@@ -157,9 +157,16 @@ def _root_cause(res: dict) -> str:
 
 
 def test_probe_engine_reads_vllm_serve(tmp_path) -> None:
-    """`probe --engine` against a real `vllm serve` on 127.0.0.1 gives the in-process probe's histogram
-    (MiMo, K = 3, the prompts of the comparison above, where the two agree exactly), and the server's
-    /metrics counters agree with its per-request records."""
+    """`probe --engine` against a real `vllm serve` on 127.0.0.1 (MiMo, K = 3).
+
+    Exact where both numbers come from the engine: the probe's histogram equals the server's own
+    per-request verify steps (the same window rule) for the same prompts, and its /metrics counters
+    equal the sum of those records. Against the in-process probe the comparison is per prompt and exact
+    except at a near-tie: vLLM decodes in bf16 with kernels its CPU build picks for the machine's ISA
+    (AVX-512 / AMX), the probe in fp32, so a decision whose top two logits are within bf16's rounding can
+    go either way, and on another machine the other way (issue 33: [49, 7, 8, 8] vs [46, 9, 7, 8] on a fresh
+    machine). Each differing prompt must part first at such a near-tie (engine_compare.explain), and at
+    most a quarter of them may differ."""
     import subprocess
     import sys
 
@@ -168,11 +175,10 @@ def test_probe_engine_reads_vllm_serve(tmp_path) -> None:
 
     kind, k = "mimo_engine", 3
     view = build_fixtures.engine_view(kind)
-    probe_hist, encoded = [0] * (k + 1), []
+    pairs = []
     for p in PROMPTS:
-        ids, _, hist = probe_prompt(fixture(kind), p, k, NEW_TOKENS, tmp_path)
-        probe_hist = [a + b for a, b in zip(probe_hist, hist)]
-        encoded.append(ids)
+        ids, tokens, hist = probe_prompt(fixture(kind), p, k, NEW_TOKENS, tmp_path)
+        pairs.append(PromptPair(kind, k, p, ids, tokens, hist))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"category": "t", "prompt": p}) + "\n" for p in PROMPTS), encoding="utf-8")
     args = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": k}),
@@ -185,16 +191,33 @@ def test_probe_engine_reads_vllm_serve(tmp_path) -> None:
         _, model_id, _ = engine_client.detect(server.url)
         before = engine_client.vllm_counters(server.url)
         per_request = [0] * (k + 1)
-        for ids in encoded:
-            _, spec = engine_client._vllm_request(server.url, model_id, ids, NEW_TOKENS)
+        for pair in pairs:
+            tokens, spec = engine_client._vllm_request(server.url, model_id, pair.prompt_ids, NEW_TOKENS)
             per_request = [a + b for a, b in zip(per_request, spec["acceptance_histogram"])]
+            attach_vllm(pair, {"token_ids": tokens, "spec": spec})
         after = engine_client.vllm_counters(server.url)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     assert data["source"] == "engine" and data["engine"]["kind"] == "vllm" and data["steps"] == k
     assert data["engine"]["counting"] == engine_client.COUNTING_WINDOW
+    engine_hist = [sum(col) for col in zip(*(p.vllm_hist for p in pairs))]
+    probe_hist = [sum(col) for col in zip(*(p.probe_hist for p in pairs))]
     announce(f"probe --engine (vllm serve {data['engine']['version']}): {kind} K={k} prompts={len(PROMPTS)} "
-             f"hist={data['overall']['histogram']} in-process probe hist={probe_hist}; /metrics over all steps "
+             f"hist={data['overall']['histogram']}; the server's per-request steps (window rule) {engine_hist}; "
+             f"in-process probe {probe_hist}; /metrics over all steps "
              f"{engine_client.histogram_from_counters(before, after, k)} = per-request {per_request}")
-    assert data["overall"]["histogram"] == probe_hist
+    assert data["overall"]["histogram"] == engine_hist  # the engine's numbers, read two ways
     assert engine_client.histogram_from_counters(before, after, k) == per_request
+    logits, flips = None, []
+    for pair in pairs:
+        if pair.same_text and pair.probe_hist == pair.vllm_hist:
+            continue
+        logits = logits or ProbeLogits(fixture(kind))
+        flip = explain(pair, logits)
+        announce(f"  probe --engine {pair.prompt!r}: in-process {pair.probe_hist} vs engine {pair.vllm_hist}; "
+                 f"first split {flip}; near-tie={flip.near_tie if flip else None}")
+        assert flip is not None, f"{pair.prompt!r}: histograms differ but every decision agrees"
+        assert flip.near_tie, (f"{pair.prompt!r}: the probe and vLLM part at a decision the probe makes by "
+                               f"{flip.margin:.4f} (over {TIE_FRACTION} x {flip.scale:.3f})")
+        flips.append(flip)
+    assert len(flips) <= len(pairs) // 4, f"{len(flips)} of {len(pairs)} prompts differ"
