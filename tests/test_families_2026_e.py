@@ -7,6 +7,9 @@
   and NemotronHMTP's eh_proj is a quantizable ColumnParallelLinear, so nothing is "plain-Linear quantized".
 - MiniMax-M3.1 DSpark draft (the dspark/ subfolder, DSparkMiniMaxDraftModel): both engines have it (vLLM from
   0.34.0); its layers and shared heads are counted; an incomplete draft is unusable in both.
+- Kimi-K3.1 (KimiK31ForConditionalGeneration / kimi_k31): vLLM 0.34.0 serves the target with the Kimi-K3 classes but
+  its MTP rewrite matches model_type kimi_k3 only, so method mtp builds no KimiK3MTP (rules/families/kimi_k31.yaml
+  traces the path); SGLang 0.5.23 has no K3.1 model at all.
 """
 
 from __future__ import annotations
@@ -130,3 +133,70 @@ def test_minimax_dspark_without_markov_head_is_unusable(report):
     for engine in ("sglang", "vllm"):
         assert mtp.verdicts[engine].verdict == "unusable"
         assert "mtp-missing-tensors" in mtp.verdicts[engine].reasons
+
+
+# ---- Kimi-K3.1 in vLLM 0.34.0 -------------------------------------------------------------------------------
+
+_VLLM = Path("/tmp/vllm034/src/vllm")
+
+
+def _vllm_src(*parts: str) -> str:
+    """An engine source file, named by its path parts under vllm/ (never a path of this repository)."""
+    path = _VLLM.joinpath(*parts)
+    if not path.exists():
+        pytest.skip("vLLM 0.34.0 wheel not unpacked at /tmp/vllm034/src (pip download --no-deps vllm==0.34.0)")
+    return path.read_text(encoding="utf-8")
+
+
+def test_kimi_k31_target_is_kimi_k3_but_its_mtp_is_not_drafted(report, fixture_specs):
+    r = report("kimi_k31")
+    assert r.checkpoint.family == "kimi_k31"
+    mtp = r.mtp
+    assert (mtp.declared_layers, mtp.present_layers) == (1, 1) and mtp.complete
+    assert mtp.tensors == fixture_specs["kimi_k31"].mtp_tensors == report("kimi_k3").mtp.tensors
+    v = mtp.verdicts["vllm"]
+    assert (v.verdict, v.reasons, v.method, v.draft_architecture) == (
+        "unusable", ("mtp-draft-config-not-rewritten",), "mtp", None)
+    s = mtp.verdicts["sglang"]
+    assert (s.verdict, s.reasons) == ("unusable", ("engine-has-no-draft-model",))
+    # scoped to the engines: nothing the checkpoint itself did wrong
+    assert not [f for f in r.checkpoint.findings if f.severity == "error"]
+    errors = {(f.engine, f.code) for f in mtp.findings if f.severity == "error"}
+    assert errors == {("vllm", "mtp-draft-config-not-rewritten"), ("sglang", "engine-has-no-draft-model")}
+    # Kimi-K3 itself stays drafted by vLLM
+    assert report("kimi_k3").mtp.verdicts["vllm"].verdict == "ready"
+
+
+def test_kimi_k31_before_vllm_0_34_has_no_model(report):
+    old = _at_vllm(report, "kimi_k31", "0.33.0").verdicts["vllm"]
+    assert (old.verdict, old.reasons) == ("unusable", ("engine-has-no-draft-model",))
+
+
+def test_vllm_0_34_maps_k31_to_k3_but_rewrites_only_kimi_k3_for_mtp():
+    """The rule's premises, read from the engine source."""
+    registry = _vllm_src("model_executor/models/registry.py")
+    block = registry[registry.index('"KimiK31ForConditionalGeneration": ('):]
+    assert '"KimiK3ForConditionalGeneration"' in block[:block.index(")")]
+    configs = _vllm_src("transformers_utils/config.py")
+    assert 'kimi_k31="KimiK3Config"' in configs
+    assert "config_class.model_type = model_type" in configs  # registered under kimi_k31: model_type stays
+    assert 'model_type == "kimi_k31"' in _vllm_src("renderers/kimi_k3.py")
+    spec = _vllm_src("config", "speculative.py")
+    override = spec[spec.index("def hf_config_override"):]
+    assert 'if hf_config.model_type == "kimi_k3":' in override
+    assert "kimi_k31" not in override and "KimiK31" not in override
+    mtp = _vllm_src("v1/worker/gpu/spec_decode/mtp/config.py")
+    assert "return target.model_weights or target.model" in mtp  # the draft is the target checkpoint
+    eagle = _vllm_src("v1/worker/gpu/spec_decode/eagle/utils.py")
+    assert "draft_inner = eagle_model.model" in eagle
+    model = _vllm_src("models/kimi_k3/nvidia/model.py")
+    cls = model[model.index("class KimiK3ForConditionalGeneration("):]
+    cls = cls[:cls.index("\nclass ") if "\nclass " in cls else len(cls)]
+    assert "self.language_model = " in cls and "self.model = " not in cls
+
+
+def test_sglang_0_5_23_has_no_kimi_k31():
+    srt = _sglang_srt()
+    hits = [p.name for p in srt.rglob("*.py")
+            if re.search(r"KimiK31|kimi_k31", p.read_text(encoding="utf-8", errors="replace"))]
+    assert hits == []
