@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ckptinspect.config.normalize import normalize_config
 from ckptinspect.config.quant_fields import check_quant_fields
@@ -27,7 +27,7 @@ from ckptinspect.inventory.scan import ShardScan, scan_checkpoint
 from ckptinspect.progress import SILENT, Progress, as_progress
 from ckptinspect.quant.crosscheck import crosscheck
 from ckptinspect.quant.declared import matcher_for, read_declared
-from ckptinspect.records import (Checkpoint, Finding, IndexSummary, Inventory, ModelConfig, MtpAssessment,
+from ckptinspect.records import (Checkpoint, DraftAssessment, EngineVerdict, Finding, IndexSummary, Inventory, ModelConfig, MtpAssessment,
                                  RawCheckpoint, TensorGroup)
 from ckptinspect.settings import Settings
 from ckptinspect.sources import open_source, open_source_async
@@ -45,6 +45,8 @@ class Report:
     # a GGUF's NextN head shipped in a companion mtp-*.gguf: its tensor groups (companion_head_groups), which
     # the checkpoint's inventory (the model's own files) does not hold
     head_groups: tuple[Any, ...] = field(default_factory=tuple)
+    # stand-alone drafts the family declares in subfolders (rules: draft_subfolders), read with the checkpoint
+    drafts: tuple[DraftAssessment, ...] = field(default_factory=tuple)
 
 
 def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
@@ -60,10 +62,11 @@ def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str 
 
 
 def _open(ref: str, *, revision: str | None, token: str | None, progress: Progress,
-          settings: Settings | None = None) -> Any:
+          settings: Settings | None = None, subfolders: Any = None) -> Any:
     """open_source, with the progress line ended when the source fails (a scan that runs ends it itself)."""
     try:
-        return open_source(ref, revision=revision, token=token, progress=progress, settings=settings)
+        return open_source(ref, revision=revision, token=token, progress=progress, settings=settings,
+                           subfolders=subfolders)
     except BaseException:
         progress.end()
         raise
@@ -76,7 +79,8 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
     ``settings`` (ckptinspect/settings.py): the Hub's limits, endpoint and caches, when ``ref`` is read from
     the network (None: every default, no cache)."""
     progress = as_progress(progress, label=ref)
-    raw = _open(ref, revision=revision, token=token, progress=progress, settings=settings)
+    raw = _open(ref, revision=revision, token=token, progress=progress, settings=settings,
+                subfolders=draft_subfolder_chooser(rules_dirs))
     if getattr(raw, "format", None) == "gguf":
         return gguf_report(raw)
     return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, engine_versions=engine_versions)
@@ -89,7 +93,7 @@ async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revis
     awaited there under ``limiter`` and ``ends_at`` (sources.open_source_async); the stages after it run
     as they do in ``build_report``."""
     raw = await open_source_async(ref, revision=revision, token=token, limiter=limiter, ends_at=ends_at,
-                                  hub_only=hub_only, settings=settings)
+                                  hub_only=hub_only, settings=settings, subfolders=draft_subfolder_chooser(rules_dirs))
     if getattr(raw, "format", None) == "gguf":
         return gguf_report(raw)
     return report_from_raw(raw, rules_dirs=rules_dirs)
@@ -106,7 +110,85 @@ def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), prog
     checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
     from ckptinspect.readiness import assess_mtp
 
-    return Report(checkpoint=checkpoint, mtp=assess_mtp(checkpoint, family, ruleset, engine_versions=engine_versions))
+    mtp = assess_mtp(checkpoint, family, ruleset, engine_versions=engine_versions)
+    drafts = assess_drafts(raw, family, ruleset, rules_dirs=rules_dirs, engine_versions=engine_versions)
+    return Report(checkpoint=checkpoint, mtp=mtp, drafts=drafts)
+
+
+# -- drafts in subfolders (rules: a family's draft_subfolders) -------------------------------------------
+def draft_subfolder_chooser(rules_dirs: Sequence[Path] = ()) -> Callable[[Any], tuple[str, ...]]:
+    """What a source is handed (sources/subfolders.py): from the parsed config.json, the subfolder names the
+    matched family declares as drafts (none for a config no family matches or that does not parse: the
+    report's own config stage then says why)."""
+
+    def choose(config_json: Any) -> tuple[str, ...]:
+        from ckptinspect.errors import CkptInspectError
+        from ckptinspect.readiness import load_rules
+
+        try:
+            family = load_rules(tuple(rules_dirs)).match(normalize_config(config_json, source="config.json"))
+        except CkptInspectError:
+            return ()
+        return tuple(d.path for d in family.draft_subfolders) if family is not None else ()
+
+    return choose
+
+
+def assess_drafts(raw: RawCheckpoint, family: Any, ruleset: Any, *, rules_dirs: Sequence[Path] = (),
+                  engine_versions: Mapping[str, str] | None = None) -> tuple[DraftAssessment, ...]:
+    """One DraftAssessment per subfolder ``family`` declares: the subfolder's own report when the source
+    read it, else what each engine does without it (the rule's ``absent`` entries)."""
+    if family is None or not family.draft_subfolders:
+        return ()
+    from ckptinspect.readiness import assess_mtp
+
+    out = []
+    for decl in family.draft_subfolders:
+        sub_raw = raw.subfolders.get(decl.path)
+        if sub_raw is not None:
+            sub_ck, (_, sub_family) = checkpoint_from_raw(sub_raw, rules_dirs=rules_dirs)
+            sub_mtp = assess_mtp(sub_ck, sub_family, ruleset, engine_versions=engine_versions)
+            # the draft family's checks speak of a draft reported on its own ("serve the target"): not here
+            own = {c.code for c in sub_family.checks} if sub_family is not None else set()
+            findings = [f for f in sub_mtp.findings if not (f.engine is None and f.code in own)]
+            if sub_ck.family != decl.family:
+                findings.append(Finding(
+                    "draft-subfolder-family-mismatch", "warning",
+                    f"{decl.path}/config.json matches family {sub_ck.family or 'none'}, not {decl.family} (the "
+                    "draft the engines expect there)", subject=f"{decl.path}/config.json", reference=decl.reference))
+            out.append(DraftAssessment(decl.path, decl.family, "present", sub_raw.location, sub_mtp.verdicts,
+                                       tuple(findings), decl.reference, checkpoint=sub_ck, mtp=sub_mtp))
+            continue
+        listed = f"{decl.path}/config.json" in raw.files
+        if listed:  # a source that cannot read subfolders (a snapshot file): no verdict is made up
+            out.append(DraftAssessment(decl.path, decl.family, "not read", f"{raw.location}/{decl.path}", {},
+                                       (Finding("draft-subfolder-not-read", "info",
+                                                f"{decl.path}/ holds a draft this source cannot read; report the "
+                                                "checkpoint from its directory, the HF cache or the Hub",
+                                                subject=f"{decl.path}/"),), decl.reference))
+            continue
+        verdicts: dict[str, EngineVerdict] = {}
+        findings = []
+        draft_family = ruleset.get(decl.family)
+        for engine, entries in decl.absent.items():
+            rule = draft_family.engines.get(engine) if draft_family is not None else None
+            version = (engine_versions or {}).get(engine, rule.version if rule is not None else "0")
+            absent = decl.absent_rule(engine, version)
+            if absent is None:
+                continue
+            from ckptinspect.readiness.assess import fill_template
+
+            verdicts[engine] = EngineVerdict(
+                engine=engine, verdict=absent.verdict, engine_version=version,
+                draft_architecture=rule.draft_architecture if rule is not None else None,
+                method=rule.method if rule is not None else None, draft_quantization=None, layers_used=0,
+                reasons=(absent.code,))
+            findings.append(Finding(absent.code, "info", fill_template(absent.message, {"version": version}),
+                                    engine=engine, subject=f"{decl.path}/", reference=absent.reference,
+                                    hint=absent.remedy))
+        out.append(DraftAssessment(decl.path, decl.family, "absent", f"{raw.location}/{decl.path}", verdicts,
+                                   tuple(findings), decl.reference))
+    return tuple(out)
 
 
 def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,

@@ -264,6 +264,10 @@ class RawCheckpoint:
     revision: str | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)  # requests, bytes fetched, ...
     index_summary: IndexSummary | None = None
+    # draft checkpoints read from subfolders the matched family declares (rules: draft_subfolders), by name:
+    # each a complete record of its own (files relative to the subfolder); only the names the source was asked
+    # for and found (sources/subfolders.py)
+    subfolders: Mapping[str, "RawCheckpoint"] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -345,3 +349,24 @@ class MtpAssessment:
     verdicts: Mapping[str, EngineVerdict]
     findings: tuple[Finding, ...]
     modules: tuple[MtpModuleQuant, ...] = ()  # per MTP weight group: declared / stored / built per engine
+
+
+@dataclass(frozen=True)
+class DraftAssessment:
+    """A stand-alone draft the matched family declares in a subfolder of the checkpoint (rules:
+    draft_subfolders; MiniMax-M3's ``dspark/``), which the engines find there themselves.
+
+    ``status``: "present" (read and judged with its own family's rules: ``checkpoint`` and ``mtp`` are its
+    own report), "absent" (no ``<subfolder>/config.json``: ``verdicts`` say what each engine does then),
+    or "not read" (the source lists it but cannot read subfolders: a snapshot file)."""
+
+    subfolder: str
+    family: str  # the family its config.json must match (the rule's)
+    status: str  # present | absent | not read
+    location: str
+    verdicts: Mapping[str, EngineVerdict]
+    findings: tuple[Finding, ...]
+    reference: str
+    checkpoint: Checkpoint | None = None
+    mtp: MtpAssessment | None = None
+

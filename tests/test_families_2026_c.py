@@ -85,7 +85,11 @@ def test_sglang_draft_class_is_what_sglang_rewrites_to(fid):
     rewrites = sglang_draft_rewrites()
     mapped = [rewrites[a] for a in fam.architectures if a in rewrites]
     if mapped:
-        assert draft is not None and all(draft in m for m in mapped), (fid, draft, mapped)
+        # an empty set: the branch names the architecture but keeps it (SGLang's DSparkMiniMaxDraftModel branch
+        # only translates the draft's config, SG:configs/minimax_vl.py configure_minimax_m3_dspark)
+        assert draft is not None and all(draft in m or (not m and draft in fam.architectures
+                                                          and draft in sglang_entry_classes())
+                                         for m in mapped), (fid, draft, mapped)
     elif draft is not None:  # rewritten elsewhere (e.g. a config class): the class must exist in 0.5.23
         assert draft in sglang_entry_classes(), (fid, draft)
 

@@ -32,6 +32,7 @@ MTP_RE = {
     "deepseek_v4": r"^mtp\.", "deepseek_v41": r"^mtp\.", "qwen4_exp": r"^mtp\.", "intern_s2": r"^mtp\.",
     "interns2_mobius": r"^mtp\.",
     # issue 10 part B (fixtures/families_2026_b.py)
+    "nemotron3_5_transcribe": r"^llm\.mtp\.", "minimax_m3_dspark": r"^language_model\.model\.dspark\.",
     "minimax_m3": r"^(language_model\.)?model\.mtp\.", "exaone_moe": r"^mtp\.", "exaone4_5": r"^mtp\.",
     "inkling": r"^model\.mtp\.", "mimo_v2_omni": r"^model\.mtp\.", "longcat_flash_ngram": r"^model\.mtp\.",
     "nemotron_h_omni": r"^language_model\.mtp\.",
@@ -167,7 +168,8 @@ def test_real_safetensors_library_reads_every_shard(built, name):
 
 
 def test_quantization_shape_relations(built):
-    counts = {"nvfp4": 0, "fp8_block": 0, "ct_nvfp4": 0, "awq": 0, "gptq": 0, "mxfp4": 0, "fp8_tensor": 0}
+    counts = {"nvfp4": 0, "fp8_block": 0, "ct_nvfp4": 0, "awq": 0, "gptq": 0, "mxfp4": 0, "fp8_tensor": 0,
+              "mxfp8": 0}
     for name in VALID:
         t = {k: v for k, (_, v) in all_tensors(built / name).items()}
         for k, e in t.items():
@@ -178,6 +180,10 @@ def test_quantization_shape_relations(built):
                 assert sc["shape"][:-1] == w["shape"][:-1] and sc["shape"][-1] * 2 == w["shape"][-1] * 16
                 assert t[k[: -len("weight_scale_2")] + "input_scale"]["shape"] == []
                 counts["nvfp4"] += 1
+            elif k.endswith(".weight_scale_inv") and e["dtype"] == "U8":  # MXFP8: one E8M0 scale per 32 inputs
+                w = t[k[: -len("_scale_inv")]]
+                assert w["dtype"] == "F8_E4M3" and s == [w["shape"][0], math.ceil(w["shape"][1] / 32)]
+                counts["mxfp8"] += 1
             elif k.endswith(".weight_scale_inv"):
                 w = t[k[: -len("_scale_inv")]]
                 assert w["dtype"] == "F8_E4M3" and s == [math.ceil(d / 128) for d in w["shape"]]

@@ -64,6 +64,10 @@ ENGINE_CANNOT = {
     # vLLM-only drafts (fixtures/families_2026_d.py): SGLang 0.5.23 has no Step-5 model
     "step5": {"sglang": {"engine-has-no-draft-model"}},
     "nemotron_parse35": {"sglang": {"engine-has-no-draft-model"}},
+    # vLLM 0.34.0's Nemotron-3.5-Transcribe MTP head (fixtures/families_2026_e.py): SGLang 0.5.23 has no such model
+    "nemotron3_5_transcribe": {"sglang": {"engine-has-no-draft-model"}},
+    "nemotron3_5_transcribe_fp8": {"sglang": {"engine-has-no-draft-model"}},
+    "nemotron3_5_transcribe_nvfp4": {"sglang": {"engine-has-no-draft-model"}},
 }
 
 # Quants and exports that dropped, re-keyed, truncated or mis-declared the MTP layer: the gate fails.
@@ -75,7 +79,8 @@ BROKEN_QUANTS = (
     "deepseek_v3_nvfp4_mtp_experts_mxfp4", "deepseek_v3_ct_fp8_mtp_ignored_at_3", "deepseek_v4_flash_nomtp",
     "deepseek_v4_flash_mtp_incomplete", "glm5_flash_nvfp4_mtp_fp4", "hy_v3_nomtp", "hy_v4_at_layer_l",
     "inkling_nomtp", "gigachat35_nomtp", "iquest_q1_mtp_nomtp", "deepseek_v4_hybrid_nvfp4_mtp_nvfp4",
-    "step5_nomtp", "nemotron_parse35_nomtp", "step5_mtp_no_head",
+    "step5_nomtp", "nemotron_parse35_nomtp", "step5_mtp_no_head", "nemotron3_5_transcribe_nomtp",
+    "minimax_m3_dspark_no_markov",
 )
 
 # Files a reader must refuse: the report itself is an error (exit 2), so any gate fails.
@@ -92,6 +97,9 @@ OTHER = {
     "gemma4_assistant": "built from SGLang's model class (no public config.json)",
     "iquest_q1": "built from SGLang's config class (no public config.json)",
     "iquest_q1_mtp": "built from SGLang's config class (no public config.json)",
+    "minimax_m3_dspark": "released dspark/ layout from a public port's schema test, its ignored_layers modelled",
+    # the config vLLM 0.34.0 reads with KimiK3Config: neither engine can draft it (tests/test_families_2026_e.py)
+    "kimi_k31": "built from vLLM's config class (no public config.json)",
 }
 
 

@@ -10,14 +10,15 @@ raises :class:`RuleError` naming the file, the path inside the document and the 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ckptinspect.errors import RuleError
 from ckptinspect.inventory.mtp_prefix import check_template
 from ckptinspect.readiness.model import (
-    DEFAULT_SEVERITY, ENGINES, Check, Defect, DraftQuantRule, EngineRule, ExpertLayout,
-    FamilyRule, ForcedUnquantized, MtpLayout, Requirement, RuleSet, RuntimeName,
+    DEFAULT_SEVERITY, ENGINES, Check, Defect, DraftAbsent, DraftQuantRule, DraftSubfolder, EngineRule,
+    ExpertLayout, FamilyRule, ForcedUnquantized, MtpLayout, Requirement, RuleSet, RuntimeName,
 )
 from ckptinspect.rules.conditions import names_used
 from ckptinspect.rules.documents import FAMILY_SCHEMA, load_rule_document, rules_root, validate_document
@@ -67,6 +68,11 @@ def load_rules(extra_dirs: Iterable[str | Path] = (), extra_files: Iterable[str 
     merged = {fid: _resolve(fid, docs, ()) for fid in docs}
     families = tuple(_build(fid, merged[fid], docs[fid][1], docs[fid][2]) for fid in sorted(docs))
     _check_claims(families)
+    known = {f.id for f in families}
+    for fam in families:
+        for sub in fam.draft_subfolders:
+            if sub.family not in known:
+                raise RuleError(f"$.draft_subfolders: {sub.path}/ names unknown family {sub.family!r}", path=fam.source)
     return RuleSet(families=families, directories=tuple(str(d) for d in dirs))
 
 
@@ -203,7 +209,29 @@ def _build(fid: str, doc: Mapping[str, Any], path: str, origin: int) -> FamilyRu
         architectures=tuple(match.get("architectures", ())), model_types=tuple(match.get("model_types", ())),
         abstract=abstract, extends=doc.get("extends"), mtp=layout, checks=checks, engines=engines,
         source=path, origin=origin, document=doc, config_keys=_config_keys(match, path),
+        draft_subfolders=_draft_subfolders(doc.get("draft_subfolders", ()), path),
     )
+
+
+_SUBFOLDER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+
+
+def _draft_subfolders(raw: Any, path: str) -> tuple[DraftSubfolder, ...]:
+    """``draft_subfolders`` entries; a name is one path component (never ``..`` or a nested path)."""
+    out = []
+    for i, entry in enumerate(raw or ()):
+        name = entry.get("path") if isinstance(entry, Mapping) else None
+        if not isinstance(name, str) or not _SUBFOLDER.fullmatch(name) or set(name) == {"."}:
+            raise RuleError(f"$.draft_subfolders[{i}].path: one folder name ([A-Za-z0-9_.-], not '.'/'..')",
+                            path=path)
+        absent = {engine: tuple(DraftAbsent(code=a["code"], verdict=a["verdict"], message=a["message"],
+                                            reference=a["reference"], versions=a.get("versions"),
+                                            remedy=a.get("remedy"))
+                                for a in entry.get("absent", {}).get(engine, ()))
+                  for engine in ENGINES}
+        out.append(DraftSubfolder(path=name, family=str(entry["family"]), reference=str(entry["reference"]),
+                                  absent=absent))
+    return tuple(out)
 
 
 def _config_keys(match: Mapping[str, Any], path: str) -> tuple[str, ...]:

@@ -140,6 +140,9 @@ class FamilyRule:
     # of these keys to a non-null value, and then outranks a family of the same architecture without
     # them (a DeepSeek-V4 release bundling a DSpark draft is told apart by its dspark_* keys alone).
     config_keys: tuple[str, ...] = ()
+    # draft_subfolders: stand-alone drafts the engines find in a subfolder of this (target) checkpoint
+    # themselves (MiniMax-M3's dspark/); the report reads and judges each one (pipeline.py assess_drafts)
+    draft_subfolders: tuple["DraftSubfolder", ...] = ()
 
     @property
     def mtp_prefixes(self) -> tuple[str, ...]:
@@ -173,6 +176,36 @@ def declares_any_key(config: ModelConfig, keys: tuple[str, ...]) -> bool:
     text = raw.get("text_config")
     scopes = (raw, text) if isinstance(text, Mapping) else (raw,)
     return any(scope.get(key) is not None for scope in scopes for key in keys)
+
+
+@dataclass(frozen=True)
+class DraftAbsent:
+    """What one engine does, at the versions given, when the target has no such draft subfolder."""
+
+    code: str
+    verdict: str
+    message: str
+    reference: str
+    versions: str | None = None
+    remedy: str | None = None
+
+
+@dataclass(frozen=True)
+class DraftSubfolder:
+    """A family's ``draft_subfolders`` entry: the subfolder name, the family its config.json must match,
+    the engines' lookup (reference) and, per engine, what it does when the subfolder is missing."""
+
+    path: str
+    family: str
+    reference: str
+    absent: Mapping[str, tuple[DraftAbsent, ...]]
+
+    def absent_rule(self, engine: str, version: str) -> DraftAbsent | None:
+        """The first ``absent`` entry of ``engine`` whose versions hold at ``version``."""
+        from ckptinspect.readiness.versions import in_range
+
+        return next((a for a in self.absent.get(engine, ()) if not a.versions or in_range(version, a.versions)),
+                    None)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ def report_to_json(report: Any) -> dict[str, Any]:
     }
     if report.mtp_costs:
         doc["mtp"]["cost"] = [mtp_cost_json(c) for c in report.mtp_costs]
+    if getattr(report, "drafts", ()):
+        doc["mtp"]["drafts"] = [draft_json(d) for d in report.drafts]
     if report.plan is not None:
         if type(report.plan).__name__ == "LlamaCppPlan":  # a GGUF's llama-server plan
             from ckptinspect.render.llamacpp_plan_out import llamacpp_plan_json
@@ -102,6 +104,30 @@ def mtp_to_json(mtp: MtpAssessment | None) -> dict[str, Any]:
                                  "matches_stored": m.matches[engine]} for engine in m.built}}
             for m in mtp.modules],
     }
+
+
+def draft_json(draft: Any) -> dict[str, Any]:
+    """One draft subfolder the family declares (records.DraftAssessment): its status, and when present its
+    own MTP assessment (the draft's tensors are its MTP tensors) and source."""
+    doc: dict[str, Any] = {
+        "subfolder": draft.subfolder, "family": draft.family, "status": draft.status, "location": draft.location,
+        "reference": draft.reference,
+        "verdict": {engine: v.verdict for engine, v in draft.verdicts.items()},
+        "engines": {engine: {"verdict": v.verdict, "engine_version": v.engine_version,
+                             "draft_architecture": v.draft_architecture, "method": v.method,
+                             "draft_quantization": v.draft_quantization, "reasons": list(v.reasons)}
+                    for engine, v in draft.verdicts.items()},
+        "findings": [finding_json(f) for f in draft.findings],
+    }
+    if draft.checkpoint is not None and draft.mtp is not None:
+        ck = draft.checkpoint
+        doc["matched_family"] = ck.family
+        doc["declared_quantization"] = ck.declared.label
+        doc["totals"] = {"tensors": ck.inventory.totals.tensors, "params": ck.inventory.totals.params,
+                         "bytes": ck.inventory.totals.bytes}
+        doc["shards"] = [s.name for s in ck.inventory.shards]
+        doc["mtp"] = mtp_to_json(draft.mtp)
+    return doc
 
 
 def mtp_cost_json(cost: MtpCost) -> dict[str, Any]:

@@ -89,6 +89,8 @@ def sections(report: Any, colour: bool = False) -> list[tuple[str, list[str], li
                                     *["" for _ in engines]])
             out.append(("MTP modules (! = built unlike stored)",
                         ["module", "declared", "stored", *[f"{e} builds" for e in engines]], module_rows))
+    for draft in getattr(report, "drafts", ()):
+        out.extend(_draft_sections(draft, colour))
     for cost in report.mtp_costs:
         out.append((f"MTP cost at TP={cost.tp} EP={cost.ep}", ["", ""], [
             ["MTP params / stored size", f"{human_count(cost.params)} / {human_bytes(cost.bytes)}"],
@@ -104,6 +106,36 @@ def sections(report: Any, colour: bool = False) -> list[tuple[str, list[str], li
              f.message + (f" Fix: {f.hint}" if f.hint else "") + (f" ({f.reference})" if f.reference else "")]
             for f in findings]
     out.append(("Findings", ["severity", "code", "message"], rows or [["-", "-", "no findings"]]))
+    return out
+
+
+def _draft_sections(draft: Any, colour: bool) -> list[tuple[str, list[str], list[list[Any]]]]:
+    """A draft subfolder the family declares (records.DraftAssessment): what was read, and each engine's verdict."""
+    title = f"MTP draft subfolder {draft.subfolder}/ ({draft.family})"
+    rows: list[list[Any]] = [["Status", draft.status], ["Location", draft.location]]
+    mtp, ck = draft.mtp, draft.checkpoint
+    if ck is not None and mtp is not None:
+        rows += [
+            ["Draft", f"{ck.config.architecture} (family {ck.family or 'none'})"],
+            ["Declared quantization", ck.declared.label or "none"],
+            ["Layers declared / present", f"{mtp.declared_layers} / {mtp.present_layers}"],
+            ["Tensors / params / size", f"{mtp.tensors:,} / {human_count(mtp.params)} / {human_bytes(mtp.bytes)}"],
+            ["Schemes", ", ".join(f"{s}:{n}" for s, n in mtp.schemes.items()) or "-"],
+            ["Complete", "yes" if mtp.complete else "no"],
+        ]
+    rows.append(["Engines look there", draft.reference])
+    out = [(title, ["", ""], rows)]
+    if draft.verdicts:
+        out.append((f"MTP draft {draft.subfolder}/ readiness",
+                    ["engine", "version", "verdict", "method", "draft class", "draft quant", "because"],
+                    [[e, v.engine_version, terminal.verdict(v.verdict, colour), v.method or "-",
+                      v.draft_architecture or "-", v.draft_quantization or "unquantized", ", ".join(v.reasons) or "-"]
+                     for e, v in draft.verdicts.items()]))
+    if draft.findings:
+        out.append((f"MTP draft {draft.subfolder}/ findings", ["severity", "code", "message"],
+                    [[terminal.severity(f.severity, colour), f.code + (f" [{f.engine}]" if f.engine else ""),
+                      f.message + (f" Fix: {f.hint}" if f.hint else "") + (f" ({f.reference})" if f.reference else "")]
+                     for f in sorted(draft.findings, key=lambda f: _SEVERITY_ORDER.get(f.severity, 3))]))
     return out
 
 

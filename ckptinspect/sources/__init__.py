@@ -30,6 +30,7 @@ from ckptinspect.settings import DEFAULTS, Settings
 
 if TYPE_CHECKING:
     from ckptinspect.sources.gguf_files import RawGguf
+    from ckptinspect.sources.subfolders import SubfolderChooser
 
 # Hub repo ids: "name" or "org/name", letters, digits, "-", "_", "."; optional "@revision".
 _REPO_ID = re.compile(r"^(?:[\w.\-]+/)?[\w.\-]+(?:@[\w.\-/]+)?$")
@@ -58,6 +59,9 @@ class SourceKind:
     open_async: Callable[..., Any] | None = None
     # True: ``open`` also takes ``settings=`` (ckptinspect/settings.py: endpoint, limits, caches).
     takes_settings: bool = False
+    # True: ``open`` (and ``open_async``) also take ``subfolders=``: which draft subfolders to read too
+    # (sources/subfolders.py); a kind without it reads the checkpoint alone.
+    takes_subfolders: bool = False
 
 
 _REGISTERED: list[Source] = []
@@ -71,9 +75,11 @@ def register_source(kind: Source) -> None:
 
 
 def open_source(ref: str, *, revision: str | None = None, token: str | None = None,
-                progress: bool = True, settings: Settings | None = None) -> "RawCheckpoint | RawGguf":
+                progress: bool = True, settings: Settings | None = None,
+                subfolders: "SubfolderChooser | None" = None) -> "RawCheckpoint | RawGguf":
     """Open a model reference: the first kind that claims ``ref`` and opens it (``source_kinds()``);
-    ``settings``: handed to a kind that reads the network or a cache (``takes_settings``).
+    ``settings``: handed to a kind that reads the network or a cache (``takes_settings``); ``subfolders``:
+    the draft subfolders to read too (sources/subfolders.py), handed to a kind that ``takes_subfolders``.
 
     Raises:
         NotFoundError: nothing matches the reference.
@@ -82,7 +88,7 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
     path = Path(ref).expanduser()
     for kind in source_kinds():
         if kind.claims(ref, path):
-            extra = {"settings": settings} if getattr(kind, "takes_settings", False) else {}
+            extra = _extra(kind, settings, subfolders)
             opened = kind.open(ref, path, revision=revision, token=token, progress=progress, **extra)
             if opened is not None:
                 return opened
@@ -91,9 +97,17 @@ def open_source(ref: str, *, revision: str | None = None, token: str | None = No
     raise NotFoundError("no such directory, and not a Hub repo id (org/name[@revision])", path=ref)
 
 
+def _extra(kind: Any, settings: Settings | None, subfolders: "SubfolderChooser | None") -> dict[str, Any]:
+    extra: dict[str, Any] = {"settings": settings} if getattr(kind, "takes_settings", False) else {}
+    if subfolders is not None and getattr(kind, "takes_subfolders", False):
+        extra["subfolders"] = subfolders
+    return extra
+
+
 async def open_source_async(ref: str, *, revision: str | None = None, token: str | None = None,
                             progress: bool = False, limiter: Any = None, ends_at: float | None = None,
-                            hub_only: bool = False, settings: Settings | None = None) -> "RawCheckpoint | RawGguf":
+                            hub_only: bool = False, settings: Settings | None = None,
+                            subfolders: "SubfolderChooser | None" = None) -> "RawCheckpoint | RawGguf":
     """``open_source`` for a caller on an event loop: the Hub kinds' reads are awaited on it, under
     ``limiter`` (an ``asyncio.Semaphore`` bounding requests in flight) and ``ends_at`` (a deadline).
     ``hub_only``: ``ref`` is a Hub repo id (one a listing named), never a local path, whatever the
@@ -105,10 +119,12 @@ async def open_source_async(ref: str, *, revision: str | None = None, token: str
         if kind.claims(ref, path):
             opener = getattr(kind, "open_async", None)
             if opener is not None:
+                sub = {"subfolders": subfolders} if subfolders is not None and getattr(
+                    kind, "takes_subfolders", False) else {}
                 opened = await opener(ref, path, revision=revision, token=token, progress=progress,
-                                      limiter=limiter, ends_at=ends_at, hub_only=hub_only, settings=settings)
+                                      limiter=limiter, ends_at=ends_at, hub_only=hub_only, settings=settings, **sub)
             else:
-                extra = {"settings": settings} if getattr(kind, "takes_settings", False) else {}
+                extra = _extra(kind, settings, subfolders)
                 opened = kind.open(ref, path, revision=revision, token=token, progress=progress, **extra)
             if opened is not None:
                 return opened
@@ -162,10 +178,11 @@ def _claims_gguf_repo(ref: str, path: Path) -> bool:
     return claims_gguf_repo(ref, path)
 
 
-def _open_local(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool) -> RawCheckpoint:
+def _open_local(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
+                subfolders: "SubfolderChooser | None" = None) -> RawCheckpoint:
     from ckptinspect.sources.local import open_local
 
-    return open_local(path, ref=ref)
+    return open_local(path, ref=ref, subfolders=subfolders)
 
 
 def _claims_snapshot(ref: str, path: Path) -> bool:
@@ -196,37 +213,40 @@ def _repo_and_revision(ref: str, revision: str | None) -> tuple[str, str | None]
 
 
 def _open_hf_cache(ref: str, path: Path, *, revision: str | None, token: str | None,
-                   progress: bool) -> RawCheckpoint | None:
+                   progress: bool, subfolders: "SubfolderChooser | None" = None) -> RawCheckpoint | None:
     from ckptinspect.sources.hf_cache import open_hf_cache
 
     repo_id, revision = _repo_and_revision(ref, revision)
-    return open_hf_cache(repo_id, revision=revision)  # None: not (fully) cached, ask the Hub
+    return open_hf_cache(repo_id, revision=revision, subfolders=subfolders)  # None: not (fully) cached, ask the Hub
 
 
 def _open_hub(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
-              settings: Settings | None = None) -> RawCheckpoint:
+              settings: Settings | None = None, subfolders: "SubfolderChooser | None" = None) -> RawCheckpoint:
     from ckptinspect.sources.hub import open_hub
 
     repo_id, revision = _repo_and_revision(ref, revision)
-    return open_hub(repo_id, revision=revision, token=token, progress=progress, settings=settings)
+    return open_hub(repo_id, revision=revision, token=token, progress=progress, settings=settings,
+                    subfolders=subfolders)
 
 
 async def _open_hub_async(ref: str, path: Path, *, revision: str | None, token: str | None, progress: bool,
                           limiter: Any = None, ends_at: float | None = None, hub_only: bool = False,
-                          settings: Settings | None = None) -> RawCheckpoint:
+                          settings: Settings | None = None,
+                          subfolders: "SubfolderChooser | None" = None) -> RawCheckpoint:
     from ckptinspect.sources.hub import read_hub
 
     repo_id, revision = _repo_and_revision(ref, revision)
     return await read_hub(repo_id, revision=revision, token=token, progress=progress, limiter=limiter,
-                          ends_at=ends_at, settings=settings)
+                          ends_at=ends_at, settings=settings, subfolders=subfolders)
 
 
 HUB_KINDS = ("gguf-hub", "hf-cache", "hub")  # the kinds that read a repo id, from the HF cache or the Hub
 BUILT_IN: tuple[Source, ...] = (
     SourceKind("gguf-local", _claims_local_gguf, _open_gguf, open_async=_open_gguf_async, takes_settings=True),
-    SourceKind("local", lambda ref, path: path.is_dir(), _open_local),
+    SourceKind("local", lambda ref, path: path.is_dir(), _open_local, takes_subfolders=True),
     SourceKind("snapshot", _claims_snapshot, _open_snapshot),
     SourceKind("gguf-hub", _claims_gguf_repo, _open_gguf, open_async=_open_gguf_async, takes_settings=True),
-    SourceKind("hf-cache", _claims_repo_id, _open_hf_cache),
-    SourceKind("hub", _claims_repo_id, _open_hub, open_async=_open_hub_async, takes_settings=True),
+    SourceKind("hf-cache", _claims_repo_id, _open_hf_cache, takes_subfolders=True),
+    SourceKind("hub", _claims_repo_id, _open_hub, open_async=_open_hub_async, takes_settings=True,
+               takes_subfolders=True),
 )

@@ -25,6 +25,7 @@ from ckptinspect.errors import NotFoundError, SourceError
 from ckptinspect.records import RawCheckpoint
 from ckptinspect.sources.offline import hub_offline
 from ckptinspect.sources.revisions import check_revision
+from ckptinspect.sources.subfolders import SubfolderChooser, chosen
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -178,7 +179,8 @@ def describe_cache_gap(repo_id: str, revision: str | None = None) -> str:
     return f"{repo_id}@{commit[:12]} in the HF cache lacks {head}"
 
 
-def open_hf_cache(repo_id: str, *, revision: str | None = None, required: bool | None = None) -> RawCheckpoint | None:
+def open_hf_cache(repo_id: str, *, revision: str | None = None, required: bool | None = None,
+                  subfolders: SubfolderChooser | None = None) -> RawCheckpoint | None:
     """Read ``repo_id@revision`` from the HF cache; None when not fully cached.
 
     The snapshot folder is read once, eagerly (sources/local.py): its index parsed and summarized once,
@@ -207,7 +209,7 @@ def open_hf_cache(repo_id: str, *, revision: str | None = None, required: bool |
     snapshot = storage / "snapshots" / commit if commit is not None else None
     if snapshot is None or not snapshot.is_dir() or not (snapshot / "config.json").is_file():
         return gap(lambda: describe_cache_gap(repo_id, revision) or f"{repo_id} is not in the HF cache")
-    from ckptinspect.sources.local import list_directory, read_checkpoint, read_metadata, shard_names
+    from ckptinspect.sources.local import list_directory, read_checkpoint, read_metadata, shard_names, with_subfolders
 
     listing = list_directory(snapshot)
     if not any(name.endswith(".safetensors") for name in listing.files) and not required:
@@ -220,7 +222,17 @@ def open_hf_cache(repo_id: str, *, revision: str | None = None, required: bool |
         head = ", ".join(sorted(missing)[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         return gap(lambda: f"{repo_id}@{commit[:12]} in the HF cache lacks {head}")
     ref = repo_id if revision is None else f"{repo_id}@{revision}"
-    return read_checkpoint(snapshot, listing, metadata, ref=ref, kind="hf-cache", revision=commit)
+    raw = read_checkpoint(snapshot, listing, metadata, ref=ref, kind="hf-cache", revision=commit)
+    # a draft subfolder the family declares: read from the snapshot when it is cached there completely;
+    # one whose shards the cache lacks is a gap like any other (the Hub is asked)
+    for name in chosen(subfolders, metadata.json_files.get("config.json"), listing.files):
+        sub_listing = list_directory(snapshot / name)
+        sub_missing = [s for s in shard_names(sub_listing, read_metadata(snapshot / name, sub_listing))
+                       if s not in sub_listing.files]
+        if sub_missing or not any(n.endswith(".safetensors") for n in sub_listing.files):
+            return gap(lambda: f"{repo_id}@{commit[:12]} in the HF cache lacks {name}/ "
+                               f"{', '.join(sorted(sub_missing)[:3]) or 'weights'}")
+    return with_subfolders(raw, snapshot, listing, metadata, subfolders, kind="hf-cache")
 
 
 def cached_repo_files(repo_id: str) -> list[str]:

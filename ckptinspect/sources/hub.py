@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import quote
 
@@ -30,11 +31,12 @@ from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH, RangeSizer
 from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap
 from ckptinspect.sources.hub_client import HubClient
 from ckptinspect.sources.hub_session import HubSession, hub_endpoint, hub_session
-from ckptinspect.sources.interface import JSON_FILES, json_file_cap, parse_json_bytes, read_file_bytes
+from ckptinspect.sources.interface import CONFIG, JSON_FILES, json_file_cap, parse_json_bytes, read_file_bytes
 from ckptinspect.sources.net_edge import run_sync
 from ckptinspect.sources.offline import hub_offline
 from ckptinspect.sources.redact import redact_url
 from ckptinspect.sources.repo_info import RepoFile, model_info
+from ckptinspect.sources.subfolders import SubfolderChooser, chosen
 from ckptinspect.settings import DEFAULTS, Settings
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -53,7 +55,8 @@ async def read_hub(repo_id: str, *, revision: str | None = None, token: str | No
                    endpoint: str | None = None, progress: Progress | bool = True, max_workers: int | None = None,
                    timeout: float | None = None, on_header: Callable[[str, bytes], None] | None = None,
                    header_cache: bool | None = None, settings: Settings | None = None,
-                   limiter: asyncio.Semaphore | None = None, ends_at: float | None = None) -> RawCheckpoint:
+                   limiter: asyncio.Semaphore | None = None, ends_at: float | None = None,
+                   subfolders: SubfolderChooser | None = None) -> RawCheckpoint:
     """Read ``repo_id`` at ``revision`` from the Hub: file list, small JSON files, every shard header.
 
     Args:
@@ -76,6 +79,9 @@ async def read_hub(repo_id: str, *, revision: str | None = None, token: str | No
         limiter: the bound on requests in flight this read shares with other reads on the same event
             loop (the audit's), or None.
         ends_at: a ``time.monotonic()`` value the read may not pass (the audit's deadline), or None.
+        subfolders: which draft subfolders to read too, from the parsed config.json (sources/subfolders.py):
+            each one's JSON files and shard headers, named in this read's file listing, over the same client
+            (its byte budget, deadline and limiter), into ``RawCheckpoint.subfolders``.
 
     Raises:
         NotFoundError: repo, revision or file missing, or HF_HUB_OFFLINE=1 (names what the cache lacks).
@@ -95,11 +101,25 @@ async def read_hub(repo_id: str, *, revision: str | None = None, token: str | No
     progress = as_progress(progress, label=repo_id)
     try:
         async with session.open(repo_id, limiter) as hub:
-            return await reader.read(hub, progress=progress, on_header=on_header, started=started)
+            return await reader.read(hub, progress=progress, on_header=on_header, started=started,
+                                     subfolders=subfolders)
     except CkptInspectError as exc:
         raise session.scrubbed(exc) from None
     finally:
         progress.end()
+
+
+@dataclass(frozen=True)
+class _Tree:
+    """What one read of the repo root or of one subfolder gathered (names relative to it)."""
+
+    files: tuple[str, ...]
+    json_files: dict[str, Any]
+    shards: tuple[str, ...]
+    sizes: dict[str, int | None]
+    headers: dict[str, bytes]
+    summary: IndexSummary | None
+    json_from_cache: int
 
 
 class _HubRead:
@@ -114,38 +134,81 @@ class _HubRead:
         self.from_cache = 0
 
     async def read(self, hub: HubClient, *, progress: Progress, on_header: Callable[[str, bytes], None] | None,
-                   started: float) -> RawCheckpoint:
+                   started: float, subfolders: SubfolderChooser | None = None) -> RawCheckpoint:
         t0 = time.perf_counter()
         progress.phase("repo info")
         info = await model_info(hub, self.endpoint, self.repo_id, self.revision)
         self.phases["info_s"] = time.perf_counter() - t0
         commit = info.sha or self.revision or "main"
         siblings = {s.rfilename: s for s in (info.siblings or [])}
+        tree = await self._tree(hub, info, commit, siblings, "", progress=progress, on_header=on_header, t0=t0)
+        # draft subfolders the family declares (sources/subfolders.py): the same client, so the same byte
+        # budget, deadline and limiter; their files from this one listing, their headers as the shards'
+        subs: dict[str, RawCheckpoint] = {}
+        # the chooser matches the config against the rules (file reads): off the event loop
+        names = (await asyncio.to_thread(chosen, subfolders, tree.json_files.get(CONFIG), siblings)
+                 if subfolders is not None else [])
+        for name in names:
+            inner = {f[len(name) + 1:]: s for f, s in siblings.items() if f.startswith(name + "/")}
+            sub = await self._tree(hub, info, commit, inner, name + "/", progress=progress, on_header=on_header,
+                                   t0=None)
+            subs[name] = self._record(sub, commit, {"shards": len(sub.shards)}, name + "/")
+        wall = time.perf_counter() - started
+        shown = redact_url(self.endpoint)
+        stats = {**hub.stats.as_dict(), "wall_s": round(wall, 3), "shards": len(tree.shards),
+                 "json_from_cache": tree.json_from_cache, "headers_from_cache": self.from_cache,
+                 "header_bytes": sum(len(h) for h in tree.headers.values()),
+                 "endpoint": shown, **{k: round(v, 3) for k, v in self.phases.items()}}
+        return replace(self._record(tree, commit, stats, ""), subfolders=subs)
+
+    def _record(self, tree: "_Tree", commit: str, stats: dict[str, Any], prefix: str) -> RawCheckpoint:
+        shown = redact_url(self.endpoint)
+        ref = self.repo_id if self.revision is None else f"{self.repo_id}@{self.revision}"
+        return RawCheckpoint(
+            ref=ref + (f"/{prefix.rstrip('/')}" if prefix else ""),
+            kind="hub",
+            location=f"{shown}/{self.repo_id}@{commit}" + (f"/{prefix.rstrip('/')}" if prefix else ""),
+            files=tuple(sorted(tree.files)),
+            json_files=tree.json_files,
+            headers={s: tree.headers[s] for s in tree.shards},
+            file_sizes=tree.sizes,
+            revision=commit,
+            stats=stats,
+            index_summary=tree.summary,
+        )
+
+    async def _tree(self, hub: HubClient, info: Any, commit: str, siblings: Mapping[str, RepoFile], prefix: str,
+                    *, progress: Progress, on_header: Callable[[str, bytes], None] | None,
+                    t0: float | None) -> "_Tree":
+        """The JSON files and shard headers of the repo root (``prefix`` "") or of one subfolder (``prefix``
+        "name/": ``siblings`` relative to it); ``t0``: time the phases (the root's read only)."""
+        where = self.repo_id + (f"/{prefix.rstrip('/')}" if prefix else "")
 
         def url(filename: str) -> str:  # huggingface_hub's HUGGINGFACE_CO_URL_TEMPLATE, pinned to the commit
-            return f"{self.endpoint}/{self.repo_id}/resolve/{quote(commit, safe='')}/{quote(filename)}"
+            return f"{self.endpoint}/{self.repo_id}/resolve/{quote(commit, safe='')}/{quote(prefix + filename)}"
 
         wanted = [name for name in JSON_FILES if name in siblings]
         progress.phase("index" if INDEX_FILE in wanted else "config")
-        answers = await asyncio.gather(*(self._json_file(hub, commit, name, siblings[name], url(name))
+        answers = await asyncio.gather(*(self._json_file(hub, commit, prefix + name, siblings[name], url(name))
                                          for name in wanted))
         json_files = {name: value for name, (value, _) in zip(wanted, answers)}
-        self.phases["json_s"] = time.perf_counter() - t0 - self.phases["info_s"]
-        summary = (summarize_index(json_files[INDEX_FILE], source=f"{self.repo_id}/{INDEX_FILE}")
+        if t0 is not None:
+            self.phases["json_s"] = time.perf_counter() - t0 - self.phases["info_s"]
+        summary = (summarize_index(json_files[INDEX_FILE], source=f"{where}/{INDEX_FILE}")
                    if INDEX_FILE in json_files else None)
-        shards = _shard_plan(self.repo_id, summary, siblings)
+        shards = _shard_plan(where, summary, siblings)
         sizes = {shard: siblings[shard].size for shard in shards}
         header_bytes: dict[str, bytes] = {}
 
         def arrived(shard: str, header: bytes) -> None:
             header_bytes[shard] = header
             if on_header is not None:
-                on_header(shard, header)
+                on_header(prefix + shard, header)
             progress.phase("headers", len(header_bytes), len(shards))
 
         progress.phase("headers", 0, len(shards))
         # Headers pinned by the commit and the file's etag come from the header cache, the rest from the Hub.
-        keys = {s: entry_key(self.endpoint, self.repo_id, info.sha or "", s, siblings[s].etag, sizes[s])
+        keys = {s: entry_key(self.endpoint, self.repo_id, info.sha or "", prefix + s, siblings[s].etag, sizes[s])
                 for s in shards}
         cached = await asyncio.to_thread(lambda: {s: self.cache.get(keys[s]) for s in shards})
         for shard in shards:
@@ -164,28 +227,14 @@ class _HubRead:
             await asyncio.gather(*stores)
             if self.cache.stored:  # then keep the directory under its cap
                 await asyncio.to_thread(self.cache.evict)
-        self.phases["headers_s"] = time.perf_counter() - t0 - self.phases["info_s"] - self.phases["json_s"]
-        wall = time.perf_counter() - started
-        shown = redact_url(self.endpoint)
-        return RawCheckpoint(
-            ref=self.repo_id if self.revision is None else f"{self.repo_id}@{self.revision}",
-            kind="hub",
-            location=f"{shown}/{self.repo_id}@{commit}",
-            files=tuple(sorted(siblings)),
-            json_files=json_files,
-            headers={s: header_bytes[s] for s in shards},
-            file_sizes=sizes,
-            revision=commit,
-            stats={**hub.stats.as_dict(), "wall_s": round(wall, 3), "shards": len(shards),
-                   "json_from_cache": sum(c for _, c in answers), "headers_from_cache": self.from_cache,
-                   "header_bytes": sum(len(h) for h in header_bytes.values()),
-                   "endpoint": shown, **{k: round(v, 3) for k, v in self.phases.items()}},
-            index_summary=summary,
-        )
+        if t0 is not None:
+            self.phases["headers_s"] = time.perf_counter() - t0 - self.phases["info_s"] - self.phases["json_s"]
+        return _Tree(files=tuple(siblings), json_files=json_files, shards=tuple(shards), sizes=sizes,
+                     headers=header_bytes, summary=summary, json_from_cache=sum(c for _, c in answers))
 
     async def _json_file(self, hub: HubClient, commit: str, name: str, sibling: RepoFile, url: str) -> tuple[Any, int]:
         local = cached_file(self.repo_id, commit, name)
-        cap = json_file_cap(name)  # the local files' caps (16 MiB, 256 MiB for the index): sources/interface.py
+        cap = json_file_cap(name.rsplit("/", 1)[-1])  # the local files' caps (16 MiB, 256 MiB for the index): sources/interface.py
         where = f"{self.repo_id}/{name}"
         if local is not None:
             data = read_file_bytes(local)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,9 @@ from ckptinspect.errors import NotFoundError, SourceError
 from ckptinspect.header.index import summarize_index
 from ckptinspect.records import IndexSummary, RawCheckpoint
 from ckptinspect.sources import interface
+from ckptinspect.sources.subfolders import SubfolderChooser, chosen
 from ckptinspect.sources.interface import (
-    INDEX, JSON_FILES, SINGLE_FILE, parse_json_bytes, read_file_bytes, read_header_file,
+    CONFIG, INDEX, JSON_FILES, SINGLE_FILE, parse_json_bytes, read_file_bytes, read_header_file,
 )
 
 
@@ -43,8 +44,9 @@ class Metadata:
 
 
 def open_local(directory: Path, *, ref: str | None = None, kind: str = "local",
-               revision: str | None = None) -> RawCheckpoint:
-    """Read a checkpoint directory's metadata, all of it, now.
+               revision: str | None = None, subfolders: SubfolderChooser | None = None) -> RawCheckpoint:
+    """Read a checkpoint directory's metadata, all of it, now; ``subfolders``: which draft subfolders to read
+    too, from the config (sources/subfolders.py), each as a directory of its own.
 
     Raises:
         NotFoundError: the directory, or a shard named by the index, is missing.
@@ -55,7 +57,24 @@ def open_local(directory: Path, *, ref: str | None = None, kind: str = "local",
         raise NotFoundError("is not a directory", path=str(directory))
     listing = list_directory(directory)
     metadata = read_metadata(directory, listing)
-    return read_checkpoint(directory, listing, metadata, ref=ref or str(directory), kind=kind, revision=revision)
+    raw = read_checkpoint(directory, listing, metadata, ref=ref or str(directory), kind=kind, revision=revision)
+    return with_subfolders(raw, directory, listing, metadata, subfolders, kind=kind)
+
+
+def with_subfolders(raw: RawCheckpoint, directory: Path, listing: Listing, metadata: Metadata,
+                    chooser: SubfolderChooser | None, *, kind: str) -> RawCheckpoint:
+    """``raw`` with the draft subfolders ``chooser`` names read from ``directory`` (each one's JSON files and
+    shard headers, by the same guarded readers; a missing shard is the NotFoundError of any checkpoint)."""
+    names = chosen(chooser, metadata.json_files.get(CONFIG), listing.files)
+    if not names:
+        return raw
+    subs = {}
+    for name in names:
+        sub = directory / name
+        sub_listing = list_directory(sub)
+        subs[name] = read_checkpoint(sub, sub_listing, read_metadata(sub, sub_listing), ref=f"{raw.ref}/{name}",
+                                     kind=kind, revision=raw.revision)
+    return replace(raw, subfolders=subs)
 
 
 def read_metadata(directory: Path, listing: Listing) -> Metadata:
