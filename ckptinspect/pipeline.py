@@ -79,11 +79,13 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
     ``settings`` (ckptinspect/settings.py): the Hub's limits, endpoint and caches, when ``ref`` is read from
     the network (None: every default, no cache)."""
     progress = as_progress(progress, label=ref)
+    rules = RulesOnce(rules_dirs)
     raw = _open(ref, revision=revision, token=token, progress=progress, settings=settings,
-                subfolders=draft_subfolder_chooser(rules_dirs))
+                subfolders=draft_subfolder_chooser(rules))
     if getattr(raw, "format", None) == "gguf":
         return gguf_report(raw)
-    return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, engine_versions=engine_versions)
+    return report_from_raw(raw, rules_dirs=rules_dirs, progress=progress, engine_versions=engine_versions,
+                           rules=rules)
 
 
 async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
@@ -92,11 +94,12 @@ async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revis
     """``build_report`` on the caller's event loop (no progress line): the source's network reads are
     awaited there under ``limiter`` and ``ends_at`` (sources.open_source_async); the stages after it run
     as they do in ``build_report``."""
+    rules = RulesOnce(rules_dirs)
     raw = await open_source_async(ref, revision=revision, token=token, limiter=limiter, ends_at=ends_at,
-                                  hub_only=hub_only, settings=settings, subfolders=draft_subfolder_chooser(rules_dirs))
+                                  hub_only=hub_only, settings=settings, subfolders=draft_subfolder_chooser(rules))
     if getattr(raw, "format", None) == "gguf":
         return gguf_report(raw)
-    return report_from_raw(raw, rules_dirs=rules_dirs)
+    return report_from_raw(raw, rules_dirs=rules_dirs, rules=rules)
 
 
 def gguf_report(raw: Any) -> Report:
@@ -106,8 +109,8 @@ def gguf_report(raw: Any) -> Report:
 
 
 def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,
-                    engine_versions: Mapping[str, str] | None = None) -> Report:
-    checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress)
+                    engine_versions: Mapping[str, str] | None = None, rules: "RulesOnce | None" = None) -> Report:
+    checkpoint, (ruleset, family) = checkpoint_from_raw(raw, rules_dirs=rules_dirs, progress=progress, rules=rules)
     from ckptinspect.readiness import assess_mtp
 
     mtp = assess_mtp(checkpoint, family, ruleset, engine_versions=engine_versions)
@@ -115,18 +118,34 @@ def report_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), prog
     return Report(checkpoint=checkpoint, mtp=mtp, drafts=drafts)
 
 
+class RulesOnce:
+    """One report's rule set, loaded at its first use and then shared: the source asks for it (which draft
+    subfolders to read) after reading config.json, the stages after the read. Loaded lazily, so a source's
+    error still comes before a rules error; a load that fails is not kept (the stages raise it again)."""
+
+    def __init__(self, rules_dirs: Sequence[Path] = ()) -> None:
+        self.rules_dirs = tuple(rules_dirs)
+        self._ruleset: Any = None
+
+    def __call__(self) -> Any:
+        if self._ruleset is None:
+            from ckptinspect.readiness import load_rules
+
+            self._ruleset = load_rules(self.rules_dirs)
+        return self._ruleset
+
+
 # -- drafts in subfolders (rules: a family's draft_subfolders) -------------------------------------------
-def draft_subfolder_chooser(rules_dirs: Sequence[Path] = ()) -> Callable[[Any], tuple[str, ...]]:
+def draft_subfolder_chooser(rules: RulesOnce) -> Callable[[Any], tuple[str, ...]]:
     """What a source is handed (sources/subfolders.py): from the parsed config.json, the subfolder names the
     matched family declares as drafts (none for a config no family matches or that does not parse: the
     report's own config stage then says why)."""
 
     def choose(config_json: Any) -> tuple[str, ...]:
         from ckptinspect.errors import CkptInspectError
-        from ckptinspect.readiness import load_rules
 
         try:
-            family = load_rules(tuple(rules_dirs)).match(normalize_config(config_json, source="config.json"))
+            family = rules().match(normalize_config(config_json, source="config.json"))
         except CkptInspectError:
             return ()
         return tuple(d.path for d in family.draft_subfolders) if family is not None else ()
@@ -146,7 +165,7 @@ def assess_drafts(raw: RawCheckpoint, family: Any, ruleset: Any, *, rules_dirs: 
     for decl in family.draft_subfolders:
         sub_raw = raw.subfolders.get(decl.path)
         if sub_raw is not None:
-            sub_ck, (_, sub_family) = checkpoint_from_raw(sub_raw, rules_dirs=rules_dirs)
+            sub_ck, (_, sub_family) = checkpoint_from_raw(sub_raw, rules_dirs=rules_dirs, rules=lambda: ruleset)
             sub_mtp = assess_mtp(sub_ck, sub_family, ruleset, engine_versions=engine_versions)
             # the draft family's checks speak of a draft reported on its own ("serve the target"): not here
             own = {c.code for c in sub_family.checks} if sub_family is not None else set()
@@ -192,8 +211,9 @@ def assess_drafts(raw: RawCheckpoint, family: Any, ruleset: Any, *, rules_dirs: 
 
 
 def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,
-                        ) -> tuple[Checkpoint, tuple]:
-    """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage.
+                        rules: Callable[[], Any] | None = None) -> tuple[Checkpoint, tuple]:
+    """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage (``rules``:
+    the report's RulesOnce, else the rules of ``rules_dirs`` are loaded here).
 
     The stages run one after the other in this thread, each on what the one before returned: the
     config (config/), the family rule it matches (its MTP prefixes name the draft layers' tensors), the
@@ -205,7 +225,7 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), 
     from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 
     config = normalize_config(raw.json_files[CONFIG], source=f"{raw.location}/config.json")
-    ruleset = load_rules(tuple(rules_dirs))
+    ruleset = rules() if rules is not None else load_rules(tuple(rules_dirs))
     family = ruleset.match(config)
     templates = family.mtp_prefixes if family is not None else GENERIC_MTP_PREFIXES
     prefixes = compile_prefixes(tuple(templates), config.num_hidden_layers)
