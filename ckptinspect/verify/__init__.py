@@ -28,10 +28,14 @@ def verify_ref(ref: str, engine: str, *, engine_python: str | None = None, engin
 
 
 def verify_many(refs: list[str], engine: str, *, engine_python: str | None = None,
-                engine_pythonpath: str | None = None, deadline: float | None = None) -> list[VerifyResult | str]:
+                engine_pythonpath: str | None = None, deadline: float | None = None,
+                methods: list[str | None] | None = None) -> list[VerifyResult | str]:
     """Each ref dry-loaded in ONE engine process (the engine imported once): its VerifyResult, or the one
-    line of the error that stopped it (its checkpoint unreadable, or the script's own failure)."""
-    return _run(engine, engine_python, engine_pythonpath, deadline, [dict(ref=ref) for ref in refs], batch=True)
+    line of the error that stopped it (its checkpoint unreadable, or the script's own failure).
+    ``methods``: the speculative method per ref (None: the engine script's default, SGLang NEXTN)."""
+    methods = methods or [None] * len(refs)
+    return _run(engine, engine_python, engine_pythonpath, deadline,
+                [dict(ref=ref, method=method) for ref, method in zip(refs, methods, strict=True)], batch=True)
 
 
 def _run(engine: str, engine_python: str | None, engine_pythonpath: str | None, deadline: float | None,

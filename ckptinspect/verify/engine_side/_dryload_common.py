@@ -31,7 +31,16 @@ PLATFORM_REFUSAL = re.compile(r"(?i)current platform does not support|not compil
                               r"requires platform support|"
                               # vLLM's MoE kernel oracles (fused_moe/oracle/*.py) choose among the GPU kernels of
                               # this machine: none on a CPU, or on a GPU arch without one, is the machine's answer
-                              r"no \w+ moe backend supports")
+                              r"no \w+ moe backend supports|"
+                              # vLLM's CPU platform: DSA sparse attention (platforms/cpu.py:150
+                              # get_attn_backend_cls), DeepSeek-V4 MTP (models/deepseek_v4/cpu/mtp.py:18), and a
+                              # forced GPU-only linear kernel (kernels/linear/nvfp4/marlin.py:27 "Marlin FP4 not
+                              # available" on a machine without CUDA)
+                              r"not supported on cpu|not implemented on cpu|marlin fp4 not available")
+# An exception raised inside the engine's CPU-only code path (a function named ``*_cpu``) is the CPU
+# port's limit, not the checkpoint's: e.g. SGLang 0.5.23 layers/rotary_embedding/factory.py:478
+# get_rope_cpu asserts "Only deepseek_yarn is supported for CPU for now" (DeepSeek-V4's RoPE).
+CPU_ONLY_FRAME = re.compile(r" \w+_cpu$")
 EXIT_ENGINE_MISSING = 3  # the engine package cannot be imported: the environment is not the engine's
 EXIT_INTERNAL = 4  # the dry-load script itself failed (a bug here, not an answer about the checkpoint)
 
@@ -78,7 +87,7 @@ class Step:
             entry["error"] = f"{type(exc).__name__}: {exc}"
             entry["where"] = _engine_frame(tb)
             # the engine refusing THIS machine (no GPU / CUDA / a CPU feature), not the checkpoint
-            entry["platform"] = bool(PLATFORM_REFUSAL.search(entry["error"]))
+            entry["platform"] = bool(PLATFORM_REFUSAL.search(entry["error"]) or CPU_ONLY_FRAME.search(entry["where"] or ""))
         self.steps.append(entry)
         return exc is None or isinstance(exc, Exception)  # the engine's exception is the answer; Ctrl-C is not
 

@@ -93,8 +93,13 @@ def main(request: dict, result: dict) -> None:
     # reaches the draft's construction or its weight loading.
     result["shims"].append("disable_radix_cache=True in ServerArgs (a scheduler cache; on CPU the Mamba "
                            "extra-buffer check would refuse hybrid models before the draft is built)")
+    # The speculative settings of the command the rules print for SGLang (rules/families/*.yaml
+    # engines.sglang.flags: --speculative-num-steps 3 --speculative-eagle-topk 1
+    # --speculative-num-draft-tokens 4); DeepSeek-V4 asserts topk == 1 under EAGLE
+    # (arg_groups/deepseek_v4_hook.py:155-158), which SGLang's automatic choice does not give.
     with common.Step(steps, "server args"):
         server_args = ServerArgs(model_path=scratch, speculative_algorithm=method, device="cpu",
+                                 speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
                                  trust_remote_code=bool(request.get("trust_remote_code")), skip_tokenizer_init=True,
                                  disable_cuda_graph=True, disable_radix_cache=True)
         publish(server_args, role="scheduler", ranks=SpawnRanks(
