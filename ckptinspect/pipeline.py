@@ -45,6 +45,8 @@ class Report:
     # a GGUF's NextN head shipped in a companion mtp-*.gguf: its tensor groups (companion_head_groups), which
     # the checkpoint's inventory (the model's own files) does not hold
     head_groups: tuple[Any, ...] = field(default_factory=tuple)
+    # report --verify-engine: each engine's dry-load and what it decided (verify/decide.py EngineCheck)
+    engine_checks: tuple[Any, ...] = field(default_factory=tuple)
 
 
 def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
@@ -84,7 +86,8 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
 
 async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                              token: str | None = None, limiter: Any = None, ends_at: float | None = None,
-                             hub_only: bool = False, settings: Settings | None = None) -> Report:
+                             hub_only: bool = False, settings: Settings | None = None,
+                             engine_versions: Mapping[str, str] | None = None) -> Report:
     """``build_report`` on the caller's event loop (no progress line): the source's network reads are
     awaited there under ``limiter`` and ``ends_at`` (sources.open_source_async); the stages after it run
     as they do in ``build_report``."""
@@ -92,7 +95,7 @@ async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revis
                                   hub_only=hub_only, settings=settings)
     if getattr(raw, "format", None) == "gguf":
         return gguf_report(raw)
-    return report_from_raw(raw, rules_dirs=rules_dirs)
+    return report_from_raw(raw, rules_dirs=rules_dirs, engine_versions=engine_versions)
 
 
 def gguf_report(raw: Any) -> Report:
