@@ -81,23 +81,68 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
             token: str | None = None, progress: bool = False, tp: int | None = None, ep: int | None = None,
             gpu: "str | GpuSpec | None" = None, gpus: int | None = None, context: int | None = None,
             engine: str = "both", engine_versions: "dict[str, str] | None" = None,
-            settings: Settings | None = None) -> "Report":
+            verify_engine: str | None = None, engine_python: str | None = None,
+            engine_pythonpath: str | None = None, settings: Settings | None = None) -> "Report":
     """The `report` of ``ref`` (``None``: the bundled example) as a ``pipeline.Report``.
 
     ``tp`` (and ``ep``) add the MTP layer's cost per GPU; ``gpu`` with ``gpus`` add a deployment plan;
     ``engine_versions`` ({"vllm": "0.33.0"}) answers for those releases instead of the rules' newest;
-    ``settings`` (ckptinspect/settings.py; None: the environment's, read once now) bound the Hub reads.
+    ``verify_engine`` ("sglang" / "vllm", with ``engine_python`` / ``engine_pythonpath`` as for ``verify``)
+    also dry-loads the draft through that engine's own code, judges the rules for the installed version and
+    lets the dry-load decide that engine's verdict (verify/decide.py; ``Report.engine_checks``); an engine
+    environment that is missing or gives no answer is an ``EngineEnvError``, never a rules-only answer.
+    ``settings`` (ckptinspect/settings.py; None: the environment's, read once now) bound the Hub reads and,
+    with ``verify_engine``, the whole command (``deadline_s``).
     """
+    import time
+
     from ckptinspect.pipeline import build_report
 
     if (gpu is None) != (gpus is None):
         raise PlanError("--gpu and --gpus go together")
+    settings = or_environ(settings)
+    started = time.monotonic()
+    if verify_engine is not None:  # the engine's environment is checked before anything is read
+        engine_versions = _verified_versions(verify_engine, engine_python, engine_pythonpath, engine_versions)
     ref = example_ref() if ref is None else check_ref(ref)
     ref, revision = normalize_ref(ref, revision)
     with _not_found_context(ref):
         report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress,
-                              engine_versions=engine_versions, settings=or_environ(settings))
+                              engine_versions=engine_versions, settings=settings)
+    if verify_engine is not None:
+        from ckptinspect.verify.decide import apply_to_report
+
+        if report.checkpoint.format == "gguf":
+            raise CkptInspectError("--verify-engine dry-loads safetensors checkpoints through SGLang / vLLM; this "
+                                   "is GGUF (llama.cpp)", path=ref)
+        result = verify(ref, verify_engine, engine_python=engine_python, engine_pythonpath=engine_pythonpath,
+                        deadline=_left(settings, started), revision=revision, token=token, progress=progress,
+                        settings=settings)
+        report = apply_to_report(report, {verify_engine: result})
     return _with_sections(report, ref, tp=tp, ep=ep, gpu=gpu, gpus=gpus, context=context, engine=engine)
+
+
+def _verified_versions(engine: str, engine_python: str | None, engine_pythonpath: str | None,
+                       given: "dict[str, str] | None") -> dict[str, str]:
+    """``given`` with ``engine`` at its installed version (the one the dry-load runs: the rules answer for
+    the same release); an ``--engine-version`` for it naming another release is refused."""
+    from ckptinspect.errors import ConfigError
+    from ckptinspect.verify import engine_version
+
+    installed = engine_version(engine, engine_python=engine_python, engine_pythonpath=engine_pythonpath)
+    asked = (given or {}).get(engine)
+    if asked is not None and asked != installed:
+        raise ConfigError(f"--engine-version {engine}={asked} and --verify-engine {engine}: the installed {engine} "
+                          f"is {installed}, and the dry-load answers for that release only",
+                          hint=f"drop --engine-version {engine}=..., or point --engine-python at {engine} {asked}")
+    return {**(given or {}), engine: installed}
+
+
+def _left(settings: Settings, started: float) -> float:
+    """What is left of the command's deadline (``settings.deadline_s``) since ``started``."""
+    import time
+
+    return max(1.0, settings.deadline_s - (time.monotonic() - started))
 
 
 def _with_sections(report: "Report", ref: str, *, tp: int | None, ep: int | None, gpu: "str | GpuSpec | None",
@@ -344,9 +389,18 @@ def audit_select(*, ids: Sequence[str] = (), ids_file: Path | None = None, quant
 def audit(refs: "Sequence[str | RepoRef]", *, gpu: str | None = None, gpus: int | None = None, context: int | None = None,
           engine: str = "both", rules_dirs: Sequence[Path] = (), token: str | None = None, jobs: int = 8,
           max_requests: int = 64, deadline_s: float | None = None, cache: bool = True,
+          verify_engine: str | None = None, engine_python: str | None = None, engine_pythonpath: str | None = None,
           settings: Settings | None = None) -> "Iterator[AuditRow]":
     """An iterator of ``audit.AuditRow``, one per repo of ``refs`` (repo ids or ``audit.RepoRef``), in the order
-    they finish; each row's report is ``inspect(repo, gpu=..., gpus=...)``'s, or the error that stopped it."""
+    they finish; each row's report is ``inspect(repo, gpu=..., gpus=...)``'s, or the error that stopped it.
+
+    ``verify_engine`` (with ``engine_python`` / ``engine_pythonpath``): the rules judge that engine at its
+    installed version, and once every report is in, every readable repo's draft is dry-loaded in ONE engine
+    process (``verify.verify_many``) within what is left of the audit's deadline; each row's verdict then
+    follows ``inspect(verify_engine=...)``'s rule (verify/decide.py). The rows come all at once at the end;
+    an engine environment that is missing or gives no answer is an ``EngineEnvError``."""
+    import time
+
     from ckptinspect.audit import AuditOptions, RepoRef, run_audit
 
     if (gpu is None) != (gpus is None):
@@ -355,15 +409,61 @@ def audit(refs: "Sequence[str | RepoRef]", *, gpu: str | None = None, gpus: int 
         find_gpu(gpu)
     list_rules(rules_dirs)  # a bad --rules-dir is the command's error, not one error row per repo
     settings = or_environ(settings)
+    started = time.monotonic()
+    versions = _verified_versions(verify_engine, engine_python, engine_pythonpath, None) if verify_engine else None
     wanted = [r if isinstance(r, RepoRef) else RepoRef(check_ref(r)) for r in refs]
     options = AuditOptions(gpu=gpu, gpus=gpus, context=context, engine=engine, rules_dirs=tuple(rules_dirs),
                            token=token, jobs=jobs, max_requests=max_requests, deadline_s=deadline_s, cache=cache,
-                           endpoint=hub_endpoint(settings), settings=settings)
+                           endpoint=hub_endpoint(settings), settings=settings, engine_versions=versions)
     from ckptinspect.audit.gguf_quants import expand_gguf_quants, repo_files
 
-    return expand_gguf_quants(run_audit(wanted, options, _audit_report),
+    rows = expand_gguf_quants(run_audit(wanted, options, _audit_report),
                               lambda more: run_audit(more, options, _audit_report),
                               lambda repo: repo_files(repo, token=token, endpoint=options.endpoint, settings=settings))
+    if verify_engine is None:
+        return rows
+    limit = deadline_s if deadline_s is not None else settings.deadline_s
+    return _audit_verified(rows, verify_engine, engine_python, engine_pythonpath, token=token, settings=settings,
+                           ends_at=started + limit)
+
+
+def _audit_verified(rows: "Iterator[AuditRow]", engine: str, engine_python: str | None,
+                    engine_pythonpath: str | None, *, token: str | None, settings: Settings,
+                    ends_at: float) -> "Iterator[AuditRow]":
+    """Every row, then one dry-load for all readable safetensors repos, then the rows it decided."""
+    import copy
+    import time
+
+    from ckptinspect.audit.row import row_from_report
+    from ckptinspect.errors import EngineEnvError
+    from ckptinspect.render.findings import finding_json
+    from ckptinspect.verify import verify_many
+    from ckptinspect.verify.decide import apply_to_doc
+
+    try:
+        done = list(rows)
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
+    asked = [row for row in done if row.ok and row.fields.get("format") == "safetensors"]
+    results: dict[str, Any] = {}
+    if asked:
+        left = ends_at - time.monotonic()
+        if left <= 0:
+            raise EngineEnvError(f"the audit's deadline passed before the {engine} dry-load could run",
+                                 hint="--deadline SECONDS")
+        answers = verify_many([row.repo for row in asked], engine, engine_python=engine_python,
+                              engine_pythonpath=engine_pythonpath, deadline=left,
+                              revisions=[row.revision for row in asked], token=token, settings=settings)
+        results = {row.repo: answer for row, answer in zip(asked, answers)}
+    for row in done:
+        if not row.ok:
+            yield row
+            continue
+        result = results.get(row.repo, f"{row.fields.get('format')} checkpoints are not dry-loaded by {engine}")
+        doc = apply_to_doc(copy.deepcopy(dict(row.report)), {engine: result}, finding_json)
+        yield row_from_report(row.repo, doc, cached=row.cached)
 
 
 async def _audit_report(repo_id: str, options: dict) -> str:
@@ -377,7 +477,8 @@ async def _audit_report(repo_id: str, options: dict) -> str:
         report = await build_report_async(ref, rules_dirs=tuple(Path(d) for d in options["rules_dirs"]),
                                           revision=revision, token=options["token"],
                                           limiter=options.get("limiter"), ends_at=options.get("ends_at"),
-                                          hub_only=options.get("listed", False), settings=options["settings"])
+                                          hub_only=options.get("listed", False), settings=options["settings"],
+                                          engine_versions=options.get("engine_versions"))
     return render_report(_with_sections(report, ref, tp=None, ep=None, gpu=options["gpu"], gpus=options["gpus"],
                                         context=options["context"], engine=options["engine"]), "json")
 

@@ -47,6 +47,8 @@ class Report:
     head_groups: tuple[Any, ...] = field(default_factory=tuple)
     # stand-alone drafts the family declares in subfolders (rules: draft_subfolders), read with the checkpoint
     drafts: tuple[DraftAssessment, ...] = field(default_factory=tuple)
+    # report --verify-engine: each engine's dry-load and what it decided (verify/decide.py EngineCheck)
+    engine_checks: tuple[Any, ...] = field(default_factory=tuple)
 
 
 def load_checkpoint(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
@@ -90,7 +92,8 @@ def build_report(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | N
 
 async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revision: str | None = None,
                              token: str | None = None, limiter: Any = None, ends_at: float | None = None,
-                             hub_only: bool = False, settings: Settings | None = None) -> Report:
+                             hub_only: bool = False, settings: Settings | None = None,
+                             engine_versions: Mapping[str, str] | None = None) -> Report:
     """``build_report`` on the caller's event loop (no progress line): the source's network reads are
     awaited there under ``limiter`` and ``ends_at`` (sources.open_source_async); the stages after it run
     as they do in ``build_report``."""
@@ -99,7 +102,7 @@ async def build_report_async(ref: str, *, rules_dirs: Sequence[Path] = (), revis
                                   hub_only=hub_only, settings=settings, subfolders=draft_subfolder_chooser(rules))
     if getattr(raw, "format", None) == "gguf":
         return gguf_report(raw)
-    return report_from_raw(raw, rules_dirs=rules_dirs, rules=rules)
+    return report_from_raw(raw, rules_dirs=rules_dirs, engine_versions=engine_versions, rules=rules)
 
 
 def gguf_report(raw: Any) -> Report:

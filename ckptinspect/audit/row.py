@@ -73,6 +73,8 @@ def row_fields(doc: Mapping[str, Any]) -> dict[str, Any]:
         "mtp_complete": mtp["complete"],
         "mtp_schemes": sorted(mtp["schemes"]),
         "verdicts": dict(mtp["verdict"]),
+        # --verify-engine: each dry-load's answer as the report gives it (verify/decide.py)
+        "engine_checks": {e: v["dry_load"] for e, v in (mtp.get("engines") or {}).items() if "dry_load" in v},
         "errors": sum(1 for f in doc["findings"] if f["severity"] == "error"),
         "worst_finding": None if worst is None else {k: worst[k] for k in ("code", "severity", "message")},
         "fit": _fit(doc.get("plan")),

@@ -21,7 +21,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ckptinspect.audit.cache import AuditCache, cache_root, code_fingerprint
 from ckptinspect.audit.row import AuditRow, RepoError, error_row, row_from_report
@@ -49,10 +49,14 @@ class AuditOptions:
     cache: bool = True  # and only where settings.cache_dir names a directory
     endpoint: str | None = None  # the Hub endpoint for the commit checks (ckptinspect.api.hub_endpoint)
     settings: Settings = DEFAULTS  # every repo's report runs with them (ckptinspect/settings.py)
+    engine_versions: Mapping[str, str] | None = None  # the rules judge these releases (--verify-engine's installed)
 
     def report_options(self) -> dict[str, Any]:
         """The options that decide a report's content (the cache key holds them)."""
-        return {"gpu": self.gpu, "gpus": self.gpus, "context": self.context, "engine": self.engine}
+        out = {"gpu": self.gpu, "gpus": self.gpus, "context": self.context, "engine": self.engine}
+        if self.engine_versions:  # only then: the keys of reports cached without it stay the same
+            out["engine_versions"] = dict(sorted(self.engine_versions.items()))
+        return out
 
 
 # report_fn(repo_id, options) -> the repo's `report --format json` text, or a coroutine giving it:
@@ -125,7 +129,8 @@ class _Audit:
         options = self.options
         task = {"gpu": options.gpu, "gpus": options.gpus, "context": options.context, "engine": options.engine,
                 "rules_dirs": [str(d) for d in options.rules_dirs], "token": options.token,
-                "limiter": self.limiter, "ends_at": self.ends_at, "settings": options.settings}
+                "limiter": self.limiter, "ends_at": self.ends_at, "settings": options.settings,
+                "engine_versions": options.engine_versions}
         self.done = asyncio.Queue()
         self.left = {ref.repo_id: ref for ref in refs}
         queue = list(reversed(refs))

@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from ckptinspect.api import FAIL_ON_CHOICES
-from ckptinspect.cli.options import Command, checkpoint_options, gpu_list_help, not_applicable, resolve_gpu, wide_option
+from ckptinspect.cli.options import (Command, checkpoint_options, gpu_list_help, not_applicable, resolve_gpu,
+                                     verify_engine_options, wide_option)
 
 EXAMPLES = (
     "ckptinspect audit --quantized-from Qwen/Qwen3.5-397B-A17B --gpu h200 --gpus 8",
@@ -44,12 +45,14 @@ EXAMPLES = (
 @click.option("--full", is_flag=True, help="json / jsonl: add each repo's whole report document.")
 @click.option("--rules-dir", "rules_dirs", multiple=True, type=click.Path(exists=True, file_okay=False,
               path_type=Path), help="Extra rule files (override built-in families by id). Repeatable.")
+@verify_engine_options
 @checkpoint_options("jsonl")
 @wide_option
 def audit(repos: tuple[str, ...], quantized_from: str | None, author: str | None, search: str | None,
           repos_file: Path | None, limit: int | None, gpu: str | None, gpus: int | None,
           context: int | None, engine: str, fail_on: str | None, jobs: int, max_requests: int, no_cache: bool,
-          full: bool, rules_dirs: tuple[Path, ...], fmt: str, revision: str | None, token: str | None,
+          full: bool, rules_dirs: tuple[Path, ...], verify_engine: str | None, engine_python: str | None,
+          engine_pythonpath: str | None, fmt: str, revision: str | None, token: str | None,
           quiet: bool, verbose: bool, wide: bool) -> None:
     """Audit many repos at once: one row per repo, the usable and fitting ones first.
 
@@ -57,7 +60,9 @@ def audit(repos: tuple[str, ...], quantized_from: str | None, author: str | None
     narrow one listing). Each row is what `ckptinspect report REPO` says; a repo that cannot be read
     (gated, missing, timed out, malformed) is a row with its error. Reports are cached by commit, so a
     re-run reads only the repos that changed. Progress (repos done / total) shows on a terminal.
-    --format jsonl writes one line per repo as it finishes (unsorted).
+    --format jsonl writes one line per repo as it finishes (unsorted). With --verify-engine every
+    readable repo's draft is also dry-loaded through that engine (one engine process for all repos, within
+    --deadline) and its answer decides that engine's verdict; the rows then come when it has answered.
     """
     from ckptinspect import api
     from ckptinspect.cli.options import colour_enabled, current_settings, output_width, progress_enabled
@@ -82,7 +87,8 @@ def audit(repos: tuple[str, ...], quantized_from: str | None, author: str | None
     rows = []
     results = api.audit(refs, gpu=gpu, gpus=gpus, context=context, engine=engine, rules_dirs=rules_dirs,
                         token=token, jobs=jobs, max_requests=max_requests, cache=not no_cache,
-                        settings=current_settings())
+                        verify_engine=verify_engine, engine_python=engine_python,
+                        engine_pythonpath=engine_pythonpath, settings=current_settings())
     try:
         for row in results:
             rows.append(row)

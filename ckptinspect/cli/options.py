@@ -171,6 +171,28 @@ def wide_option(f: Callable) -> Callable:
                         help="Full-width text; by default text wraps to COLUMNS or the terminal width.")(f)
 
 
+# -- the engine's environment (verify; report / audit --verify-engine) ------------------------------
+ENGINE_PYTHON_HELP = ("Python of the environment the engine is installed in (default: this Python, if it has the "
+                      "engine).")
+ENGINE_PYTHONPATH_HELP = "PYTHONPATH for the engine's Python (an engine installed with pip --target)."
+
+
+def engine_env_options(f: Callable) -> Callable:
+    """--engine-python / --engine-pythonpath, as verify has them."""
+    f = click.option("--engine-pythonpath", type=str, default=None, metavar="DIRS", help=ENGINE_PYTHONPATH_HELP)(f)
+    return click.option("--engine-python", type=str, default=None, metavar="PATH", help=ENGINE_PYTHON_HELP)(f)
+
+
+def verify_engine_options(f: Callable) -> Callable:
+    """report / audit --verify-engine ENGINE with verify's --engine-python / --engine-pythonpath."""
+    f = engine_env_options(f)
+    return click.option("--verify-engine", type=click.Choice(["sglang", "vllm"]), default=None,
+                        help="Also dry-load the MTP draft through this engine's own code (as `verify`; no GPU) "
+                             "and let its answer decide that engine's verdict; the rules judge its installed "
+                             "version, and where they disagree a rules-disagree-with-engine warning names the "
+                             "modules. No engine environment: exit 2.")(f)
+
+
 # -- GPU options ------------------------------------------------------------------------------------
 GPU_SPEC_HELP = ("A YAML / JSON file of GPU entries in rules/gpus.yaml's schema: adds cards, or replaces "
                  "catalog cards of the same name (env CKPTINSPECT_GPU_SPEC).")

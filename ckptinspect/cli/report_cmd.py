@@ -9,12 +9,13 @@ from pathlib import Path
 import click
 
 from ckptinspect.api import FAIL_ON, FAIL_ON_CHOICES
-from ckptinspect.cli.options import Command, checkpoint_options, gpu_file_options, gpu_list_help, resolve_gpu, wide_option
+from ckptinspect.cli.options import (Command, checkpoint_options, gpu_file_options, gpu_list_help, resolve_gpu,
+                                     verify_engine_options, wide_option)
 
 EXAMPLES = (
     "ckptinspect report                                        # the bundled example",
     "ckptinspect report nvidia/Qwen3.5-397B-A17B-NVFP4 --gpu rtx-pro-6000 --gpus 8",
-    "ckptinspect report ./my-quant --fail-on unusable --engine sglang   # CI gate: exit 1",
+    "ckptinspect report ./my-quant --fail-on unusable --engine sglang --verify-engine sglang   # CI gate: exit 1",
 )
 
 
@@ -37,11 +38,13 @@ EXAMPLES = (
               help="Expert parallel size for --tp (default: TP); must divide --tp, as in SGLang.")
 @click.option("--engine-version", "engine_versions", multiple=True, metavar="ENGINE=VERSION",
               help="Answer for this engine release instead of the newest the rules know (e.g. vllm=0.33.0).")
+@verify_engine_options
 @checkpoint_options()
 @wide_option
 def report(model: str | None, engine: str, fail_on: str | None, rules_dirs: tuple[Path, ...],
            gpu: str | None, gpus: int | None, gpu_spec: Path | None, gpu_memory: float | None,
-           context: int | None, tp: int | None, ep: int | None, engine_versions: tuple[str, ...], fmt: str,
+           context: int | None, tp: int | None, ep: int | None, engine_versions: tuple[str, ...],
+           verify_engine: str | None, engine_python: str | None, engine_pythonpath: str | None, fmt: str,
            revision: str | None, token: str | None, quiet: bool, verbose: bool, wide: bool) -> None:
     """Inspect MODEL (a directory, org/name[@revision], a .json.gz snapshot, or a GGUF model: a .gguf
     file, DIR:TAG, org/repo:TAG; see docs/gguf.md).
@@ -59,7 +62,8 @@ def report(model: str | None, engine: str, fail_on: str | None, rules_dirs: tupl
     result = api.inspect(model, rules_dirs=rules_dirs, revision=revision, token=token,
                          progress=progress_enabled(quiet), tp=tp, ep=ep, gpu=spec, gpus=gpus, context=context,
                          engine=engine, engine_versions=_engine_versions(engine_versions),
-                         settings=current_settings())
+                         verify_engine=verify_engine, engine_python=engine_python,
+                         engine_pythonpath=engine_pythonpath, settings=current_settings())
     click.echo(render_report(result, fmt, width=output_width(fmt, wide), colour=colour_enabled()), nl=False)
     if verbose:
         from ckptinspect.render.stats_out import stats_line

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ckptinspect.cli.options import Command, checkpoint_options, current_settings, not_applicable
+from ckptinspect.cli.options import Command, checkpoint_options, current_settings, engine_env_options, not_applicable
 
 EXAMPLES = (
     "ckptinspect verify nvidia/Qwen3.5-397B-A17B-NVFP4 --engine vllm          # vLLM installed in this Python",
@@ -17,10 +17,7 @@ EXAMPLES = (
 @click.argument("model")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), required=True,
               help="The engine whose own code builds and loads the draft.")
-@click.option("--engine-python", type=str, default=None, metavar="PATH",
-              help="Python of the environment the engine is installed in (default: this Python, if it has the engine).")
-@click.option("--engine-pythonpath", type=str, default=None, metavar="DIRS",
-              help="PYTHONPATH for the engine's Python (an engine installed with pip --target).")
+@engine_env_options
 @click.option("--method", type=str, default=None,
               help="The engine's speculative method (default: vLLM 'mtp', SGLang 'NEXTN').")
 @click.option("--trust-remote-code", is_flag=True, help="Let the engine run the checkpoint's own config code.")
@@ -45,7 +42,8 @@ def verify(model: str, engine: str, engine_python: str | None, engine_pythonpath
     # --deadline / CKPTINSPECT_DEADLINE_S, parsed once into the command's Settings (cli/options.py)
     result = api.verify(model, engine, engine_python=engine_python, engine_pythonpath=engine_pythonpath,
                         deadline=current_settings().deadline_s, revision=revision, token=token,
-                        progress=progress_enabled(quiet), method=method, trust_remote_code=trust_remote_code)
+                        progress=progress_enabled(quiet), method=method, trust_remote_code=trust_remote_code,
+                        settings=current_settings())
     click.echo(render_verify(result, fmt))
     if verbose:
         click.echo(f"verify: {result.engine} {result.engine_version} answered in {result.seconds:.1f} s", err=True)

@@ -47,11 +47,11 @@ MAX_COUNTER = float(2 ** 53)
 
 def _client(base: str, settings: Any = None) -> Any:
     """The bounded client for the engine at ``base``; ``settings`` (ckptinspect/settings.py): the command's
-    deadline and byte budget (None: the environment's, read once)."""
-    from ckptinspect.settings import or_environ
+    deadline and byte budget, as api.probe read them at the edge (None: the defaults)."""
+    from ckptinspect.settings import DEFAULTS
     from ckptinspect.sources.hub_session import ServerClient
 
-    return ServerClient(base, "engine", or_environ(settings))
+    return ServerClient(base, "engine", settings if settings is not None else DEFAULTS)
 
 
 def _json(client: Any, path: str, payload: dict | None = None) -> Any:

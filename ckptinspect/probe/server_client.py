@@ -137,10 +137,10 @@ def run_remote(url: str, *, model_dir, config, probe_ckpt, spec, prompts, steps,
     tallies: dict[str, Tally] = {}
     from ckptinspect.sources.hub_session import ServerClient
 
-    from ckptinspect.settings import or_environ
+    from ckptinspect.settings import DEFAULTS
 
-    # the run's requests: one byte budget, the command's deadline
-    client = ServerClient(base, "main-model server", or_environ(settings))
+    # the run's requests: one byte budget, the command's deadline (api.probe read the settings at the edge)
+    client = ServerClient(base, "main-model server", settings if settings is not None else DEFAULTS)
     base = client.shown  # what messages and the result name: never the URL's password
     for prompt in tqdm(prompts, desc="remote generate+mtp", unit="prompt", disable=not progress):
         ids = encode_prompt(tok, prompt, chat=True, vocab_size=probe_ckpt.checkpoint.config.vocab_size, source=model_dir)

@@ -40,6 +40,10 @@ def row_json(row: Any, *, full: bool = False) -> dict[str, Any]:
         "verdict": dict(f["verdicts"]), "error_findings": f["errors"], "worst_finding": f["worst_finding"],
         "fit": f["fit"],
     })
+    if f.get("engine_checks"):  # --verify-engine
+        out["engine_check"] = {e: {k: c[k] for k in ("decided", "engine_version", "outcome", "rules_verdict",
+                                                    "agrees", "not_decided", "modules")}
+                               for e, c in f["engine_checks"].items()}
     if full:
         out["report"] = row.report
     return out
@@ -134,6 +138,14 @@ def _table(rows: Sequence[Any], fmt: str, *, width: int | None, colour: bool, fi
         from tabulate import tabulate
 
         cleaned = [[str(c).replace("|", "\\|").replace("\n", " ") for c in r] for r in body]
-        return tabulate(cleaned, headers=headers, tablefmt="github") + f"\n\n{summary}\n"
+        return tabulate(cleaned, headers=headers, tablefmt="github") + f"\n\n{summary}\n" + \
+            (f"\n{_checks(rows)}" if _checks(rows) else "")
     errors = [f"{r.repo}: {r.error.kind}: {r.error.message}" for r in rows if not r.ok]
-    return table(headers, body, width) + f"\n{summary}\n" + "".join(f"  {e}\n" for e in errors)
+    return table(headers, body, width) + f"\n{summary}\n" + "".join(f"  {e}\n" for e in errors) + _checks(rows)
+
+
+def _checks(rows: Sequence[Any]) -> str:
+    """--verify-engine: one line per repo and engine, the dry-load's answer (the verdict column follows it)."""
+    lines = [f"  {r.repo}: {e}: {c['line']}\n" for r in rows if r.ok
+             for e, c in r.fields.get("engine_checks", {}).items()]
+    return "engine check (the engine's own dry-load decides):\n" + "".join(lines) if lines else ""

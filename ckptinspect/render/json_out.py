@@ -63,6 +63,11 @@ def report_to_json(report: Any) -> dict[str, Any]:
         "mtp": mtp_to_json(report.mtp),
         "findings": [finding_json(f) for f in findings],
     }
+    if getattr(report, "engine_checks", ()):  # report --verify-engine (verify/decide.py)
+        from ckptinspect.verify.decide import engine_json
+
+        for check in report.engine_checks:
+            doc["mtp"]["engines"][check.engine].update(engine_json(check))
     if report.mtp_costs:
         doc["mtp"]["cost"] = [mtp_cost_json(c) for c in report.mtp_costs]
     if getattr(report, "drafts", ()):

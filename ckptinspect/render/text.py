@@ -77,6 +77,10 @@ def sections(report: Any, colour: bool = False) -> list[tuple[str, list[str], li
                       for engine, v in mtp.verdicts.items()]
         out.append(("MTP readiness", ["engine", "version", "verdict", "method", "draft class", "draft quant",
                                       "layers used", "because"], ready_rows))
+        checks = getattr(report, "engine_checks", ())
+        if checks:  # report --verify-engine: one line per engine (verify/decide.py)
+            out.append(("Engine check (the engine's own dry-load decides)", ["engine", "answer"],
+                        [[c.engine, c.line()] for c in checks]))
         # Only modules some engine builds unlike what is stored: the rest fit everywhere (all rows: JSON).
         misfits = [m for m in mtp.modules if not all(m.matches.values())]
         if misfits:

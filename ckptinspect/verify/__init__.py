@@ -7,16 +7,34 @@ a ``VerifyResult`` (records.py, outcome.py). docs/verify.md describes what runs 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ckptinspect.verify.records import OUTCOMES, ModuleOutcome, ParameterOutcome, StepOutcome, VerifyResult
 
-__all__ = ["OUTCOMES", "ModuleOutcome", "ParameterOutcome", "StepOutcome", "VerifyResult", "verify_many",
-           "verify_ref"]
+if TYPE_CHECKING:
+    from ckptinspect.settings import Settings
+
+__all__ = ["OUTCOMES", "ModuleOutcome", "ParameterOutcome", "StepOutcome", "VerifyResult", "engine_version",
+           "verify_many", "verify_ref"]
+
+
+def engine_version(engine: str, *, engine_python: str | None = None, engine_pythonpath: str | None = None) -> str:
+    """The version of ``engine`` the dry-load would run (its metadata, the engine not imported: a check of
+    the environment before a long read); EngineEnvError when there is none."""
+    from ckptinspect.errors import ConfigError
+    from ckptinspect.verify.engine import SCRIPTS, engine_python as find_python, installed_version
+
+    if engine not in SCRIPTS:
+        raise ConfigError(f"--engine must be one of {', '.join(sorted(SCRIPTS))}, not {engine!r}")
+    return installed_version(engine, find_python(engine, engine_python), pythonpath=engine_pythonpath)
 
 
 def verify_ref(ref: str, engine: str, *, engine_python: str | None = None, engine_pythonpath: str | None = None,
                deadline: float | None = None, revision: str | None = None, token: str | None = None,
-               progress: bool = False, method: str | None = None, trust_remote_code: bool = False) -> VerifyResult:
-    """``ref``'s draft dry-loaded by ``engine`` (docs/verify.md); EngineEnvError when there is no answer."""
+               progress: bool = False, method: str | None = None, trust_remote_code: bool = False,
+               settings: "Settings | None" = None) -> VerifyResult:
+    """``ref``'s draft dry-loaded by ``engine`` (docs/verify.md); EngineEnvError when there is no answer.
+    ``settings`` (ckptinspect/settings.py): the Hub's limits, endpoint and caches for a repo id."""
     from ckptinspect.errors import ConfigError
     from ckptinspect.verify.engine import SCRIPTS
 
@@ -24,18 +42,23 @@ def verify_ref(ref: str, engine: str, *, engine_python: str | None = None, engin
         raise ConfigError(f"--engine must be one of {', '.join(sorted(SCRIPTS))}, not {engine!r}")
     return _run(engine, engine_python, engine_pythonpath, deadline,
                 [dict(ref=ref, revision=revision, token=token, progress=progress, method=method,
-                      trust_remote_code=trust_remote_code)], batch=False)[0]  # type: ignore[return-value]
+                      trust_remote_code=trust_remote_code, settings=settings)],
+                batch=False)[0]  # type: ignore[return-value]
 
 
 def verify_many(refs: list[str], engine: str, *, engine_python: str | None = None,
                 engine_pythonpath: str | None = None, deadline: float | None = None,
-                methods: list[str | None] | None = None) -> list[VerifyResult | str]:
+                methods: "list[str | None] | None" = None, revisions: "list[str | None] | None" = None,
+                token: str | None = None, settings: "Settings | None" = None) -> list[VerifyResult | str]:
     """Each ref dry-loaded in ONE engine process (the engine imported once): its VerifyResult, or the one
     line of the error that stopped it (its checkpoint unreadable, or the script's own failure).
-    ``methods``: the speculative method per ref (None: the engine script's default, SGLang NEXTN)."""
-    methods = methods or [None] * len(refs)
+    ``methods``: the speculative method per ref (None: the engine script's default, SGLang NEXTN);
+    ``revisions``: the commit to read for each ref (an audit's rows: the commit its report read)."""
+    methods = methods if methods is not None else [None] * len(refs)
+    revisions = revisions if revisions is not None else [None] * len(refs)
     return _run(engine, engine_python, engine_pythonpath, deadline,
-                [dict(ref=ref, method=method) for ref, method in zip(refs, methods, strict=True)], batch=True)
+                [dict(ref=ref, method=method, revision=rev, token=token, settings=settings)
+                 for ref, method, rev in zip(refs, methods, revisions, strict=True)], batch=True)
 
 
 def _run(engine: str, engine_python: str | None, engine_pythonpath: str | None, deadline: float | None,
@@ -79,10 +102,11 @@ def _run(engine: str, engine_python: str | None, engine_pythonpath: str | None, 
 
 
 def _request(ref: str, *, revision: str | None = None, token: str | None = None, progress: bool = False,
-             method: str | None = None, trust_remote_code: bool = False):
+             method: str | None = None, trust_remote_code: bool = False, settings: "Settings | None" = None):
     """(RawCheckpoint, dry-load request) of ``ref``, headers only."""
     from ckptinspect.config.normalize import normalize_config
     from ckptinspect.errors import ConfigError
+    from ckptinspect.gc_pause import gc_paused
     from ckptinspect.inventory.mtp_prefix import compile_prefixes
     from ckptinspect.progress import as_progress
     from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
@@ -92,7 +116,7 @@ def _request(ref: str, *, revision: str | None = None, token: str | None = None,
 
     status = as_progress(progress, label=ref)
     try:
-        raw = open_source(check_ref(ref), revision=revision, token=token, progress=status)
+        raw = open_source(check_ref(ref), revision=revision, token=token, progress=status, settings=settings)
     finally:
         status.end()
     if getattr(raw, "format", None) == "gguf":
@@ -105,6 +129,7 @@ def _request(ref: str, *, revision: str | None = None, token: str | None = None,
     family = load_rules(()).match(config)
     templates = family.mtp_prefixes if family is not None else GENERIC_MTP_PREFIXES
     prefixes = compile_prefixes(tuple(templates), config.num_hidden_layers)
-    request = build_request(raw, prefixes, config.num_hidden_layers, method=method,
-                            trust_remote_code=trust_remote_code)
+    with gc_paused():  # ~371k names and kinds of a 400B-class checkpoint: acyclic (gc_pause.py)
+        request = build_request(raw, prefixes, config.num_hidden_layers, method=method,
+                                trust_remote_code=trust_remote_code)
     return raw, request

@@ -42,18 +42,42 @@ def engine_python(engine: str, given: str | None) -> str:
                          hint=f"pass --engine-python PATH, the python of the environment {engine} is installed in")
 
 
+def _engine_env(pythonpath: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
+def installed_version(engine: str, python: str, *, pythonpath: str | None = None, timeout: float = 60.0) -> str:
+    """The engine's version installed for ``python`` (its distribution metadata, without importing the
+    engine: well under a second); EngineEnvError when it has none."""
+    code = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
+    try:
+        done = subprocess.run([python, "-c", code, PACKAGES[engine]], capture_output=True, text=True,
+                              env=_engine_env(pythonpath), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise EngineEnvError(f"{python}: did not say its {engine} version within {timeout:g} s",
+                             hint="--engine-python") from None
+    except OSError as exc:
+        raise EngineEnvError(f"{python}: cannot start it ({exc.strerror or exc})", hint="--engine-python") from None
+    version = done.stdout.strip()
+    if done.returncode != 0 or not version:
+        raise EngineEnvError(f"{python}: {engine} is not installed there",
+                             hint=f"pass --engine-python PATH (and --engine-pythonpath DIRS), the environment "
+                                  f"{engine} is installed in")
+    return version
+
+
 def start_dryload(engine: str, python: str, *, pythonpath: str | None = None) -> subprocess.Popen:
     """The engine's script, started now: it imports the engine while the caller reads the headers."""
     script = ENGINE_SIDE / SCRIPTS[engine]
     if not script.is_file():
         raise EngineEnvError(f"this ckptinspect has no {engine} dry-load yet ({script.name}); docs/verify.md says "
                              "which steps are missing", hint="--engine vllm")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
     try:
-        return subprocess.Popen([python, str(script)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+        return subprocess.Popen([python, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=_engine_env(pythonpath), start_new_session=True)
     except OSError as exc:
         raise EngineEnvError(f"{python}: cannot start it ({exc.strerror or exc})", hint="--engine-python") from None
 
@@ -62,7 +86,9 @@ def finish_dryload(proc: subprocess.Popen, engine: str, python: str, request: di
                    deadline: float | None = None, started: float) -> tuple[dict[str, Any], float]:
     """The script's answer (a dict) and its wall time since ``started``; EngineEnvError when there is none."""
     limit = DEFAULT_DEADLINE_S if deadline is None else deadline
-    payload = json.dumps(request, separators=(",", ":")).encode()
+    from ckptinspect.verify.request import encode_request
+
+    payload = encode_request(request)
     try:
         out, err = proc.communicate(payload, timeout=max(0.1, limit - (time.perf_counter() - started)))
     except subprocess.TimeoutExpired:

@@ -65,7 +65,7 @@ def main(request: dict, result: dict) -> None:
 
     result["shims"].extend(SHIMS)
     result.update(engine="sglang", engine_version=getattr(sglang, "__version__", "unknown"), python=sys.executable)
-    rows = request["tensors"]
+    rows = common.request_rows(request)
     bad = common.unknown_dtypes(torch, rows)
     if bad:
         result["steps"].append({"step": "tensors", "ok": False,

@@ -41,7 +41,7 @@ def main(request: dict, result: dict) -> None:
     import vllm
 
     result.update(engine="vllm", engine_version=getattr(vllm, "__version__", "unknown"), python=sys.executable)
-    rows = request["tensors"]
+    rows = common.request_rows(request)
     bad = common.unknown_dtypes(torch, rows)
     if bad:
         result["steps"].append({"step": "tensors", "ok": False,

@@ -1,0 +1,185 @@
+"""`report` / `audit --verify-engine`: the engine's own dry-load next to the rules' verdict (issue 31 item 1).
+
+SGLang 0.5.23 (the pip --target test install, tests/test_verify.py sglang_environment) dry-loads DeepSeek-V3
+block-FP8 replicas at real dimensions (tests/test_verify.py _deepseek):
+- as stored: the rules say ready and the dry-load loads: they agree, the verdict is the rules' grade, the
+  basis is the engine, no finding;
+- one routed MTP expert stored BF16 among FP8 experts: the rules say ready (no rule looks at it,
+  tests/test_verify_vs_rules.py KNOWN_DISAGREEMENTS) and SGLang's loader copies BF16 into an FP8 parameter
+  (defects): the verdict is the dry-load's (unusable), shown once, with a rules-disagree-with-engine
+  warning naming the module, and `--fail-on unusable` trips on it;
+- no engine environment (no interpreter; an interpreter without SGLang): one error line, exit 2, before
+  anything is read: a user who asked for the engine's answer never gets a rules-only report instead.
+`audit --verify-engine` reads both replicas from a local Hub and dry-loads them in one SGLang process.
+The decision itself (verify/decide.py) is also checked without an engine: not decided (platform refusal,
+another version, no answer) keeps the rules' verdict and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    from tests.test_verify import _bf16_expert, _deepseek
+
+    tmp = tmp_path_factory.mktemp("verify-report")
+    return {"as-stored": _deepseek(tmp, "as-stored"), "bf16-expert": _deepseek(tmp, "bf16-expert", _bf16_expert)}
+
+
+@pytest.fixture(scope="module")
+def sglang_args():
+    from tests.test_verify import sglang_environment
+
+    python, path = sglang_environment()
+    return ["--verify-engine", "sglang", "--engine-python", python, "--engine-pythonpath", path]
+
+
+@pytest.fixture(scope="module")
+def reports(replicas, sglang_args):
+    """(JSON document, text) of `report --verify-engine sglang` for each replica."""
+    from ckptinspect.render.json_out import validate_report_json
+
+    out = {}
+    for name, path in replicas.items():
+        done = run_cli("report", str(path), *sglang_args, "--format", "json", "--deadline", "900", timeout=900)
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(done.stdout)
+        validate_report_json(doc)
+        text = run_cli("report", str(path), *sglang_args, "--wide", "--deadline", "900", timeout=900)
+        assert text.returncode == 0, text.stderr
+        out[name] = (doc, text.stdout)
+    return out
+
+
+def _codes(doc: dict) -> list[str]:
+    return [f["code"] for f in doc["findings"]]
+
+
+def test_agreement_keeps_the_rules_grade_with_the_engine_as_basis(reports):
+    doc, text = reports["as-stored"]
+    entry = doc["mtp"]["engines"]["sglang"]
+    assert (entry["basis"], entry["verdict"], doc["mtp"]["verdict"]["sglang"]) == ("engine", "ready", "ready")
+    check = entry["dry_load"]
+    assert (check["decided"], check["agrees"], check["outcome"], check["engine_version"]) == \
+        (True, True, "loads", "0.5.23")
+    assert entry["engine_version"] == "0.5.23"  # the rules judged the installed release
+    assert "rules-disagree-with-engine" not in _codes(doc)
+    assert "basis" not in doc["mtp"]["engines"]["vllm"]  # not asked: the rules' answer, as without the option
+    lines = [line for line in text.splitlines() if line.startswith("sglang ") and "dry-load" in line]
+    assert len(lines) == 1 and "loads; verdict ready, the rules agree" in lines[0], text
+
+
+def test_disagreement_is_one_verdict_and_a_finding_naming_the_module(reports, replicas, sglang_args):
+    doc, text = reports["bf16-expert"]
+    entry = doc["mtp"]["engines"]["sglang"]
+    assert (entry["basis"], entry["verdict"], doc["mtp"]["verdict"]["sglang"]) == ("engine", "unusable", "unusable")
+    assert entry["dry_load"]["rules_verdict"] == "ready" and entry["dry_load"]["agrees"] is False
+    assert entry["reasons"] == ["rules-disagree-with-engine"]
+    [finding] = [f for f in doc["findings"] if f["code"] == "rules-disagree-with-engine"]
+    assert (finding["severity"], finding["engine"]) == ("warning", "sglang")
+    assert finding["subject"] == "model.decoder.mlp.experts.w2_weight"
+    assert "the rules say ready" in finding["message"] and "defects" in finding["message"]
+    # text: the readiness table shows the one verdict; the engine line and the finding say why
+    readiness = text.split("MTP readiness", 1)[1].split("\n\n", 1)[0]
+    assert "UNUSABLE" in readiness.upper().split("SGLANG", 1)[1].splitlines()[0]
+    assert "verdict unusable from the engine (the rules said ready: rules-disagree-with-engine)" in text
+    # the gate reads the same verdict
+    gate = run_cli("report", str(replicas["bf16-expert"]), *sglang_args, "--fail-on", "unusable", "--engine",
+                   "sglang", "--format", "json", "--deadline", "900", timeout=900)
+    assert gate.returncode == 1 and "sglang=unusable" in gate.stderr, gate.stderr
+
+
+@pytest.mark.parametrize("case", ["no interpreter", "no sglang there"])
+def test_no_engine_environment_is_one_line_exit_2(case, replicas, tmp_path):
+    if case == "no interpreter":
+        args = ["--engine-python", str(tmp_path / "missing" / "python")]
+    else:  # this Python, without the SGLang install's PYTHONPATH
+        args = ["--engine-python", sys.executable, "--engine-pythonpath", str(tmp_path)]
+    for command in (["report", str(replicas["as-stored"])], ["audit", "org/x"]):
+        done = run_cli(*command, "--verify-engine", "sglang", *args)
+        assert done.returncode == 2, (command, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:"), done.stderr
+        assert done.stdout == ""  # nothing read, nothing printed: never a rules-only answer
+        assert ("no executable Python" if case == "no interpreter" else "sglang is not installed") in lines[0]
+
+
+def test_audit_dry_loads_every_repo_in_one_engine_process(replicas, sglang_args, tmp_path):
+    from ckptinspect.render.audit_out import validate_audit_json
+    from tests.hub_server import HubServer
+
+    env = dict(os.environ)
+    env.pop("CKPTINSPECT_DEBUG", None)
+    env["CKPTINSPECT_CACHE_DIR"] = str(tmp_path / "cache")
+    with HubServer() as srv:
+        for name, path in replicas.items():
+            srv.add_repo(f"org/{name}", path)
+        env["HF_ENDPOINT"] = srv.url
+        done = subprocess.run([sys.executable, "-m", "ckptinspect", "audit", "org/as-stored", "org/bf16-expert",
+                               *sglang_args, "--format", "json", "--full", "--deadline", "900"], capture_output=True,
+                              text=True, env=env, cwd=str(ROOT), timeout=900)
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(done.stdout)
+        validate_audit_json(doc)
+        rows = {row["repo"]: row for row in doc["rows"]}
+        text = subprocess.run([sys.executable, "-m", "ckptinspect", "audit", "org/as-stored", "org/bf16-expert",
+                               *sglang_args, "--wide", "--deadline", "900"], capture_output=True, text=True,
+                              env=env, cwd=str(ROOT), timeout=900)
+    assert rows["org/as-stored"]["verdict"]["sglang"] == "ready"
+    assert rows["org/as-stored"]["engine_check"]["sglang"]["agrees"] is True
+    bad = rows["org/bf16-expert"]
+    assert bad["verdict"]["sglang"] == "unusable" and bad["verdict"]["vllm"] == "ready"
+    assert bad["engine_check"]["sglang"]["rules_verdict"] == "ready"
+    assert "rules-disagree-with-engine" in _codes(bad["report"])  # --full: the repo's report, as `report` gives it
+    assert bad["report"]["mtp"]["engines"]["sglang"]["basis"] == "engine"
+    assert doc["rows"][0]["repo"] == "org/as-stored"  # sorted by the verdict the dry-load decided
+    assert text.returncode == 0, text.stderr
+    assert "org/bf16-expert: sglang: sglang 0.5.23 dry-load: defects" in text.stdout, text.stdout
+
+
+# -- the decision without an engine (verify/decide.py) --------------------------------------------
+def _result(outcome: str, version: str = "0.5.23", steps=()):
+    from ckptinspect.verify.records import VerifyResult
+
+    return VerifyResult(ref="x", location="x", engine="sglang", engine_version=version, python="py", outcome=outcome,
+                        method=None, draft_architectures=(), draft_class=None, quantization=None, quant_config=None,
+                        steps=tuple(steps), modules=(), tensors_offered=0, mtp_tensors_loaded=0,
+                        mtp_tensors_skipped=(), mtp_tensor_targets=(), other_tensors_loaded=(),
+                        other_tensors_skipped=0, shims=(), not_run=(), seconds=1.0)
+
+
+def test_what_the_engine_cannot_decide_keeps_the_rules_verdict_and_says_why():
+    from ckptinspect.verify.decide import engine_check, finding
+    from ckptinspect.verify.records import StepOutcome
+
+    refused = StepOutcome(step="build draft on meta", ok=False, seconds=0.1, error="RuntimeError: no CUDA GPUs",
+                          platform=True)
+    cases = {
+        "platform": (_result("not run", steps=[refused]), "the engine refused this machine"),
+        "version": (_result("defects", version="0.5.24"), "the rules answered for sglang 0.5.23"),
+        "no answer": ("org/x: not found", "org/x: not found"),
+    }
+    for name, (result, why) in cases.items():
+        check = engine_check("sglang", "ready", "0.5.23", result)
+        assert (check.decided, check.verdict, check.agrees) == (False, "ready", None), name
+        assert why in check.not_decided and check.line().startswith("not decided by the engine: "), name
+        extra = finding(check)
+        assert (extra.code, extra.severity) == ("engine-check-not-decided", "info"), name
+    # where the engine loads what the rules call unusable, the engine decides and the rules' modules are named
+    check = engine_check("sglang", "unusable", "0.5.23", _result("loads"), rules_modules=("mtp.layers.0.fc",))
+    assert (check.decided, check.verdict, check.agrees, check.modules) == (True, "ready", False, ("mtp.layers.0.fc",))
+    assert finding(check).subject == "mtp.layers.0.fc"
+    # a missing MTP layer the engine cannot load either: they agree, absent stays absent
+    assert engine_check("sglang", "absent", "0.5.23", _result("load failed")).verdict == "absent"
