@@ -19,7 +19,7 @@ from ckptinspect.probe.readiness_gate import check_mtp_usable
 from ckptinspect.probe.result import ProbeResult, build_result
 from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, SLACK_BYTES, decode_bytes,
                                        estimate_bytes, forward_bytes_per_token, generation_bytes, plan_batches,
-                                       score_all, scoring_bytes, weight_bytes)
+                                       attention_dims, score_all, scoring_bytes, weight_bytes)
 from ckptinspect.probe.streamed_run import attention_counts
 from ckptinspect.probe.sequences import generate_sequences, save_continuations, teacher_sequences
 
@@ -176,7 +176,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
 
     def scratch_at(rows: int, width: int, block: int | None, logits_tokens: int = LOGITS_TOKENS) -> int:
         return scoring_bytes(rows, width, vocab or 0, cfg.hidden_size, steps, torch_dtype,
-                             cfg.num_attention_heads or 0, block, fwd, logits_tokens)
+                             cfg.num_attention_heads or 0, block, fwd, logits_tokens, head_dims=attention_dims(cfg))
 
     def decode_at(batch: int) -> int:
         return (decode_bytes(min(batch, count), cfg.experts_per_token or 0, expert_params, torch_dtype)
@@ -263,9 +263,10 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
         batches = plan_batches([len(q.tokens) for q in sequences], batch_size,
                                max(budget, need_at(batch_size) - fixed - decode_at(batch_size)),
                                scratch_at, heads=cfg.num_attention_heads or 1, source=model_dir)
+    kernels: set[str] = set()
     tallies = score_all(main, head, sequences, steps, mode=mode, temperature=temperature, batches=batches,
                         pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, device=first_device,
-                        progress=progress, timings=timings, peaks=peaks)
+                        progress=progress, timings=timings, peaks=peaks, kernels=kernels)
     return build_result(**common, mode=mode, tallies=tallies, devices=names,
                         dtype=str(torch_dtype).replace("torch.", ""), main_source="in-process transformers",
                         dequantized=tmp is not None, timings=timings,
@@ -273,7 +274,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                                "scoring_estimate_bytes": fixed + max(scratch_at(len(b.indices), b.width, b.attention_block,
                                                                                 b.logits_tokens) for b in batches),
                                "batch_size": max(len(b.indices) for b in batches) if mode == "teacher" else batch_size,
-                               "batch_size_source": batch_source, "attention": attention_counts(batches),
+                               "batch_size_source": batch_source, "attention": attention_counts(batches, kernels),
                                "experts_implementation": experts,
                                **({"peak_bytes_by_phase": peaks} if peaks is not None else {})})
 

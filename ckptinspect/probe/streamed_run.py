@@ -69,7 +69,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     chunk of the longest sequence, and the scoring scratch of the longest sequence alone."""
     from ckptinspect.probe.result import Streaming, build_result
     from ckptinspect.probe.heads.build import build_head
-    from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, Batch,
+    from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, Batch, attention_dims,
                                            forward_bytes_per_token, plan_batches, score_all, scoring_bytes)
     from ckptinspect.probe.stream import StreamedMain, chunk_bytes, chunk_room, chunk_rows, stream_estimate
 
@@ -89,7 +89,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
 
     def scratch_at(rows, width, block, logits_tokens=LOGITS_TOKENS):
         return scoring_bytes(rows, width, cfg.vocab_size or 0, cfg.hidden_size, common["steps"], dtype,
-                             cfg.num_attention_heads or 0, block, 0, logits_tokens, fwd)
+                             cfg.num_attention_heads or 0, block, 0, logits_tokens, fwd, head_dims=attention_dims(cfg))
 
     def estimate_at(store_tokens, chunk_peak, scoring=0):
         return dict(stream_estimate(probe_ckpt, dtype, chunk_tokens=chunk_peak, forward_per_token=fwd,
@@ -156,6 +156,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     first_device = next(main.get_decoder().norm.parameters()).device
     tallies: dict = {}
+    kernels: set[str] = set()  # causal attention kernels the chain ran (attention_counts)
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     share = -(-sum(lengths) // rounds)  # tokens per round: contiguous runs of the length-sorted corpus
     groups: list[list[int]] = [[]]
@@ -197,7 +198,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
         local = [Batch(tuple(mine[k] for k in b.indices), b.width, b.attention_block, b.logits_tokens) for b in local]
         for cat, t in score_all(main, head, sequences, common["steps"], mode=mode, temperature=common["temperature"],
                                 batches=local, pad_id=pad, device=first_device, progress=progress,
-                                timings=timings, hidden_for=hidden_for).items():
+                                timings=timings, hidden_for=hidden_for, kernels=kernels).items():
             tallies.setdefault(cat, Tally(common["steps"])).merge(t)
         del finals
     streamed.stats.rounds = len(groups)
@@ -210,11 +211,14 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
                         timings=timings, streaming=streaming,
                         extra={"tokens_scored": sum(lengths), **(batch_info or {}),
                                "batch_size": max(len(b.indices) for b in batches_all),
-                               "attention": attention_counts(batches_all),
+                               "attention": attention_counts(batches_all, kernels),
                                "experts_implementation": experts})
 
 
-def attention_counts(batches) -> dict[str, int]:
-    """How many scoring batches used the dense stream mask and how many the blocked attention."""
+def attention_counts(batches, kernels: set[str] | None = None) -> dict:
+    """How many scoring batches were planned with whole-sequence attention scratch and how many with
+    the blocked long-document attention, and which causal kernels the chain's attention ran
+    (stream_attention.causal_attention_lse: a fused one, or "math" where none took the shape)."""
     blocked = sum(b.attention_block is not None for b in batches)
-    return {"dense_batches": len(batches) - blocked, "blocked_batches": blocked}
+    return {"dense_batches": len(batches) - blocked, "blocked_batches": blocked,
+            "causal_kernels": sorted(kernels or ())}
