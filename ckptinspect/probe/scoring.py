@@ -37,7 +37,48 @@ def forward_bytes_per_token(cfg, dtype: torch.dtype) -> int:
     # H200 peaked 1.13-1.22x the estimate and a 300k-token batch failed in one 37 GiB allocation
     # (BENCHMARKS.md section 11).
     fp32_combine = top_k * hidden * 8 if cfg.routed_experts else 0
-    return per * (8 * hidden + max(moe, dense)) + fp32_combine
+    return per * (8 * hidden + max(moe, dense)) + fp32_combine + linear_attention_bytes_per_token(cfg, per)
+
+
+def linear_attention_bytes_per_token(cfg, per: int = 2, fused: bool | None = None) -> int:
+    """Per token of a linear-attention (Gated DeltaNet, Qwen3.5 / Qwen3-Next) layer's forward, which
+    exists for every token of the forward at once (a recurrence over the sequence: no MLP pieces):
+    - at the compute dtype (``per`` bytes): the input projection (query, key, value, gate) and its
+      convolved copy, the gated norm's input, output and gate, the query / key repeated to the value
+      heads;
+    - the recurrence. ``fused`` (default: whether flash-linear-attention imports, which transformers
+      then runs): its chunked kernel keeps one float32 k x v state per head per 64-token chunk, its
+      w / u / output at the compute dtype and two 64 x 64 float32 matrices per head per token-chunk.
+      Without it transformers' torch recurrence (``torch_chunk_gated_delta_rule``) keeps about a dozen
+      value-heads-wide float32 tensors (q, k, v, their beta- and decay-weighted copies, the solved
+      values, the output) and three 64 x 64 float32 matrices per head together (measured on CPU
+      within 2% of this count: tests/test_probe_long.py).
+    Without this term the streamed Qwen3.5-397B layout (3 of 4 layers linear) peaked 6.4 GB over its
+    estimate at a 40 GiB budget (issue 33). 0 for a model without linear-attention layers."""
+    text = cfg.text if isinstance(getattr(cfg, "text", None), dict) else {}
+    v_heads = text.get("linear_num_value_heads") or 0
+    if not v_heads:
+        return 0
+    k_heads = text.get("linear_num_key_heads") or v_heads
+    k_dim = text.get("linear_key_head_dim") or 0
+    v_dim = text.get("linear_value_head_dim") or 0
+    width = v_heads * max(k_dim, v_dim)
+    chunk = 64  # the recurrence's chunk of tokens (transformers' and flash-linear-attention's chunk_size)
+    projections = per * (2 * (2 * k_heads * k_dim + 2 * v_heads * v_dim) + 3 * width + 2 * v_heads * k_dim)
+    if fused is None:
+        fused = fused_linear_attention()
+    if fused:
+        recurrence = v_heads * k_dim * v_dim * 4 // chunk + 3 * width * per + 2 * v_heads * chunk * 4
+    else:
+        recurrence = 4 * (12 * width + 3 * v_heads * chunk)
+    return projections + recurrence
+
+
+def fused_linear_attention() -> bool:
+    """Whether transformers runs linear attention through flash-linear-attention (the package imports)."""
+    import importlib.util
+
+    return importlib.util.find_spec("fla") is not None
 
 
 def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dtype: torch.dtype,
