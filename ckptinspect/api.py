@@ -307,6 +307,7 @@ def probe(ref: str, settings: Settings | None = None, **options: Any) -> "ProbeR
     if looks_like_gguf(ref):
         raise ProbeError("the probe runs safetensors checkpoints with transformers; GGUF files are not probed "
                          "(llama-server logs its draft acceptance)", path=ref)
+    options.setdefault("generate", settings.probe_generate)  # in-process transformers only (not --engine)
     return run_probe(check_ref(ref), settings=settings, **options)
 
 

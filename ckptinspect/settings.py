@@ -70,6 +70,7 @@ class Settings:
     gpu_spec: Path | None = None
     probe_memory_limit: int | None = None
     probe_host_memory_limit: int | None = None
+    probe_generate: str = "eager"
     debug: bool = False
 
     @classmethod
@@ -90,13 +91,14 @@ class Variable:
 
     name: str  # the environment variable
     field: str  # the Settings attribute it sets
-    kind: str  # "seconds", "whole seconds", "bytes", "count" (numbers), "switch", "path", "directory", "url"
+    kind: str  # "seconds", "whole seconds", "bytes", "count" (numbers), "switch", "path", "directory", "url", "choice"
     default: str  # the default as documented (the Settings field's default is the value)
     doc: str
     low: float | None = None  # numbers: the smallest allowed value
     high: float | None = None  # numbers: the largest allowed value
     low_open: bool = False  # the smallest value itself is not allowed (a time limit of 0)
     flag: str | None = None  # the command-line flag that overrides it
+    choices: tuple[str, ...] = ()  # "choice": the words allowed (lower case)
 
     def bounds(self) -> str:
         """The allowed values in words, for errors and the docs."""
@@ -108,6 +110,8 @@ class Variable:
             return "an absolute directory path"
         if self.kind == "url":
             return "an http:// or https:// URL"
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.choices)
         low = ">" if self.low_open else ">="
         return f"{low} {_number(self.low)} and <= {_number(self.high)}"
 
@@ -162,6 +166,10 @@ VARIABLES: tuple[Variable, ...] = (
              "probe: device memory to plan batches for, instead of the free memory measured", 1, 1 << 50),
     Variable("CKPTINSPECT_PROBE_HOST_MEMORY_LIMIT", "probe_host_memory_limit", "bytes", "half the host memory",
              "probe: host memory the streamed run may hold its hidden states in", 1, 1 << 50),
+    Variable("CKPTINSPECT_PROBE_GENERATE", "probe_generate", "choice", "eager",
+             "probe --mode greedy: how transformers generates the continuations: eager (dynamic KV cache) or static "
+             "(static KV cache, the decode step compiled with CUDA graphs on a GPU; where that is refused the run "
+             "generates eagerly and says so in the JSON's generate object)", choices=("eager", "static")),
     Variable("CKPTINSPECT_DEBUG", "debug", "switch", "off",
              "print the traceback of an error instead of one line", flag="--debug"),
 )
@@ -199,6 +207,10 @@ def parse(variable: Variable, text: str) -> Any:
         if variable.kind == "directory" and not path.is_absolute():  # as XDG_CACHE_HOME: never below the cwd
             raise fail("not an absolute path")
         return path
+    if variable.kind == "choice":
+        if raw.lower() not in variable.choices:
+            raise fail("not one of the choices")
+        return raw.lower()
     if variable.kind == "url":
         if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s]*)?", raw, flags=re.IGNORECASE):
             raise fail("not an http(s) URL with a host")

@@ -37,3 +37,45 @@ def write_prompts(tmp_path, texts):
     p = tmp_path / "prompts.jsonl"
     p.write_text("\n".join(json.dumps({"category": "t", "prompt": t}) for t in texts) + "\n", encoding="utf-8")
     return str(p)
+
+
+class LiveBytes:
+    """Counts the bytes of tensor storages created inside it that are still alive, and their peak
+    (a dispatch-mode hook on every op's outputs; a storage is counted once, freed when collected)."""
+
+    def __init__(self):
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.live, self.peak, seen = 0, 0, set()
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in torch.utils._pytree.tree_leaves(out):
+                    if isinstance(t, torch.Tensor):
+                        storage = t.untyped_storage()
+                        key = storage.data_ptr()
+                        if key in seen or storage.nbytes() == 0:
+                            continue
+                        seen.add(key)
+                        counter.live += storage.nbytes()
+                        counter.peak = max(counter.peak, counter.live)
+                        weakref.finalize(storage, counter._free, key, storage.nbytes())
+                return out
+
+        self.mode = Mode()
+        self._seen = seen
+
+    def _free(self, key, nbytes):
+        self._seen.discard(key)
+        self.live -= nbytes
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)

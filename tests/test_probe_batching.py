@@ -122,11 +122,26 @@ def test_scoring_estimate_takes_the_larger_phase():
     streams = 4 * 144 * 625 * 2048 * 4 * 2
     # logits in chunks: LOGITS_TOKENS // 144 = 14 positions of every row at a time
     logits = 144 * (LOGITS_TOKENS // 144) * 32768 * (2 * 2 + 12)
-    # 16 heads: the dense attention scores at depth 3 (144 x 16 x 1875^2 x 6 B)
-    attention16 = 144 * 16 * (3 * 625) ** 2 * (2 + 4)
+    # 16 heads of 2048 / 16 = 128: the kept stream's attention at depth 3 (stream_attention.py): at bf16 the
+    # expanded keys / values, query copy, padded values (4 x 128) and the causal output + 3 streams' output
+    # rows (4 x 128); float32 the log-sum-exp and output (1 + 128), the merge's pieces (8 + 2 x 2 of them,
+    # capped at PIECE_ELEMENTS), and the math path's scores: all 625 starts x 625 keys (block None) or 64
+    from ckptinspect.probe.stream_attention import PIECE_ELEMENTS
+
+    rows16 = 144 * 16 * 625
+
+    def attention(rows, block, d=128):
+        return (rows * (4 * d + 4 * d) * 2 + rows * (1 + d) * 4 + min(rows * d, PIECE_ELEMENTS) * 4 * 12
+                + rows * block * 8)
+
+    attention16 = attention(rows16, 625)
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=16) == max(logits, attention16) + streams
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=0) == logits + streams
-    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=32) == 2 * attention16 + streams
+    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=32) == max(logits, attention(2 * rows16, 625, 64)) + streams  # 32 heads of 64
+    # MLA: query/key and value head sizes differ (192 / 128)
+    mla = (rows16 * (4 * 192 + 4 * 128) * 2 + rows16 * 129 * 4 + min(rows16 * 192, PIECE_ELEMENTS) * 4 * 12
+           + rows16 * 625 * 8)
+    assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=16, head_dims=(192, 128)) == max(logits, mla) + streams
     # the chain's own activations (K x seq positions) join its attention; the main forward is its own phase.
     # Per position the layer's hidden-size terms (8 x hidden x 2 B); its MLP runs 8,192 positions at a time
     fwd = 100_000
@@ -135,8 +150,8 @@ def test_scoring_estimate_takes_the_larger_phase():
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=16, forward_per_token=fwd) == attention16 + chain + streams
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=0, forward_per_token=fwd, chain_per_token=0) == \
         max(logits, 144 * 625 * fwd) + streams
-    # blocked attention: one block's float32 scores (x2), float32 keys / values, expanded streams: no (K*S)^2 term
-    blocked = 144 * 16 * 64 * (625 + 3) * 8 + 2 * 144 * 625 * 2 * 2048 * 4 + 2 * 144 * 3 * 625 * 2 * 2048 * 2
+    # blocked: the math path's scores for 64 starts at a time, no seq^2 (nor (K*S)^2) term
+    blocked = attention(rows16, 64)
     assert scoring_bytes(144, 625, 32768, 2048, 3, bf16, heads=16, block=64) == max(logits, blocked) + streams
     assert decode_bytes(144, 6, 3 * 4096 * 1024, bf16) == 144 * 6 * 3 * 4096 * 1024 * 2
 

@@ -195,3 +195,37 @@ def test_cuda_streamed_teacher_equals_in_memory(tmp_path):
     _same_numbers(memory, streamed)
     info = streamed["streaming"]
     assert info["layers"] == 2 and info["peak_bytes"] - before <= info["estimate_bytes"]["total"] + (16 << 20), info
+
+
+@pytest.mark.parametrize("kind", ["qwen35moe", "deepseek"])
+def test_load_ahead_gives_the_serial_numbers(tmp_path, monkeypatch, kind):
+    """Layer i+1 loaded (dequantized, fused) while layer i computes, its tensors interleaved with the
+    chunks (on a GPU on a side stream; the switch forced on here, on the CPU): the same numbers as the
+    serial load, the estimate holds the second layer and read, and the JSON says it ran."""
+    from ckptinspect.probe import stream, streamed_run
+
+    prompts = write_prompts(tmp_path, PROMPTS)
+    kw = dict(prompts=prompts, steps=3, mode="teacher", progress=False, max_gpu_memory=FORCE_STREAM_GIB,
+              stream_chunk_tokens=16)
+    serial = probe_json(run_probe(fixture(kind), **kw))
+    assert serial["streaming"]["load_ahead"] is False  # a CPU run never loads ahead by itself
+    assert serial["streaming"]["estimate_bytes"]["layer_ahead"] == 0
+    interleaved: list[int] = []
+    original = stream._Ahead.pump
+
+    def spy(self, count=None):
+        if self.steps is not None:
+            interleaved.append(self.index)
+        return original(self, count)
+
+    monkeypatch.setattr(stream._Ahead, "pump", spy)
+    monkeypatch.setattr(streamed_run, "load_ahead_allowed", lambda device, total, limit: True)
+    ahead = probe_json(run_probe(fixture(kind), **kw))
+    _same_numbers(serial, ahead)
+    info = ahead["streaming"]
+    assert info["load_ahead"] is True and info["layers"] == serial["streaming"]["layers"]
+    assert info["estimate_bytes"]["layer_ahead"] == info["estimate_bytes"]["layer"] + info["estimate_bytes"]["next_layer"]
+    assert all("load_ahead_s" in row for row in info["per_layer"])
+    # every layer after the first was loaded ahead, in shares after the chunks of the layer before it
+    assert sorted(set(interleaved)) == list(range(1, info["layers"]))
+    assert len(interleaved) > info["layers"]

@@ -42,11 +42,12 @@ GARBAGE = {
     "path": [""],
     "directory": ["", "relative/dir"],
     "url": ["", "abc", "ftp://host/", "http://", "https:// spaced"],
+    "choice": ["abc", "", "static compile", "nan", "-1", "1"],
 }
 # Values every variable of a kind accepts, with what they parse to.
 VALID = {"seconds": ("1.5", 1.5), "whole seconds": ("3", 3.0), "bytes": ("1048576", 1 << 20), "count": ("3", 3), "switch": ("off", False),
          "path": ("spec.yaml", Path("spec.yaml")), "directory": ("/tmp/ck", Path("/tmp/ck")),
-         "url": ("http://127.0.0.1:9", "http://127.0.0.1:9")}
+         "url": ("http://127.0.0.1:9", "http://127.0.0.1:9"), "choice": ("Static", "static")}
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -11,8 +11,11 @@ sits at t+1); RoPE is relative, so the offset does not change scores.
 Attention in a real decode: depth-1 entries of every accepted position are in the MTP KV cache
 (draft-extend with the target hidden), and the depth-j query of the current step also sees its own
 step's earlier depths. We reproduce that for all starts in one pass by laying the depth streams
-side by side (length j*S) with a mask: query (stream i, start t) sees stream-1 keys u <= t and the
-keys of streams 2..i with the same start t.
+side by side (length j*S): query (stream i, start t) sees stream-1 keys u <= t and the keys of
+streams 2..i with the same start t (``stream_mask`` is that rule as a dense mask, the tests' reference).
+Depth j keeps only stream j's outputs (the earlier streams' were kept at the earlier depths), so only
+stream j's queries are attended and only its rows run the MLP / MoE; the earlier streams contribute
+keys and values (stream_attention.py).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ckptinspect.probe.heads.base import MtpHead
+from ckptinspect.probe.stream_attention import streams_layout
 
 
 @dataclass
@@ -30,6 +34,7 @@ class ChainOutput:
     drafts: torch.Tensor  # [K, B, S] argmax draft token of depth j at start t
     min_pq: torch.Tensor | None  # [K, B, S] sum_v min(p_draft, q_target) at temperature T (NaN: no target)
     target_argmax: torch.Tensor | None = None  # [B, N] the target's argmax at positions 1..N-1 (0 at position 0)
+    attention_kernels: tuple[str, ...] = ()  # the causal kernels the streams' attention ran (stream_attention)
 
 
 class PartClock:
@@ -96,27 +101,42 @@ MLP_PIECE_TOKENS = 8192
 
 
 @contextlib.contextmanager
-def mlp_in_pieces(head: torch.nn.Module, tokens: int = MLP_PIECE_TOKENS):
+def mlp_in_pieces(head: torch.nn.Module, tokens: int = MLP_PIECE_TOKENS, keep: int | None = None):
     """Inside: the head's ``mlp`` blocks (per-token functions: a dense MLP, or routed experts whose
-    routing is per token) take [B, L, H] inputs ``tokens`` positions (all rows) at a time. A block
-    that returns more than a tensor runs whole."""
+    routing is per token) take [B, L, H] inputs ``tokens`` positions (all rows) at a time. ``keep``:
+    only the last ``keep`` positions are computed, the rows before them are zeros (the chain keeps only
+    its last stream, and a per-token function's kept rows do not depend on the others). A block that
+    returns more than a tensor runs whole."""
     patched = []
     for name, module in head.named_modules():
         if name.rsplit(".", 1)[-1] != "mlp":
             continue
         original = module.forward
 
-        def forward(x, *args, _original=original, **kwargs):
-            if args or kwargs or x.dim() != 3 or x.shape[0] * x.shape[1] <= tokens:
-                return _original(x, *args, **kwargs)
+        def pieces(x, _original):
+            if x.shape[0] * x.shape[1] <= tokens:
+                return _original(x)
             piece = max(1, tokens // x.shape[0])
             outs = []
             for lo in range(0, x.shape[1], piece):
                 out = _original(x[:, lo:lo + piece].contiguous())
                 if not isinstance(out, torch.Tensor):
-                    return _original(x)
+                    return None
                 outs.append(out)
             return torch.cat(outs, dim=1)
+
+        def forward(x, *args, _original=original, **kwargs):
+            if args or kwargs or x.dim() != 3:
+                return _original(x, *args, **kwargs)
+            if keep is None or keep >= x.shape[1]:
+                out = pieces(x, _original)
+                return _original(x) if out is None else out
+            tail = pieces(x[:, -keep:].contiguous(), _original)
+            if not isinstance(tail, torch.Tensor):
+                return _original(x)
+            out = tail.new_zeros(x.shape[0], x.shape[1], *tail.shape[2:])
+            out[:, -keep:] = tail
+            return out
 
         patched.append((module, module.__dict__.get("forward")))
         module.forward = forward
@@ -135,9 +155,9 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
               target_logits_fn=None, temperature: float = 1.0, attention_block: int | None = None,
               logits_tokens: int = 2048, parts: dict[str, float] | None = None) -> ChainOutput:
     """``tokens`` [B, N], ``hidden`` [B, N, H] (target, post-final-norm). Right padding is harmless:
-    every query only attends earlier positions. ``attention_block``: compute the streams' attention
-    ``stream_attention.streams_attention`` this many starts at a time instead of through the dense
-    mask (long documents; same numbers). Logits, drafts and sum(min(p, q)) are taken
+    every query only attends earlier positions. ``attention_block``: where no fused kernel runs, the
+    streams' attention (``stream_attention.streams_attention``) takes this many starts at a time (long
+    documents; same numbers); None: all starts at once. Logits, drafts and sum(min(p, q)) are taken
     ``logits_tokens`` (batch rows x positions) at a time, so no batch x S x vocab tensor exists. The
     target's argmax at every position comes from depth 1's target logits (no pass of its own).
     ``parts``: seconds of the MTP layer, the draft logits + argmax and the comparison with the target
@@ -153,21 +173,17 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
     hids = [hidden[:, :-1]]
     drafts, min_pq = [], []
     clock = PartClock(device) if parts is not None else None
+    kernels: set[str] = set()
     target_argmax = (torch.zeros(bsz, n, dtype=torch.long, device=device) if target_logits_fn is not None else None)
     for depth in range(1, steps + 1):
         at = clock.mark() if clock else None
         emb = torch.cat(embs, dim=1)
         hid = torch.cat(hids, dim=1)
         pos = torch.cat([base_pos + i for i in range(depth)], dim=1)
-        if attention_block:
-            from ckptinspect.probe.stream_attention import streams_layout
-
-            with streams_layout(head, depth, seq, attention_block), mlp_in_pieces(head):
-                out = head.step(emb, hid, pos, None)[:, -seq:]
-        else:
-            mask = stream_mask(depth, seq, hidden.dtype, device).expand(bsz, -1, -1, -1)
-            with mlp_in_pieces(head):
-                out = head.step(emb, hid, pos, mask)[:, -seq:]
+        # Only the last stream (depth `depth`) is kept: its queries alone are attended
+        # (stream_attention.streams_attention) and its rows alone go through the MLP / MoE.
+        with streams_layout(head, depth, seq, attention_block or seq, kernels), mlp_in_pieces(head, keep=seq):
+            out = head.step(emb, hid, pos, None)[:, -seq:]
         at = clock.part("chain_mtp_layer", at) if clock else None
         d = torch.empty(bsz, seq, dtype=torch.long, device=device)
         pq = torch.full((bsz, seq), float("nan"), device=device) if target_logits_fn is not None else None
@@ -191,7 +207,7 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
         clock.add_to(parts)
     return ChainOutput(torch.stack(drafts).to(origin),
                        torch.stack([m.to(origin) for m in min_pq]) if min_pq else None,
-                       None if target_argmax is None else target_argmax.to(origin))
+                       None if target_argmax is None else target_argmax.to(origin), tuple(sorted(kernels)))
 
 
 def _min_pq(out: torch.Tensor, draft_logits: torch.Tensor, target_logits_fn, depth: int, n: int,
@@ -205,7 +221,16 @@ def _min_pq(out: torch.Tensor, draft_logits: torch.Tensor, target_logits_fn, dep
     q_logits = target_logits_fn(lo + depth, lo + depth + valid)
     if argmax_out is not None:
         argmax_out[:, lo + depth:lo + depth + valid] = q_logits.argmax(dim=-1).to(argmax_out.device)
+    p = _probs(draft_logits[:, :valid], temperature)
+    q = _probs(q_logits.to(p.device), temperature)
+    # in place: one [w, vocab] float32 buffer less, one pass less over it
+    out[:, lo:lo + valid] = torch.minimum(p, q, out=p).sum(dim=-1).to(out.device)
+
+
+def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 softmax(logits / T). At T = 1 the kernel upcasts as it reads (no float32 copy of the
+    logits first); else the division makes the one float32 copy that the softmax then reads."""
     t = max(temperature, 1e-6)
-    p = torch.softmax(draft_logits[:, :valid].float() / t, dim=-1)
-    q = torch.softmax(q_logits.to(p.device).float() / t, dim=-1)
-    out[:, lo:lo + valid] = torch.minimum(p, q).sum(dim=-1).to(out.device)
+    if t == 1.0:
+        return torch.softmax(logits, dim=-1, dtype=torch.float32)
+    return torch.softmax(logits.float() / t, dim=-1)

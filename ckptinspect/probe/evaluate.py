@@ -32,7 +32,8 @@ def target_hidden(main, tokens: torch.Tensor) -> torch.Tensor:
 def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode: str, temperature: float,
                 pad_id: int, device, hidden: torch.Tensor | None = None, with_target: bool = True,
                 timings: dict[str, float] | None = None, peaks: dict[str, int] | None = None,
-                attention_block: int | None = None, logits_tokens: int = 2048) -> dict[str, Tally]:
+                attention_block: int | None = None, logits_tokens: int = 2048,
+                kernels: set[str] | None = None) -> dict[str, Tally]:
     """Counts per category for one batch of sequences (tallies are merged by the caller).
 
     ``hidden``: target hidden states supplied from outside (``--main-url``, streamed layers);
@@ -40,6 +41,7 @@ def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode:
     estimate, greedy mode only). ``timings`` accumulates seconds per phase (hidden_forward,
     mtp_chain, walk), the device synchronized at each boundary; ``peaks`` the highest device memory
     allocated in each phase (CUDA only). ``attention_block`` / ``logits_tokens``: see ``chain.run_chain``.
+    ``kernels``: the names of the causal attention kernels the chain ran are added to it.
     """
     clock = _Clock(timings, device, peaks)
     n = max(len(s.tokens) for s in batch)
@@ -61,6 +63,8 @@ def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode:
     chain = run_chain(head, ids, hidden, steps, target_logits_fn=target_logits if with_target else None,
                       temperature=temperature, attention_block=attention_block, logits_tokens=logits_tokens,
                       parts=timings)
+    if kernels is not None:
+        kernels.update(chain.attention_kernels)
     drafts = chain.drafts.cpu().numpy()  # [K, B, S]
     min_pq = chain.min_pq.cpu().numpy() if chain.min_pq is not None else None
     # the target's argmax (positions >= 1; scoring never reads position 0) from the chain's depth-1 comparison

@@ -20,9 +20,9 @@ from ckptinspect.probe.readiness_gate import check_mtp_usable
 from ckptinspect.probe.result import ProbeResult, build_result
 from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, SLACK_BYTES, decode_bytes,
                                        estimate_bytes, forward_bytes_per_token, generation_bytes, plan_batches,
-                                       score_all, scoring_bytes, weight_bytes)
+                                       attention_dims, score_all, scoring_bytes, weight_bytes)
 from ckptinspect.probe.streamed_run import attention_counts
-from ckptinspect.probe.sequences import generate_sequences, save_continuations, teacher_sequences
+from ckptinspect.probe.sequences import GENERATE_MODES, generate_sequences, save_continuations, teacher_sequences
 
 __all__ = ["MODES", "build_head", "estimate_bytes", "run_probe"]
 
@@ -85,15 +85,20 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
               stream_chunk_tokens: int | None = None, cost_calibration: str | None = None,
               categories: Seq[str] | None = None, experts_implementation: str = "auto",
               synthetic_len: int = 1024, stream_store: str = "auto", memory_limit: int | None = None,
-              host_memory_limit: int | None = None, settings: "Settings | None" = None) -> ProbeResult:
+              host_memory_limit: int | None = None, generate: str = "eager",
+              settings: "Settings | None" = None) -> ProbeResult:
     """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md. ``batch_size`` None: greedy
     mode batches the most prompts whose memory estimate fits (``auto_batch``); teacher mode sizes each
     batch of its length-sorted sequences by the estimate (``scoring.plan_batches``), so device memory
     is bounded whatever the corpus. The category ``synthetic`` adds benchmark-style id prompts of
     ``synthetic_len`` tokens (synthetic.py). ``memory_limit`` / ``host_memory_limit``: device / host bytes
-    to plan for instead of those measured (Settings.probe_memory_limit / probe_host_memory_limit)."""
+    to plan for instead of those measured (Settings.probe_memory_limit / probe_host_memory_limit).
+    ``generate``: greedy mode's transformers generation, "eager" or "static" (Settings.probe_generate;
+    sequences.GENERATE_MODES)."""
     if mode not in MODES:
         raise ProbeError(f"unknown mode {mode!r} (greedy or teacher)")
+    if generate not in GENERATE_MODES:
+        raise ProbeError(f"unknown generate mode {generate!r} ({' or '.join(GENERATE_MODES)})")
     if experts_implementation not in loader.EXPERTS_IMPLEMENTATIONS:
         raise ProbeError(f"unknown experts implementation {experts_implementation!r} "
                          f"(one of {', '.join(loader.EXPERTS_IMPLEMENTATIONS)})")
@@ -178,7 +183,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
 
     def scratch_at(rows: int, width: int, block: int | None, logits_tokens: int = LOGITS_TOKENS) -> int:
         return scoring_bytes(rows, width, vocab or 0, cfg.hidden_size, steps, torch_dtype,
-                             cfg.num_attention_heads or 0, block, fwd, logits_tokens)
+                             cfg.num_attention_heads or 0, block, fwd, logits_tokens, head_dims=attention_dims(cfg))
 
     def decode_at(batch: int) -> int:
         return (decode_bytes(min(batch, count), cfg.experts_per_token or 0, expert_params, torch_dtype)
@@ -252,8 +257,9 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
         torch.cuda.reset_peak_memory_stats(first_device)
     if mode == "greedy":
         t0 = time.perf_counter()
+        generation: dict = {}
         sequences = generate_sequences(main, tok, prompt_list, max_new_tokens, batch_size, first_device, progress,
-                                       vocab_size=vocab, source=model_dir)
+                                       vocab_size=vocab, source=model_dir, generate=generate, info=generation)
         timings["generate"] = time.perf_counter() - t0
         if peaks is not None:
             peaks["generate"] = torch.cuda.max_memory_allocated(first_device)
@@ -265,9 +271,10 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
         batches = plan_batches([len(q.tokens) for q in sequences], batch_size,
                                max(budget, need_at(batch_size) - fixed - decode_at(batch_size)),
                                scratch_at, heads=cfg.num_attention_heads or 1, source=model_dir)
+    kernels: set[str] = set()
     tallies = score_all(main, head, sequences, steps, mode=mode, temperature=temperature, batches=batches,
                         pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, device=first_device,
-                        progress=progress, timings=timings, peaks=peaks)
+                        progress=progress, timings=timings, peaks=peaks, kernels=kernels)
     return build_result(**common, mode=mode, tallies=tallies, devices=names,
                         dtype=str(torch_dtype).replace("torch.", ""), main_source="in-process transformers",
                         dequantized=tmp is not None, timings=timings,
@@ -275,8 +282,9 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                                "scoring_estimate_bytes": fixed + max(scratch_at(len(b.indices), b.width, b.attention_block,
                                                                                 b.logits_tokens) for b in batches),
                                "batch_size": max(len(b.indices) for b in batches) if mode == "teacher" else batch_size,
-                               "batch_size_source": batch_source, "attention": attention_counts(batches),
+                               "batch_size_source": batch_source, "attention": attention_counts(batches, kernels),
                                "experts_implementation": experts,
+                               **({"generate": generation} if mode == "greedy" else {}),
                                **({"peak_bytes_by_phase": peaks} if peaks is not None else {})})
 
 

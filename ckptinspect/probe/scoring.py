@@ -37,12 +37,54 @@ def forward_bytes_per_token(cfg, dtype: torch.dtype) -> int:
     # H200 peaked 1.13-1.22x the estimate and a 300k-token batch failed in one 37 GiB allocation
     # (BENCHMARKS.md section 11).
     fp32_combine = top_k * hidden * 8 if cfg.routed_experts else 0
-    return per * (8 * hidden + max(moe, dense)) + fp32_combine
+    return per * (8 * hidden + max(moe, dense)) + fp32_combine + linear_attention_bytes_per_token(cfg, per)
+
+
+def linear_attention_bytes_per_token(cfg, per: int = 2, fused: bool | None = None) -> int:
+    """Per token of a linear-attention (Gated DeltaNet, Qwen3.5 / Qwen3-Next) layer's forward, which
+    exists for every token of the forward at once (a recurrence over the sequence: no MLP pieces):
+    - at the compute dtype (``per`` bytes): the input projection (query, key, value, gate) and its
+      convolved copy, the gated norm's input, output and gate, the query / key repeated to the value
+      heads;
+    - the recurrence. ``fused`` (default: whether flash-linear-attention imports, which transformers
+      then runs): its chunked kernel keeps one float32 k x v state per head per 64-token chunk, its
+      w / u / output at the compute dtype and two 64 x 64 float32 matrices per head per token-chunk.
+      Without it transformers' torch recurrence (``torch_chunk_gated_delta_rule``) keeps about a dozen
+      value-heads-wide float32 tensors (q, k, v, their beta- and decay-weighted copies, the solved
+      values, the output) and three 64 x 64 float32 matrices per head together (measured on CPU
+      within 2% of this count: tests/test_probe_long.py).
+    Without this term the streamed Qwen3.5-397B layout (3 of 4 layers linear) peaked 6.4 GB over its
+    estimate at a 40 GiB budget (issue 33). 0 for a model without linear-attention layers."""
+    text = cfg.text if isinstance(getattr(cfg, "text", None), dict) else {}
+    v_heads = text.get("linear_num_value_heads") or 0
+    if not v_heads:
+        return 0
+    k_heads = text.get("linear_num_key_heads") or v_heads
+    k_dim = text.get("linear_key_head_dim") or 0
+    v_dim = text.get("linear_value_head_dim") or 0
+    width = v_heads * max(k_dim, v_dim)
+    chunk = 64  # the recurrence's chunk of tokens (transformers' and flash-linear-attention's chunk_size)
+    projections = per * (2 * (2 * k_heads * k_dim + 2 * v_heads * v_dim) + 3 * width + 2 * v_heads * k_dim)
+    if fused is None:
+        fused = fused_linear_attention()
+    if fused:
+        recurrence = v_heads * k_dim * v_dim * 4 // chunk + 3 * width * per + 2 * v_heads * chunk * 4
+    else:
+        recurrence = 4 * (12 * width + 3 * v_heads * chunk)
+    return projections + recurrence
+
+
+def fused_linear_attention() -> bool:
+    """Whether transformers runs linear attention through flash-linear-attention (the package imports)."""
+    import importlib.util
+
+    return importlib.util.find_spec("fla") is not None
 
 
 def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dtype: torch.dtype,
                   heads: int = 0, block: int | None = None, forward_per_token: int = 0,
-                  logits_tokens: int = LOGITS_TOKENS, chain_per_token: int | None = None) -> int:
+                  logits_tokens: int = LOGITS_TOKENS, chain_per_token: int | None = None,
+                  head_dims: tuple[int, int] | None = None) -> int:
     """Peak scratch of scoring one batch of ``batch`` rows x ``seq`` tokens, the largest of its phases
     plus the K side-by-side hidden streams held throughout:
     - forward: the main model's forward over the batch (``forward_per_token`` each; 0 when the hidden
@@ -54,28 +96,65 @@ def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dty
     - logits: draft and target logits at the compute dtype plus the float32 softmaxes of
       sum(min(p, q)) (p, q, one temporary), for ``logits_tokens`` rows x positions at a time (at least
       one position of every row);
-    - attention at depth K: dense (``block`` None) batch x heads x (K*seq)^2 scores at the compute
-      dtype plus their float32 softmax (SDPA's math path, which the chain's additive stream mask and
-      MLA's unequal head dims lead to; measured on an H200, BENCHMARKS.md section 6 run 5), or in
-      blocks of ``block`` starts (stream_attention.py): one block's float32 scores (counted twice: the
-      matmul's and the value product's transients), float32 copies of one block's keys / values and
-      the GQA-expanded keys / values of the streams."""
+    - attention at depth K (``chain_attention_bytes``; ``head_dims`` (query/key, value) head sizes,
+      default hidden / heads)."""
     per = torch.tensor([], dtype=dtype).element_size()
     rows_x_positions = batch * min(seq, max(1, logits_tokens // max(batch, 1)))
     logits = rows_x_positions * vocab * (2 * per + 12)
-    if block is None:
-        attention = batch * heads * (steps * seq) ** 2 * (per + 4)
-    else:
-        attention = (batch * heads * block * (seq + steps) * 8 + 2 * batch * seq * 2 * hidden * 4
-                     + 2 * batch * steps * seq * 2 * hidden * per)
+    qk, v = head_dims or ((hidden // heads, hidden // heads) if heads else (0, 0))
+    attention = chain_attention_bytes(batch, seq, steps, heads, qk, v, per, block)
     forward = batch * seq * forward_per_token
     # the chain's MLP runs chain.MLP_PIECE_TOKENS stream positions at a time: per position only the
     # hidden-size terms of the layer stay (8 x hidden), the MLP's own for one piece
     per_position = forward_per_token if chain_per_token is None else chain_per_token
     positions = batch * steps * seq
     hidden_terms = min(per_position, 8 * hidden * per)
-    chain = positions * hidden_terms + min(positions, MLP_PIECE_TOKENS) * (per_position - hidden_terms)
+    # The attention module's per-position tensors scale with heads x head size, not the hidden size:
+    # Qwen3.5's gated attention (32 x 256 = 2 x hidden) holds its q_proj output (query and gate), the
+    # rotated query, the attention output, the gate's sigmoid and the gated product at once (~5 widths)
+    # beside ~3 hidden-size ones (residual, norm, input projection): more than the 8 x hidden above.
+    width = heads * max(qk, v)
+    attention_terms = max(0, (3 * hidden + 5 * width) * per - hidden_terms) if per_position else 0
+    # the MLP / MoE runs only on the kept stream (batch x seq rows), chain.MLP_PIECE_TOKENS at a time
+    chain = (positions * (hidden_terms + attention_terms)
+             + min(batch * seq, MLP_PIECE_TOKENS) * (per_position - hidden_terms))
     return max(logits, attention + chain, forward) + 4 * batch * seq * hidden * (steps + 1) * per
+
+
+def attention_dims(cfg) -> tuple[int, int]:
+    """(query/key, value) head sizes of the model's (and its MTP layer's) attention: MLA's
+    nope + rope and v_head_dim, else head_dim (hidden / heads when the config names none)."""
+    heads = cfg.num_attention_heads or 1
+    if cfg.kv_lora_rank:
+        return (cfg.qk_nope_head_dim or 0) + (cfg.qk_rope_head_dim or 0), cfg.v_head_dim or 0
+    d = cfg.head_dim or cfg.hidden_size // heads
+    return d, d
+
+
+def chain_attention_bytes(batch: int, seq: int, steps: int, heads: int, qk_dim: int, v_dim: int, per: int,
+                          block: int | None) -> int:
+    """Device bytes of the chain's attention step at depth ``steps`` (stream_attention.streams_attention),
+    which computes only the kept stream's ``seq`` queries per row, beside transformers' own projections
+    (counted with the layer's per-position terms):
+    - at the compute dtype: the GQA-expanded stream-1 keys and values, a contiguous copy of the kept
+      queries, MLA's zero-padded values (3 x qk + qk), the causal part's output, and the output rows
+      of all ``steps`` streams (v each);
+    - float32: the causal part's log-sum-exp and output (the math path's), and the same-start merge's
+      temporaries, at most stream_attention.PIECE_ELEMENTS at a time: the scaled queries, a float32
+      key, their product, the merged output, a float32 value and its weighted copy, plus one expanded
+      key / value per deeper stream (8 + 2 x (steps - 1) pieces, float32 counted for all);
+    - the float32 scores of the math path when no fused kernel takes the shape: ``block`` starts
+      (None: all ``seq``) x seq keys, counted twice (the scores and the product's transients).
+    The widths are the real head sizes x heads: Qwen3.5's 32 x 256 is twice its hidden size, and a
+    streamed run at a 40 GiB budget peaked 6.4 GB over an estimate that used the hidden size here."""
+    from ckptinspect.probe.stream_attention import PIECE_ELEMENTS
+
+    rows = batch * heads * seq
+    width = max(qk_dim, v_dim)
+    dtype_terms = rows * (4 * qk_dim + (steps + 1) * v_dim) * per
+    float_terms = rows * (1 + v_dim) * 4 + min(rows * width, PIECE_ELEMENTS) * 4 * (8 + 2 * (steps - 1))
+    scores = batch * heads * (block or seq) * seq * 8
+    return dtype_terms + float_terms + scores
 
 
 def decode_bytes(batch: int, top_k: int, expert_params: int, dtype: torch.dtype) -> int:
@@ -190,7 +269,8 @@ def plan_batches(lengths: list[int], max_rows: int, budget: int,
 
 def score_all(main, head, sequences: list[Sequence], steps: int, *, mode: str, temperature: float,
               batches: list[Batch], pad_id: int, device, progress: bool, timings: dict[str, float] | None = None,
-              hidden_for: Callable | None = None, peaks: dict[str, int] | None = None) -> dict[str, Tally]:
+              hidden_for: Callable | None = None, peaks: dict[str, int] | None = None,
+              kernels: set[str] | None = None) -> dict[str, Tally]:
     """Tallies per category over ``batches`` (``plan_batches``). ``hidden_for(indices, width)``
     supplies precomputed target hidden states for those sequences (streamed main model), else the
     main model runs per batch."""
@@ -203,6 +283,6 @@ def score_all(main, head, sequences: list[Sequence], steps: int, *, mode: str, t
         for cat, t in score_batch(main, head, batch, steps, mode=mode, temperature=temperature,
                                   pad_id=pad_id, device=device, hidden=hidden, timings=timings,
                                   peaks=peaks, attention_block=plan.attention_block,
-                                  logits_tokens=plan.logits_tokens).items():
+                                  logits_tokens=plan.logits_tokens, kernels=kernels).items():
             tallies.setdefault(cat, Tally(steps)).merge(t)
     return tallies

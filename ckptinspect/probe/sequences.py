@@ -14,12 +14,34 @@ from ckptinspect.probe.evaluate import Sequence
 from ckptinspect.probe.prompts import Prompt, check_ids, encode_prompt, load_corpus
 
 CONTINUATIONS_VERSION = 1
+# How transformers generates greedy mode's continuations (Settings.probe_generate, CKPTINSPECT_PROBE_GENERATE):
+# "eager": its default dynamic KV cache; "static": cache_implementation="static", whose fixed shapes let
+# generate compile the decode step (torch.compile, mode "reduce-overhead": CUDA graphs) on a GPU. The same
+# greedy tokens either way (tests/test_probe_generate.py); which is faster is measured on the device.
+GENERATE_MODES = ("eager", "static")
+
+
+def _static_refusal(exc: BaseException) -> bool:
+    """Errors that mean "this model / transformers / device cannot generate with a static cache or
+    compile it", after which the run generates eagerly (and says so); anything else (out of memory,
+    an interrupt) is the run's own error."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return False
+    return isinstance(exc, (ValueError, TypeError, NotImplementedError, RuntimeError, AttributeError, AssertionError))
 
 
 @torch.no_grad()
 def generate_sequences(main, tok, prompts: list[Prompt], max_new_tokens: int, batch_size: int, device,
-                       progress: bool, *, vocab_size: int | None, source: str) -> list[Sequence]:
+                       progress: bool, *, vocab_size: int | None, source: str, generate: str = "eager",
+                       info: dict | None = None) -> list[Sequence]:
+    """Greedy continuations of ``prompts`` in batches of ``batch_size`` (left padded). ``generate``:
+    GENERATE_MODES. ``info`` (the JSON's ``generate`` object) is filled with what ran: ``requested``,
+    ``used`` (eager after a refusal of static), ``compiled`` (whether transformers compiled the decode
+    step) and ``note`` (why static fell back or ran uncompiled; null when nothing to say)."""
     from tqdm import tqdm
+
+    info = info if info is not None else {}
+    info.update({"requested": generate, "used": generate, "compiled": False, "note": None})
 
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     eos = main.generation_config.eos_token_id if main.generation_config.eos_token_id is not None else tok.eos_token_id
@@ -34,8 +56,23 @@ def generate_sequences(main, tok, prompts: list[Prompt], max_new_tokens: int, ba
         for r, (_, p_ids) in enumerate(chunk):  # left padding for batched generation
             ids[r, width - len(p_ids):] = torch.tensor(p_ids)
             mask[r, width - len(p_ids):] = 1
-        gen = main.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                            max_new_tokens=max_new_tokens, pad_token_id=pad)
+        kwargs = dict(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                      max_new_tokens=max_new_tokens, pad_token_id=pad)
+        gen = None
+        if info["used"] == "static":
+            try:
+                gen = main.generate(**kwargs, cache_implementation="static")
+            except Exception as exc:  # noqa: BLE001 - narrowed by _static_refusal; the fallback is recorded
+                if not _static_refusal(exc):
+                    raise
+                # never silent: the JSON's generate.used / note say it, and a warning says it now
+                import warnings
+
+                note = f"static KV cache / compile refused ({type(exc).__name__}: {str(exc)[:300]}); generated eagerly"
+                warnings.warn(f"probe: {note}", stacklevel=2)
+                info.update(used="eager", note=note)
+        if gen is None:
+            gen = main.generate(**kwargs)
         for r, (prompt, p_ids) in enumerate(chunk):
             cont = gen[r, width:].tolist()
             for c, t in enumerate(cont):
@@ -43,6 +80,13 @@ def generate_sequences(main, tok, prompts: list[Prompt], max_new_tokens: int, ba
                     cont = cont[: c + 1]
                     break
             out.append(Sequence(prompt.category, tuple(p_ids + cont), len(p_ids)))
+    if info["used"] == "static":
+        # transformers compiles the decode step itself (generation/utils.py _valid_auto_compile_criteria) only
+        # on a GPU-like device with a compileable cache, and keeps the compiled call on the model
+        info["compiled"] = hasattr(main, "_compiled_call")
+        if not info["compiled"]:
+            info["note"] = (f"static KV cache without compile: transformers compiles the decode step only on a "
+                            f"GPU-like device and a compileable cache (device {torch.device(device).type})")
     return out
 
 

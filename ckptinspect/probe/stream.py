@@ -17,6 +17,7 @@ in rounds when even the host cannot hold its activations).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -45,6 +46,7 @@ class StreamStats:
     rounds: int = 1  # passes over the layers (the corpus taken in rounds when the host cannot hold it)
     chunk_tokens: int = 0  # padded tokens per chunk (sized to the budget unless given)
     overlapped: bool = False  # whether layer i+1 was read while layer i computed
+    load_ahead: bool = False  # whether layer i+1 was dequantized (side stream) while layer i computed
 
 
 
@@ -65,7 +67,10 @@ class StreamedMain:
     """The main model with streamed decoder layers; ``model`` is a transformers CausalLM."""
 
     def __init__(self, model_dir: str, probe_ckpt, hf_config, *, dtype: torch.dtype, device: str,
-                 chunk_tokens: int = 32768, store: str = "device") -> None:
+                 chunk_tokens: int = 32768, store: str = "device", load_ahead: bool = False) -> None:
+        """``load_ahead``: dequantize layer i+1 while layer i computes (``hidden_chunks``); the caller
+        allows it only where the memory estimate holds a second dequantized layer and a second read
+        ahead (``stream_estimate(load_ahead=True)``)."""
         from transformers import AutoModelForCausalLM
 
         self.model_dir, self.metas, self.inventory = model_dir, probe_ckpt.metas, probe_ckpt.inventory
@@ -73,7 +78,8 @@ class StreamedMain:
         # The in-memory path dequantizes into a BF16 copy when computing in FP32 (loader.prepare_loadable_dir);
         # reading at the same precision keeps the two paths' numbers identical.
         self.read_dtype = (torch.bfloat16 if dtype == torch.float32 and loader.needs_dequant(self.metas) else dtype)
-        self.stats = StreamStats(store=store)
+        self.stats = StreamStats(store=store, load_ahead=load_ahead)
+        self.load_ahead = load_ahead
         self.store = torch.device("cpu") if store == "host" else self.device
         self._mode: tuple | None = None  # ("capture", layer index, box) or ("replay", final hidden)
         with torch.device("meta"):
@@ -127,6 +133,16 @@ class StreamedMain:
         """Layer ``index``'s tensors under transformers' names, dequantized on the device; routed
         experts stored one per tensor are written straight into the fused 3-D stack transformers holds
         (never the per-expert tensors and the stack at once: one layer, not two, on the device)."""
+        steps = self._layer_state_steps(index, layer, stored)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def _layer_state_steps(self, index: int, layer, stored: Mapping[str, torch.Tensor] | None):
+        """``_layer_state`` one checkpoint tensor per step (a generator whose return value is the
+        state), so that the load ahead can interleave it with the chunks' compute."""
         names = layer_names(self.inventory, index)
         own = layer.state_dict()
         state: dict[str, torch.Tensor] = {}
@@ -138,6 +154,7 @@ class StreamedMain:
             m = EXPERT_TENSOR.match(local)
             if m is None or f"{m['pre']}.gate_up_proj" not in own:
                 state[local] = t
+                yield
                 continue
             key = f"{m['pre']}.down_proj" if m["proj"] == "down_proj" else f"{m['pre']}.gate_up_proj"
             ref = own.get(key)
@@ -158,6 +175,7 @@ class StreamedMain:
             dst.copy_(t)
             filled[key] = filled.get(key, 0) + 1
             del t
+            yield
         for key, t in fused.items():  # gate and up per expert fill gate_up_proj; down_proj once per expert
             want = t.shape[0] * (1 if key.endswith("down_proj") else 2)
             if filled.get(key, 0) != want:
@@ -218,25 +236,44 @@ class StreamedMain:
         """Post-final-norm hidden states of each id chunk [b, n], one pass over the layers for all
         chunks; returned in the store (device or pinned host memory). Layer i+1's stored bytes are
         read (``layer_reader.LayerReader``: disk -> host buffer -> device, on a thread and a side stream) while
-        layer i computes."""
+        layer i computes. With ``load_ahead`` the pipeline is one layer deeper: while layer i computes,
+        layer i+1 (read during layer i-1) is dequantized on a side stream, its tensors interleaved with
+        the chunks, and layer i+2 is read; a layer's load is then only the wait for its state."""
         states: list[torch.Tensor | None] = [None] * len(chunks)
         reader = LayerReader(self)
+        ahead = _Ahead(self) if self.load_ahead else None
         try:
             pending = reader.submit(0)
             for index, layer in enumerate(self.layers):
                 t0 = time.perf_counter()
-                stored, read_s = pending.result()
-                t_wait = time.perf_counter() - t0
-                reader.adopt(stored)
-                layer.load_state_dict(self._layer_state(index, layer, stored), strict=True, assign=True)
-                del stored
+                if ahead is not None and ahead.index == index:
+                    # its read was waited for (t_wait) in the previous layer's window, not in this one's
+                    state, read_s, t_wait = ahead.take()
+                    waited_here = 0.0
+                else:
+                    stored, read_s = pending.result()
+                    t_wait = waited_here = time.perf_counter() - t0
+                    reader.adopt(stored)
+                    state = self._layer_state(index, layer, stored)
+                    del stored
+                    if index + 1 < len(self.layers):
+                        pending = reader.submit(index + 1)
+                layer.load_state_dict(state, strict=True, assign=True)
+                del state
                 stray = [n for n, b in layer.named_buffers() if b.is_meta]
                 if stray:
                     raise ProbeError(f"decoder layer {index} has buffers the streamer cannot rebuild: {stray[:3]}")
                 _sync(self.device)
                 t1 = time.perf_counter()
-                if index + 1 < len(self.layers):  # the next layer's read runs while this one computes
-                    pending = reader.submit(index + 1)
+                if ahead is not None and index + 1 < len(self.layers):
+                    # layer i+1's bytes (read during layer i-1, or just now for layer 0) start dequantizing;
+                    # layer i+2's read starts beside it
+                    stored, next_read_s = pending.result()
+                    wait_next = time.perf_counter() - t1
+                    if index + 2 < len(self.layers):
+                        pending = reader.submit(index + 2)
+                    ahead.start(index + 1, stored, next_read_s, wait_next, len(chunks))
+                    del stored
                 layer_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
                 for c, ids in enumerate(chunks):
                     box: list = []
@@ -249,6 +286,10 @@ class StreamedMain:
                         out = self._originals[index](hidden, *args, **kwargs)
                     states[c] = self._keep(out[0] if isinstance(out, tuple) else out)
                     del box, first, args, kwargs, hidden, out
+                    if ahead is not None:
+                        ahead.pump()  # a share of layer i+1's tensors, queued behind this chunk's compute
+                if ahead is not None:
+                    ahead.finish()
                 _sync(self.device)
                 t2 = time.perf_counter()
                 layer.to("meta")  # frees the layer's weights before the next layer is loaded
@@ -258,8 +299,11 @@ class StreamedMain:
                 self.stats.compute_s += t2 - t1
                 self.stats.wall_s += t2 - t0
                 self.stats.max_layer_bytes = max(self.stats.max_layer_bytes, layer_bytes)
-                self.stats.per_layer.append({"read_s": read_s, "wait_s": t_wait, "load_s": t1 - t0 - t_wait,
-                                             "compute_s": t2 - t1, "wall_s": t2 - t0})
+                row = {"read_s": read_s, "wait_s": t_wait, "load_s": t1 - t0 - waited_here, "compute_s": t2 - t1,
+                       "wall_s": t2 - t0}
+                if ahead is not None:  # host seconds spent in this layer's window queueing the next one's load
+                    row["load_ahead_s"] = ahead.spent_s
+                self.stats.per_layer.append(row)
             self.stats.overlapped = reader.overlaps
         finally:
             reader.close()
@@ -269,6 +313,64 @@ class StreamedMain:
             states[c] = None
         _sync(self.device)
         return finals
+
+
+class _Ahead:
+    """The next layer's load, run while the current layer computes (``StreamedMain.load_ahead``): its
+    state is built tensor by tensor (``_layer_state_steps``) in shares after each chunk's compute is
+    queued, on a side stream on a GPU so the dequantization kernels run beside the compute; the main
+    stream waits for it (an event) before the layer runs. The side stream's tensors are recorded as
+    used by the main stream, so the allocator does not hand out their memory while the layer runs."""
+
+    def __init__(self, owner: "StreamedMain") -> None:
+        self.owner = owner
+        cuda = owner.device.type == "cuda"
+        self.stream = torch.cuda.Stream(owner.device) if cuda else None
+        self.index: int | None = None
+        self.steps = None
+        self.state: dict[str, torch.Tensor] | None = None
+        self.share, self.spent_s, self.read_s, self.wait_s = 1, 0.0, 0.0, 0.0
+        self.event = None
+
+    def start(self, index: int, stored, read_s: float, wait_s: float, chunks: int) -> None:
+        if self.stream is not None and stored:
+            for t in stored.values():  # allocated on the reader's stream, read on this one
+                t.record_stream(self.stream)
+        self.index, self.read_s, self.wait_s, self.spent_s = index, read_s, wait_s, 0.0
+        self.state, self.event = None, None
+        self.steps = self.owner._layer_state_steps(index, self.owner.layers[index], stored)
+        self.share = max(1, -(-len(layer_names(self.owner.inventory, index)) // max(1, chunks)))
+
+    def pump(self, count: int | None = None) -> None:
+        if self.steps is None:
+            return
+        t0 = time.perf_counter()
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            for _ in range(self.share if count is None else count):
+                try:
+                    next(self.steps)
+                except StopIteration as done:
+                    self.state, self.steps = done.value, None
+                    break
+        self.spent_s += time.perf_counter() - t0
+
+    def finish(self) -> None:
+        while self.steps is not None:
+            self.pump(1 << 30)
+        if self.stream is not None:
+            self.event = torch.cuda.Event()
+            self.event.record(self.stream)
+
+    def take(self) -> tuple[dict[str, torch.Tensor], float, float]:
+        """(state, read seconds, seconds waited for the read) of the layer loaded ahead."""
+        self.finish()
+        state, self.state, self.index = self.state, None, None
+        if self.stream is not None:
+            main = torch.cuda.current_stream(self.owner.device)
+            main.wait_event(self.event)
+            for t in state.values():
+                t.record_stream(main)
+        return state, self.read_s, self.wait_s
 
 
 def chunk_rows(lengths: list[int], chunk_tokens: int) -> list[list[int]]:
@@ -310,41 +412,52 @@ def largest_stored_layer_bytes(probe_ckpt) -> int:
 
 
 def stream_estimate(probe_ckpt, dtype: torch.dtype, *, chunk_tokens: int, forward_per_token: int, store_tokens: int,
-                    mtp_bytes: int, scoring: int) -> Mapping[str, int]:
+                    mtp_bytes: int, scoring: int, load_ahead: bool = False,
+                    sequence_per_token: int = 0) -> Mapping[str, int]:
     """Peak device bytes of a streamed run: resident parts + the MTP layer + the store's device share
     (``store_tokens`` x hidden: the corpus's residual stream when it waits on the device, 0 when it
     waits in host memory) + the larger of the layer phase and the scoring phase (``scoring`` of the
     largest batch). The layer phase: the layer computing (dequantized, experts written straight into
     their fused stack), the next layer's stored bytes read ahead onto the device, one tensor's
     dequantization transient, and one chunk's layer activations (``scoring.forward_bytes_per_token``
-    each, plus its residual stream in and out, ``chunk_bytes``)."""
+    each, plus its residual stream in and out, ``chunk_bytes``). ``load_ahead``: the layer phase also
+    holds the next layer dequantized and the one after it read ahead (``layer_ahead``)."""
     per = torch.tensor([], dtype=dtype).element_size()
     hidden = probe_ckpt.checkpoint.config.hidden_size
     parts = {"resident": resident_bytes(probe_ckpt, dtype), "layer": largest_layer_bytes(probe_ckpt, dtype),
              "next_layer": largest_stored_layer_bytes(probe_ckpt), "transient": tensor_transient_bytes(probe_ckpt),
-             "mtp": mtp_bytes, "chunk": chunk_bytes(chunk_tokens, forward_per_token, hidden, per),
+             "mtp": mtp_bytes, "chunk": chunk_bytes(chunk_tokens, forward_per_token, hidden, per, sequence_per_token),
              "store": store_tokens * hidden * per, "scoring": scoring}
+    parts["layer_ahead"] = parts["layer"] + parts["next_layer"] if load_ahead else 0
     parts["total"] = (parts["resident"] + parts["mtp"] + parts["store"]
-                      + max(parts["layer"] + parts["next_layer"] + parts["transient"] + parts["chunk"],
-                            parts["scoring"]))
+                      + max(parts["layer"] + parts["next_layer"] + parts["transient"] + parts["chunk"]
+                            + parts["layer_ahead"], parts["scoring"]))
     return parts
 
 
-def chunk_bytes(tokens: int, forward_per_token: int, hidden: int, per: int) -> int:
+def chunk_bytes(tokens: int, forward_per_token: int, hidden: int, per: int, sequence_per_token: int = 0) -> int:
     """Device bytes of a chunk of ``tokens`` padded tokens in the layer phase: per token the residual
     stream (in, out, the next layer's input) and the layer's hidden-size activations (8 x hidden);
     the MLP's own activations for one piece of chain.MLP_PIECE_TOKENS (the layer's ``mlp`` runs in
-    pieces, ``chain.mlp_in_pieces``)."""
-    small = min(forward_per_token, 8 * hidden * per) + 3 * hidden * per
-    return tokens * small + min(tokens, MLP_PIECE_TOKENS) * max(0, forward_per_token - 8 * hidden * per)
+    pieces, ``chain.mlp_in_pieces``). ``sequence_per_token``: the part of ``forward_per_token`` that
+    exists for every token of the chunk at once, not per MLP piece (a linear-attention layer's
+    recurrence, ``scoring.linear_attention_bytes_per_token``)."""
+    small, big = _chunk_terms(forward_per_token, hidden, per, sequence_per_token)
+    return tokens * small + min(tokens, MLP_PIECE_TOKENS) * big
 
 
-def chunk_room(available: int, forward_per_token: int, hidden: int, per: int) -> int:
+def _chunk_terms(forward_per_token: int, hidden: int, per: int, sequence_per_token: int) -> tuple[int, int]:
+    """(bytes per token of the whole chunk, bytes per token of one MLP piece)."""
+    rest = forward_per_token - sequence_per_token
+    return (min(rest, 8 * hidden * per) + sequence_per_token + 3 * hidden * per,
+            max(0, rest - 8 * hidden * per))
+
+
+def chunk_room(available: int, forward_per_token: int, hidden: int, per: int, sequence_per_token: int = 0) -> int:
     """The most padded tokens a chunk may hold in ``available`` bytes (inverse of ``chunk_bytes``)."""
     if available <= 0:
         return 0
-    small = min(forward_per_token, 8 * hidden * per) + 3 * hidden * per
-    big = max(0, forward_per_token - 8 * hidden * per)
+    small, big = _chunk_terms(forward_per_token, hidden, per, sequence_per_token)
     if available <= MLP_PIECE_TOKENS * (small + big):
         return available // (small + big)
     return MLP_PIECE_TOKENS + (available - MLP_PIECE_TOKENS * (small + big)) // small

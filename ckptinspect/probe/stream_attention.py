@@ -1,21 +1,26 @@
-"""The MTP chain's attention without a dense (K*S)^2 mask, for long documents.
+"""The MTP chain's attention: only the kept stream's queries, without a dense (K*S)^2 mask.
 
-``chain.py`` lays the K draft streams of a sequence side by side (length K*S) and masks them so that
-the query of stream i at start t sees the stream-1 keys u <= t and the keys of streams 2..i with the
-same start t (``chain.stream_mask``). That dense mask and the scores behind it grow with (K*S)^2:
-a 32k-token document at K = 3 needs ~9 G entries per head. The same attention, computed here in
-blocks of starts, needs batch x heads x block x (S + K) scores at a time:
+``chain.py`` lays the K draft streams of a sequence side by side (length K*S): the query of stream i
+at start t sees the stream-1 keys u <= t and the keys of streams 2..i with the same start t. The chain
+keeps only the last stream's outputs (depth K's drafts; the earlier streams' hidden states were
+computed at the earlier depths), so only the last stream's S queries are computed here, against the
+keys and values of every stream:
 
-- stream-1 keys: a causal block ``q[a:b] @ k1[:b]^T`` (keys past the query's start masked);
-- the same-start keys of streams 2..i: one dot product per query (the diagonal);
-- one softmax over both parts (float32, max-subtracted, as SDPA's math path computes it), then the
-  weighted values; one float32 buffer of scores per block, exponentiated in place.
+- stream-1 keys: causal attention ``q @ k1^T`` (key u <= query t), through a fused SDPA kernel that
+  also returns the log-sum-exp of the scores (``causal_attention_lse``), else float32 math in blocks of
+  ``block`` queries (batch x heads x block x S scores at a time);
+- the same-start keys of streams 2..K: one dot product per query (the diagonal);
+- the two softmax parts merged exactly through the log-sum-exp (float32, max-subtracted).
+
+The earlier streams' rows of the output are zeros (never read: the chain slices them off, and the MLP
+runs only on the kept rows, ``chain.mlp_in_pieces``). The dense mask (``chain.stream_mask``) stays as
+the definition the tests compare against: tests/test_probe_long.py.
 
 The function is registered with transformers' ``AttentionInterface`` and selected only for the MTP
 head's modules, only inside ``streams_layout`` (their configs' attention implementation is set and
 restored around the step), so the head's own attention module (projections, rotary, Qwen's output
 gate, MLA's unequal head dims, GQA) is transformers' code and only the score/softmax/value step
-differs. Equal to the dense path: tests/test_probe_long.py.
+differs.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch
 from ckptinspect.errors import ProbeError
 
 NAME = "ckptinspect_draft_streams"
-_LAYOUT: contextvars.ContextVar[tuple[int, int, int] | None] = contextvars.ContextVar("draft_streams", default=None)
+_LAYOUT: contextvars.ContextVar[tuple[int, int, int, set] | None] = contextvars.ContextVar("draft_streams", default=None)
 _REGISTERED = False
 
 
@@ -42,9 +47,10 @@ def _register() -> None:
 
 
 @contextlib.contextmanager
-def streams_layout(head: torch.nn.Module, depth: int, seq: int, block: int):
+def streams_layout(head: torch.nn.Module, depth: int, seq: int, block: int, kernels: set | None = None):
     """Inside: the head's attention modules compute ``streams_attention`` for ``depth`` streams of
-    ``seq`` starts, ``block`` starts at a time."""
+    ``seq`` starts (``block`` starts at a time where no fused kernel runs); the names of the causal
+    kernels that ran are added to ``kernels``."""
     _register()
     configs = {}
     for module in head.modules():
@@ -52,7 +58,7 @@ def streams_layout(head: torch.nn.Module, depth: int, seq: int, block: int):
         if cfg is not None and hasattr(cfg, "_attn_implementation_internal"):
             configs[id(cfg)] = cfg
     saved = {k: c._attn_implementation_internal for k, c in configs.items()}
-    token = _LAYOUT.set((depth, seq, max(1, block)))
+    token = _LAYOUT.set((depth, seq, max(1, block), kernels if kernels is not None else set()))
     try:
         for cfg in configs.values():  # the internal field: the property's setter would recurse into sub-configs
             cfg._attn_implementation_internal = NAME
@@ -66,47 +72,130 @@ def streams_layout(head: torch.nn.Module, depth: int, seq: int, block: int):
 def streams_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
                       dropout: float = 0.0, scaling: float | None = None, **kwargs):
     """transformers' attention-function signature: query [B, h, L, D], key / value [B, h_kv, L, D*]
-    with L = depth x seq; returns ([B, L, h, Dv], None)."""
+    with L = depth x seq; returns ([B, L, h, Dv], None) whose last ``seq`` rows (the last stream) are
+    the attention output and whose earlier rows are zeros: the chain keeps only the last stream
+    (``chain.run_chain`` slices ``[:, -seq:]``), so the earlier streams' queries are never computed."""
     layout = _LAYOUT.get()
     if layout is None:
         raise ProbeError("draft-stream attention called outside streams_layout (internal error)")
     for unsupported in ("sliding_window", "softcap", "s_aux", "position_bias"):
         if kwargs.get(unsupported) is not None:
-            raise ProbeError(f"the MTP layer's attention uses {unsupported}, which the long-document path does not "
-                             "implement; shorten the documents so the dense path fits")
+            raise ProbeError(f"the MTP layer's attention uses {unsupported}, which the draft-stream attention does "
+                             "not implement")
     if attention_mask is not None:
         raise ProbeError("draft-stream attention got a mask (internal error: the chain passes none)")
-    depth, seq, block = layout
+    depth, seq, block, kernels = layout
     bsz, heads, length, _ = query.shape
     if length != depth * seq or key.shape[2] != length:
         raise ProbeError(f"draft-stream attention: {length} queries / {key.shape[2]} keys for {depth} streams of "
                          f"{seq} (internal error)")
     groups = heads // key.shape[1]
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = torch.empty(bsz, heads, length, value.shape[-1], dtype=query.dtype, device=query.device)
-    starts = torch.arange(seq, device=query.device)
-    for i in range(depth):
-        for a in range(0, seq, block):
-            b = min(seq, a + block)
-            q = query[:, :, i * seq + a:i * seq + b].float() * scale
-            # one [B, h, W, b] float32 buffer: scores, then in place their exponentials
-            scores = q @ key[:, :, :b].float().transpose(-1, -2)
-            scores.masked_fill_(starts[None, :b] > starts[a:b, None], float("-inf"))
-            same = [(q * key[:, :, j * seq + a:j * seq + b].float()).sum(-1, keepdim=True)
-                    for j in range(1, i + 1)]  # [B, h, W, 1] each
-            top = scores.amax(-1, keepdim=True)
-            for s_j in same:
-                top = torch.maximum(top, s_j)
-            scores.sub_(top).exp_()
-            same = [(s_j - top).exp() for s_j in same]
-            total = scores.sum(-1, keepdim=True)
-            o = scores @ value[:, :, :b].float()
-            del scores
-            for j, e_j in enumerate(same, start=1):
-                total += e_j
-                o += e_j * value[:, :, j * seq + a:j * seq + b].float()
-            out[:, :, i * seq + a:i * seq + b] = (o / total).to(out.dtype)
-    return out.transpose(1, 2).contiguous(), None
+    last = (depth - 1) * seq
+    q = query[:, :, last:]  # the kept stream's queries only
+
+    def kv(j, a=0, b=seq):  # stream j's keys / values of starts a..b-1 (GQA groups expanded for this slice only)
+        k, v = key[:, :, j * seq + a:j * seq + b], value[:, :, j * seq + a:j * seq + b]
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return k, v
+
+    k1, v1 = kv(0)
+    o1, lse1, kernel = causal_attention_lse(q, k1, v1, scale, block)
+    del k1, v1
+    kernels.add(kernel)
+    # Written straight in transformers' [B, L, h, Dv] layout (no transposed copy); the earlier streams'
+    # rows stay zero (discarded by the chain).
+    out = query.new_zeros(bsz, length, heads, value.shape[-1])
+    if depth == 1:
+        out[:, last:] = o1.transpose(1, 2).to(out.dtype)
+        return out, None
+    # Streams 2..depth: one key per query (the same start). softmax over the union of the causal keys and
+    # these = a log-sum-exp merge: with Z1 = exp(lse1) the causal part's normaliser and o1 its normalised
+    # output, out = (Z1 o1 + sum_j e^{s_j} v_j) / (Z1 + sum_j e^{s_j}); everything is shifted by the row
+    # maximum so no exponential overflows. Float32, PIECE_ELEMENTS (batch x heads x starts x head size)
+    # at a time: the float32 temporaries stay bounded whatever the document length.
+    piece = max(1, PIECE_ELEMENTS // max(1, bsz * heads * max(q.shape[-1], value.shape[-1])))
+    for a in range(0, seq, piece):
+        b = min(seq, a + piece)
+        qf = q[:, :, a:b].float() * scale
+        same, vals = [], []
+        for j in range(1, depth):
+            k, v = kv(j, a, b)
+            same.append((qf * k.float()).sum(-1))  # [B, h, W]
+            vals.append(v)
+        del qf
+        top = lse1[:, :, a:b]
+        for s_j in same:
+            top = torch.maximum(top, s_j)
+        w1 = (lse1[:, :, a:b] - top).exp()
+        total = w1.clone()
+        o = o1[:, :, a:b].float() * w1[..., None]
+        for s_j, v in zip(same, vals):
+            e_j = (s_j - top).exp()
+            total += e_j
+            o += e_j[..., None] * v.float()
+        out[:, last + a:last + b] = (o / total[..., None]).transpose(1, 2).to(out.dtype)
+    return out, None
+
+
+# The same-start merge's float32 temporaries (a handful of [B, h, W, D] tensors) are made this many
+# elements at a time (1 GiB of float32 each at most); scoring.scoring_bytes counts them.
+PIECE_ELEMENTS = 1 << 28
+
+
+def causal_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                         block: int) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Causal attention of q [B, h, S, D] over k [B, h, S, D], v [B, h, S, Dv] (query t sees keys
+    u <= t) and its log-sum-exp [B, h, S] (float32) of the scaled scores, plus the kernel's name.
+
+    A fused kernel that returns the log-sum-exp does it in O(S) memory: on CUDA flash attention
+    (half precision, equal head sizes after zero-padding v, head size <= 256) else the memory-efficient
+    kernel, on CPU the flash kernel for CPU. These are torch's own SDPA kernels called through their
+    aten ops, because the public ``scaled_dot_product_attention`` does not return the log-sum-exp the
+    merge with the same-start keys needs. Where none runs (a shape or dtype it refuses) the float32
+    math below computes the same numbers ``block`` queries at a time."""
+    s, dv = q.shape[2], v.shape[-1]
+    d = q.shape[-1]
+    vp = v if dv == d else torch.nn.functional.pad(v, (0, d - dv))  # zero columns: sliced off the output
+    if q.is_cuda:
+        if q.dtype in (torch.float16, torch.bfloat16) and d <= 256:
+            try:
+                out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, vp, 0.0, True, False, scale=scale)
+                return out[0][..., :dv], out[1][..., :s].float(), "flash"
+            except RuntimeError:
+                pass
+        try:
+            out = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True,
+                                                                          scale=scale)
+            return out[0], out[1][..., :s].float(), "efficient"
+        except RuntimeError:
+            pass
+    elif q.device.type == "cpu":
+        try:
+            out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, vp, 0.0, True, scale=scale)
+            return out[0][..., :dv], out[1][..., :s].float(), "cpu_flash"
+        except RuntimeError:
+            pass
+    return (*_causal_math(q, k, v, scale, block), "math")
+
+
+def _causal_math(q, k, v, scale, block):
+    """float32 causal attention and log-sum-exp, ``block`` queries at a time: one [B, h, W, b] float32
+    buffer of scores at a time (exponentiated in place), as SDPA's math path computes it."""
+    bsz, heads, s, _ = q.shape
+    out = torch.empty(bsz, heads, s, v.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.empty(bsz, heads, s, dtype=torch.float32, device=q.device)
+    starts = torch.arange(s, device=q.device)
+    block = max(1, block)
+    for a in range(0, s, block):
+        b = min(s, a + block)
+        scores = (q[:, :, a:b].float() * scale) @ k[:, :, :b].float().transpose(-1, -2)
+        scores.masked_fill_(starts[None, :b] > starts[a:b, None], float("-inf"))
+        top = scores.amax(-1, keepdim=True)
+        scores.sub_(top).exp_()
+        total = scores.sum(-1, keepdim=True)
+        out[:, :, a:b] = (scores @ v[:, :, :b].float()) / total
+        lse[:, :, a:b] = (total.log() + top)[..., 0]
+        del scores
+    return out, lse

@@ -69,8 +69,9 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     chunk of the longest sequence, and the scoring scratch of the longest sequence alone."""
     from ckptinspect.probe.result import Streaming, build_result
     from ckptinspect.probe.heads.build import build_head
-    from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, Batch,
-                                           forward_bytes_per_token, plan_batches, score_all, scoring_bytes)
+    from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, Batch, attention_dims,
+                                           forward_bytes_per_token, linear_attention_bytes_per_token, plan_batches,
+                                           score_all, scoring_bytes)
     from ckptinspect.probe.stream import StreamedMain, chunk_bytes, chunk_room, chunk_rows, stream_estimate
 
     if store not in STORES:
@@ -85,15 +86,17 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     lengths = [len(s.tokens) for s in sequences]
     longest = max(lengths)
     fwd = forward_bytes_per_token(cfg, dtype)
+    linear = linear_attention_bytes_per_token(cfg, per)  # for every token of a chunk at once (stream.chunk_bytes)
     row_bytes = cfg.hidden_size * per
 
     def scratch_at(rows, width, block, logits_tokens=LOGITS_TOKENS):
         return scoring_bytes(rows, width, cfg.vocab_size or 0, cfg.hidden_size, common["steps"], dtype,
-                             cfg.num_attention_heads or 0, block, 0, logits_tokens, fwd)
+                             cfg.num_attention_heads or 0, block, 0, logits_tokens, fwd, head_dims=attention_dims(cfg))
 
-    def estimate_at(store_tokens, chunk_peak, scoring=0):
+    def estimate_at(store_tokens, chunk_peak, scoring=0, load_ahead=False):
         return dict(stream_estimate(probe_ckpt, dtype, chunk_tokens=chunk_peak, forward_per_token=fwd,
-                                    store_tokens=store_tokens, mtp_bytes=mtp_bytes, scoring=scoring))
+                                    store_tokens=store_tokens, mtp_bytes=mtp_bytes, scoring=scoring,
+                                    load_ahead=load_ahead, sequence_per_token=linear))
 
     def padded_at(chunk: int) -> tuple[int, int]:  # (padded tokens of the corpus, the largest chunk's)
         rows = chunk_rows(lengths, chunk)
@@ -102,7 +105,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
 
     bare = estimate_at(0, 0)
     fixed = bare["resident"] + bare["mtp"]
-    longest_bytes = chunk_bytes(longest, fwd, cfg.hidden_size, per)
+    longest_bytes = chunk_bytes(longest, fwd, cfg.hidden_size, per, linear)
     layer_floor = bare["total"] + longest_bytes
     least_scratch = min(scratch_at(1, longest, None, LOGITS_TOKENS >> 7),
                         scratch_at(1, longest, ATTENTION_MIN_BLOCK, LOGITS_TOKENS >> 7))
@@ -120,7 +123,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     cap = max(chunk_tokens or DEFAULT_CHUNK_TOKENS, 1)
 
     def room(store_tokens: int) -> int:  # padded tokens a chunk may hold beside the store
-        return chunk_room(limit - bare["total"] - store_tokens * row_bytes, fwd, cfg.hidden_size, per)
+        return chunk_room(limit - bare["total"] - store_tokens * row_bytes, fwd, cfg.hidden_size, per, linear)
 
     # a sequence longer than the chunk is a chunk of its own (chunk_rows): the room must hold the longest
     chosen, rounds, chunk = "host", 1, min(cap, room(0))
@@ -143,11 +146,17 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
                                source=model_dir)
     scoring_peak = max(scratch_at(len(b.indices), b.width, b.attention_block, b.logits_tokens) for b in batches_all)
     estimate = estimate_at(store_tokens, chunk_peak, scoring_peak)
+    # The next layer's load runs beside this layer's compute only where the budget holds it as it is
+    # (the chunk and the batches are not shrunk for it: a smaller chunk costs more than the load saves)
+    ahead = estimate_at(store_tokens, chunk_peak, scoring_peak, load_ahead=True)
+    load_ahead = load_ahead_allowed(device, ahead["total"], limit)
+    if load_ahead:
+        estimate = ahead
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     config = hf_config(model_dir, dict(cfg.raw), spec, trust_remote_code)
     streamed = StreamedMain(model_dir, probe_ckpt, config, dtype=dtype, device=device, chunk_tokens=chunk,
-                            store=chosen)
+                            store=chosen, load_ahead=load_ahead)
     streamed.stats.chunk_tokens = chunk
     main = streamed.model
     experts = loader.set_experts_implementation(main, experts_implementation, decode_on_gpu=False)
@@ -156,6 +165,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     first_device = next(main.get_decoder().norm.parameters()).device
     tallies: dict = {}
+    kernels: set[str] = set()  # causal attention kernels the chain ran (attention_counts)
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     share = -(-sum(lengths) // rounds)  # tokens per round: contiguous runs of the length-sorted corpus
     groups: list[list[int]] = [[]]
@@ -197,7 +207,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
         local = [Batch(tuple(mine[k] for k in b.indices), b.width, b.attention_block, b.logits_tokens) for b in local]
         for cat, t in score_all(main, head, sequences, common["steps"], mode=mode, temperature=common["temperature"],
                                 batches=local, pad_id=pad, device=first_device, progress=progress,
-                                timings=timings, hidden_for=hidden_for).items():
+                                timings=timings, hidden_for=hidden_for, kernels=kernels).items():
             tallies.setdefault(cat, Tally(common["steps"])).merge(t)
         del finals
     streamed.stats.rounds = len(groups)
@@ -210,11 +220,21 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
                         timings=timings, streaming=streaming,
                         extra={"tokens_scored": sum(lengths), **(batch_info or {}),
                                "batch_size": max(len(b.indices) for b in batches_all),
-                               "attention": attention_counts(batches_all),
+                               "attention": attention_counts(batches_all, kernels),
                                "experts_implementation": experts})
 
 
-def attention_counts(batches) -> dict[str, int]:
-    """How many scoring batches used the dense stream mask and how many the blocked attention."""
+def load_ahead_allowed(device: str, ahead_total: int, limit: int) -> bool:
+    """Whether the streamed run loads layer i+1 while layer i computes: on a GPU (a side stream runs the
+    dequantization beside the compute; on a CPU it would only take turns with it) and where the
+    estimate with a second dequantized layer and a second read ahead fits the limit."""
+    return device.startswith("cuda") and ahead_total <= limit
+
+
+def attention_counts(batches, kernels: set[str] | None = None) -> dict:
+    """How many scoring batches were planned with whole-sequence attention scratch and how many with
+    the blocked long-document attention, and which causal kernels the chain's attention ran
+    (stream_attention.causal_attention_lse: a fused one, or "math" where none took the shape)."""
     blocked = sum(b.attention_block is not None for b in batches)
-    return {"dense_batches": len(batches) - blocked, "blocked_batches": blocked}
+    return {"dense_batches": len(batches) - blocked, "blocked_batches": blocked,
+            "causal_kernels": sorted(kernels or ())}
