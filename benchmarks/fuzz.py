@@ -95,6 +95,9 @@ def main() -> int:
         counts[outcome.kind][outcome.status] += 1
         if not outcome.ok:
             failures.append((i, outcome))
+            # said at once: a long run's failures are known (and can be replayed by index) before it ends
+            print(f"  failure at case {i}: {outcome.kind} {outcome.target} {outcome.status}: "
+                  f"{outcome.detail[-300:]!r}", flush=True)
         if (i + 1) % 20_000 == 0:
             print(f"  {i + 1:,} cases, {len(failures)} failures, {time.perf_counter() - started:.0f} s", flush=True)
     wall = time.perf_counter() - started

@@ -102,3 +102,11 @@ def test_hidden_states_that_are_not_finite_2d_rows_are_a_probe_error(meta):
     with pytest.raises(ProbeError, match="equal-width rows of finite" if isinstance(meta, dict) else "no meta_info"):
         hidden_rows(meta, WHERE)
     assert hidden_rows({"hidden_states": [[[1.0, 2.0]], [3.0, 4.0]]}, WHERE).shape == (2, 2)
+
+
+def test_per_position_counts_summed_past_2_53_are_a_probe_error():
+    # each row below 2**53, their sum (two engines' rows of position 0) past it: was accepted as a count
+    row = 'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="%d",model_name="m",position="0"} 9007199254740000.0\n'
+    with pytest.raises(ProbeError, match="not a count"):
+        ec.counters_from_metrics((METRICS + row % 1 + row % 2).encode(), WHERE)
+    assert ec.counters_from_metrics((METRICS + row % 1).encode(), WHERE)["per_pos"] == [9007199254740007]

@@ -143,7 +143,9 @@ def counters_from_metrics(body: bytes, where: str) -> dict[str, Any]:
         for labels, value in metrics.get(name, []):
             if "position" in labels:
                 pos = _position(labels["position"], where)
-                per_pos[pos] = per_pos.get(pos, 0) + _count(value, name, where)
+                # the sum checked too, as total() checks its own: two rows of one position (two engines, a
+                # repeated line) each below 2**53 could add up past it
+                per_pos[pos] = _count(per_pos.get(pos, 0) + _count(value, name, where), name, where)
         if per_pos:
             break
     return {"num_drafts": total("vllm:spec_decode_num_drafts"),
