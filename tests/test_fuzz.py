@@ -112,3 +112,49 @@ def test_the_new_mutations_reach_both_answers(gguf_corpus: GgufCorpus, tmp_path)
             if statuses >= {"accepted", "rejected"}:
                 break
         assert statuses == {"accepted", "rejected"}, statuses
+
+
+# -- what servers send: the Hub listing, engine answers (fixtures/fuzzcase_net.py) ------------------------
+from fixtures.fuzzcase_net import ENGINE_TARGETS, ListingServer, engine_case, listing_case  # noqa: E402
+
+
+@settings(FAST, max_examples=300)
+@given(rng=SEEDS)
+def test_listing_page_fuzz_gives_hub_ids_or_one_line(rng: random.Random):
+    outcome = listing_case(rng)
+    assert outcome.ok, f"{outcome.target} {outcome.status}: {outcome.detail}"
+
+
+@settings(FAST, max_examples=300)
+@given(rng=SEEDS)
+def test_engine_answer_fuzz_is_accepted_or_one_line(rng: random.Random):
+    outcome = engine_case(rng)
+    assert outcome.ok, f"{outcome.target} {outcome.status}: {outcome.detail}"
+
+
+@pytest.fixture(scope="module")
+def listing_server(tmp_path_factory):
+    server = ListingServer(tmp_path_factory.mktemp("listing"))
+    yield server
+    server.close()
+
+
+@settings(FAST, max_examples=25)  # each a whole audit (~0.2 s): the in-process listing cases are the many
+@given(rng=SEEDS)
+def test_audit_search_against_a_fuzzed_listing_server(listing_server: ListingServer, rng: random.Random):
+    outcome = listing_server.case(rng)
+    assert outcome.ok, f"{outcome.target} {outcome.status}: {outcome.detail}"
+
+
+def test_the_server_answer_mutations_reach_both_answers(listing_server: ListingServer):
+    """Listing pages, whole audits and every kind of engine answer are neither all refused nor all
+    accepted (fixed seeds): a harness whose mutations broke every input would pass the other tests."""
+    runs = {"listing": listing_case, "listing-e2e": listing_server.case}
+    runs.update({t: (lambda r, t=t: engine_case(r, target=t)) for t in ENGINE_TARGETS})
+    for name, run in runs.items():
+        statuses: set[str] = set()
+        for seed in range(80):
+            statuses.add(run(random.Random(seed)).status)
+            if statuses >= {"accepted", "rejected"}:
+                break
+        assert statuses == {"accepted", "rejected"}, (name, statuses)

@@ -138,11 +138,9 @@ async def list_repos_async(selection: Selection, *, token: str | None = None,
                     raise NetworkError("the listing's Link header points back to a page already read "
                                        f"(page {len(seen) + 1}); the listing would never end", path=what)
                 seen.add(url)
-                page, url = await _page(client, url, what)
-                if url is not None and urlsplit(url)[:2] != origin:
-                    raise NetworkError("the listing's next page is on another host than the endpoint; not "
-                                       "followed (it would get the token)", path=what)
-                refs.extend(_listed(page, what, start=len(refs)))
+                status, headers, body = await _fetch(client, url, what)
+                listed, url = read_page(status, headers, body, url, what, origin=origin, start=len(refs))
+                refs.extend(listed)
                 if len(refs) > MAX_LISTED:
                     raise NetworkError(f"the listing names more than {MAX_LISTED:,} repos", path=what)
     except CkptInspectError as exc:
@@ -150,20 +148,36 @@ async def list_repos_async(selection: Selection, *, token: str | None = None,
     return refs[:selection.limit] if selection.limit is not None else refs
 
 
-async def _page(client: Any, url: str, what: str) -> tuple[Any, str | None]:
-    """One page of the listing and the next page's URL (None: the last page)."""
-    from ckptinspect.sources.net_json import decode_answer
-
+async def _fetch(client: Any, url: str, what: str) -> tuple[int, dict[str, str], bytes]:
+    """One page's answer (status, headers, body), a transport failure as one listing error line."""
     try:
-        status, headers, body = await client.get_document(url, LISTING, {"Accept": "application/json"},
-                                                          MAX_PAGE_BYTES)
+        return await client.get_document(url, LISTING, {"Accept": "application/json"}, MAX_PAGE_BYTES)
     except NetworkError as exc:
         raise NetworkError(f"Hub listing failed: {str(exc).removeprefix(f'{LISTING}/{LISTING}: ')}",
                            path=what) from None
+
+
+def read_page(status: int, headers: dict[str, str], body: bytes, url: str, what: str, *,
+              origin: tuple[str, str], start: int) -> tuple[list[RepoRef], str | None]:
+    """One listing answer (from ``url``) -> its repos and the next page's URL (None: the last page).
+    Everything a server chose passes here, with no I/O, so benchmarks/fuzz.py feeds it hostile pages
+    directly: a refusal is one CkptInspectError line; a next page on another ``origin`` (scheme, host)
+    than the endpoint's is refused, since it would get the token."""
+    from ckptinspect.sources.net_json import decode_answer
+
     _raise_for_status(status, headers, body, url, what)
     page = decode_answer(body, source=f"the Hub listing ({what})")
     link = _NEXT.search(headers.get("link", ""))
-    return page, (urljoin(url, link.group(1)) if link else None)
+    try:  # urljoin / urlsplit raise ValueError on a malformed URL ("http://[::1", a bad IPv6 host)
+        following = urljoin(url, link.group(1)) if link else None
+        foreign = following is not None and urlsplit(following)[:2] != origin
+    except ValueError:
+        raise NetworkError(f"the listing's Link header names no usable URL: {link.group(1)[:80]!r}",
+                           path=what) from None
+    if foreign:
+        raise NetworkError("the listing's next page is on another host than the endpoint; not "
+                           "followed (it would get the token)", path=what)
+    return _listed(page, what, start=start), following
 
 
 def _listed(page: Any, what: str, *, start: int) -> list[RepoRef]:
@@ -172,6 +186,8 @@ def _listed(page: Any, what: str, *, start: int) -> list[RepoRef]:
 
     if not isinstance(page, list):
         raise NetworkError("the Hub listing's page is not a JSON list", path=what)
+    if start + len(page) > MAX_LISTED:  # before the ids are checked: one 64 MB page can hold ~2M entries
+        raise NetworkError(f"the listing names more than {MAX_LISTED:,} repos", path=what)
     refs = []
     for n, entry in enumerate(page, start + 1):
         repo_id = entry.get("id") if isinstance(entry, dict) else None
@@ -228,8 +244,11 @@ def _raise_for_status(status: int, headers: dict[str, str], body: bytes, url: st
     from ckptinspect.sources.hub_client import httpx_module
 
     httpx = httpx_module()
-    response = httpx.Response(status, headers=headers, content=body, request=httpx.Request("GET", url))
     try:
+        # header values as bytes: httpx decoded them (as UTF-8, else Latin-1) and re-encodes str values as
+        # ASCII, so a header holding 'é' or U+202E was a UnicodeEncodeError here
+        response = httpx.Response(status, headers={k: v.encode("utf-8", "surrogateescape") for k, v in headers.items()},
+                                  content=body, request=httpx.Request("GET", url))
         hf_raise_for_status(response)
     except GatedRepoError as exc:
         raise AccessError(f"gated: {_first_line(exc)}", path=what) from None
@@ -237,6 +256,9 @@ def _raise_for_status(status: int, headers: dict[str, str], body: bytes, url: st
         raise NotFoundError(_first_line(exc), path=what) from None
     except HfHubHTTPError as exc:
         raise NetworkError(f"Hub listing failed: {_first_line(exc)}", path=what) from None
+    except Exception:  # noqa: BLE001 - huggingface_hub reads the error body as a JSON object
+        # ('data.get("error")'): a JSON list or string there was its AttributeError; the status still says it
+        pass
     raise NetworkError(f"Hub listing failed: HTTP {status}", path=what)
 
 

@@ -65,25 +65,33 @@ def detect(base: Any, settings: Any = None) -> tuple[str, str, str | None]:
     from ckptinspect.errors import CkptInspectError
 
     client = _client(base, settings) if isinstance(base, str) else base
-    models = _json(client, "/v1/models")
-    data = models.get("data") if isinstance(models, dict) else None
-    if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not isinstance(data[0].get("id"), str):
-        raise ProbeError("/v1/models lists no served model", path=client.shown)
-    owner = str(data[0].get("owned_by", "")).lower()
-    if owner not in ("vllm", "sglang"):
-        raise ProbeError(f"the server's models are owned_by {owner[:40]!r}: --engine reads vLLM or SGLang",
-                         path=client.shown)
+    owner, model_id = served_model(_json(client, "/v1/models"), client.shown)
     version = None
     try:
         info = _json(client, "/version")
         version = info.get("version") if isinstance(info, dict) and isinstance(info.get("version"), str) else None
     except CkptInspectError:
         pass
-    return owner, data[0]["id"][:200], version
+    return owner, model_id, version
+
+
+def served_model(models: Any, where: str) -> tuple[str, str]:
+    """(engine kind, served model id) of a decoded ``/v1/models`` answer; anything else is one ProbeError."""
+    data = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not isinstance(data[0].get("id"), str):
+        raise ProbeError("/v1/models lists no served model", path=where)
+    owner = data[0].get("owned_by", "")
+    owner = owner.lower() if isinstance(owner, str) else type(owner).__name__  # str() of a deep value is not shown
+    if owner not in ("vllm", "sglang"):
+        raise ProbeError(f"the server's models are owned_by {owner[:40]!r}: --engine reads vLLM or SGLang", path=where)
+    return owner, data[0]["id"][:200]
 
 
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+# The lookbehind starts a label name only at the start of a word: without it, findall tried every position
+# of a long word run and backtracked over the rest of it (quadratic: 40,000 characters inside one label
+# set took 8 s, and /metrics may be 16 MB).
+_LABEL = re.compile(r'(?<!\w)(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -109,7 +117,8 @@ def _count(value: float, what: str, where: str) -> int:
 
 
 def _position(label: str, where: str) -> int:
-    if not (label.isdigit() and len(label) <= 3 and int(label) < MAX_SPEC_TOKENS):
+    # ASCII digits only: str.isdigit() is also true of '²' or '①', which int() refuses (a ValueError)
+    if not (label.isascii() and label.isdigit() and len(label) <= 3 and int(label) < MAX_SPEC_TOKENS):
         raise ProbeError(f"/metrics has a draft position label {label[:40]!r}, not a position below "
                          f"{MAX_SPEC_TOKENS}", path=where)
     return int(label)
@@ -118,8 +127,12 @@ def _position(label: str, where: str) -> int:
 def vllm_counters(base: Any) -> dict[str, Any]:
     """num_drafts, num_draft_tokens and accepted per position, summed over engines and models."""
     client = _client(base) if isinstance(base, str) else base
-    where = f"{client.shown}/metrics"
-    metrics = parse_prometheus(client.get("/metrics", MAX_METRICS_BYTES).decode("utf-8", "replace"))
+    return counters_from_metrics(client.get("/metrics", MAX_METRICS_BYTES), f"{client.shown}/metrics")
+
+
+def counters_from_metrics(body: bytes, where: str) -> dict[str, Any]:
+    """vllm_counters' answer from the ``/metrics`` body itself (no I/O: benchmarks/fuzz.py feeds it)."""
+    metrics = parse_prometheus(body.decode("utf-8", "replace"))
 
     def total(name: str) -> int:
         rows = metrics.get(name + "_total") or metrics.get(name) or []
@@ -130,7 +143,9 @@ def vllm_counters(base: Any) -> dict[str, Any]:
         for labels, value in metrics.get(name, []):
             if "position" in labels:
                 pos = _position(labels["position"], where)
-                per_pos[pos] = per_pos.get(pos, 0) + _count(value, name, where)
+                # the sum checked too, as total() checks its own: two rows of one position (two engines, a
+                # repeated line) each below 2**53 could add up past it
+                per_pos[pos] = _count(per_pos.get(pos, 0) + _count(value, name, where), name, where)
         if per_pos:
             break
     return {"num_drafts": total("vllm:spec_decode_num_drafts"),
@@ -157,6 +172,8 @@ def window_steps(steps: Seq[tuple[int, int]], prompt_len: int, length: int, k: i
         if t + k + 2 <= length - 1:
             if drafted != k:
                 raise ProbeError(f"the engine drafted {drafted} tokens in a step inside the text, expected {k}")
+            if accepted > drafted:  # was an IndexError in the tally (a histogram of k + 1 bins)
+                raise ProbeError(f"the engine accepted {accepted} of {drafted} drafts in one verify step")
             kept.append(int(accepted))
         t += int(accepted) + 1
     return kept
@@ -180,14 +197,19 @@ def _vllm_request(base: Any, model_id: str, ids: list[int], max_new_tokens: int)
     client = _client(base) if isinstance(base, str) else base
     reply = _json(client, "/v1/completions", {"model": model_id, "prompt": ids, "max_tokens": max_new_tokens,
                                               "temperature": 0.0, "return_token_ids": True})
+    return vllm_reply(reply, client.shown)
+
+
+def vllm_reply(reply: Any, where: str) -> tuple[list[int], dict | None]:
+    """(token ids, the per-request speculative decoding record or None) of a decoded completion reply."""
     try:
         choice = reply["choices"][0]
         tokens = [_token(t) for t in choice["token_ids"]]
     except (KeyError, IndexError, TypeError, ValueError):
-        raise ProbeError("vLLM completion reply has no choices[0].token_ids", path=client.shown) from None
+        raise ProbeError("vLLM completion reply has no choices[0].token_ids", path=where) from None
     spec = (reply.get("metrics") or {}).get("speculative_decoding") if isinstance(reply.get("metrics"), dict) else None
     if spec is not None and not isinstance(spec, dict):
-        raise ProbeError("vLLM completion reply's metrics.speculative_decoding is not an object", path=client.shown)
+        raise ProbeError("vLLM completion reply's metrics.speculative_decoding is not an object", path=where)
     return tokens, spec
 
 
@@ -195,10 +217,27 @@ def _sglang_request(base: Any, ids: list[int], max_new_tokens: int) -> tuple[lis
     client = _client(base) if isinstance(base, str) else base
     reply = _json(client, "/generate", {"input_ids": ids, "sampling_params": {"temperature": 0.0,
                                                                              "max_new_tokens": max_new_tokens}})
+    return sglang_reply(reply, client.shown)
+
+
+def sglang_reply(reply: Any, where: str) -> tuple[list[int], dict]:
+    """(token ids, meta_info) of a decoded SGLang ``/generate`` reply."""
     try:
         return [_token(t) for t in reply["output_ids"]], dict(reply["meta_info"])
     except (KeyError, TypeError, ValueError):
-        raise ProbeError("SGLang /generate reply has no output_ids / meta_info", path=client.shown) from None
+        raise ProbeError("SGLang /generate reply has no output_ids / meta_info", path=where) from None
+
+
+def sglang_histogram(meta: dict, where: str) -> list[int]:
+    """``spec_correct_drafts_histogram`` of a reply's meta_info: steps with exactly n accepted drafts."""
+    hist = meta.get("spec_correct_drafts_histogram")
+    if not isinstance(hist, list) or not meta.get("spec_verify_ct"):
+        raise ProbeError("SGLang's reply has no spec_correct_drafts_histogram / spec_verify_ct: is the "
+                         "server running speculative decoding?", path=where)
+    if not 2 <= len(hist) <= MAX_SPEC_TOKENS + 1 or not all(type(h) is int and 0 <= h < MAX_COUNTER for h in hist):
+        raise ProbeError("SGLang's spec_correct_drafts_histogram is not a list of counts for 1 to "
+                         f"{MAX_SPEC_TOKENS} drafts", path=where)
+    return hist
 
 
 def _token(value: Any) -> int:
@@ -213,6 +252,21 @@ def _steps(value: Any, k: int | None, where: str) -> list[int]:
     if not isinstance(value, list) or not all(type(v) is int and 0 <= v <= MAX_SPEC_TOKENS for v in value):
         raise ProbeError(f"the engine's per-step record is not a list of counts up to {MAX_SPEC_TOKENS}", path=where)
     return value
+
+
+def spec_tokens(spec: dict, where: str) -> int:
+    """``num_spec_tokens`` of a reply's speculative decoding record: drafts per verify step."""
+    k = spec.get("num_spec_tokens")
+    if type(k) is not int or not 1 <= k <= MAX_SPEC_TOKENS:
+        raise ProbeError(f"the engine says num_spec_tokens = {str(k)[:20]!r}, not 1 to {MAX_SPEC_TOKENS}", path=where)
+    return k
+
+
+def window_tally(spec: dict, k: int, prompt_len: int, generated: int, where: str) -> Tally:
+    """One request's tally from its per-step record, counted under the probe's window rule."""
+    steps = list(zip(_steps(spec.get("per_step_accepted"), k, where), _steps(spec.get("per_step_drafted"), k, where)))
+    kept = window_steps(steps, prompt_len, prompt_len + generated, k)
+    return tally_from_walk(k, kept, None, generated, 1)
 
 
 def measure(base: str, encoded: Seq[tuple[str, list[int]]], max_new_tokens: int,
@@ -233,10 +287,7 @@ def measure(base: str, encoded: Seq[tuple[str, list[int]]], max_new_tokens: int,
             if spec is None or "per_step_accepted" not in spec:
                 counting = COUNTING_ALL
             elif k is None:
-                k = spec.get("num_spec_tokens")
-                if type(k) is not int or not 1 <= k <= MAX_SPEC_TOKENS:
-                    raise ProbeError(f"the engine says num_spec_tokens = {str(k)[:20]!r}, not 1 to "
-                                     f"{MAX_SPEC_TOKENS}", path=where)
+                k = spec_tokens(spec, where)
         after = vllm_counters(client)
         k = k or len(after["per_pos"])
         if not k:
@@ -244,10 +295,7 @@ def measure(base: str, encoded: Seq[tuple[str, list[int]]], max_new_tokens: int,
                              "start it with --speculative-config", path=where)
         if counting == COUNTING_WINDOW:
             for cat, ids, tokens, spec in rows:
-                steps_ = list(zip(_steps(spec.get("per_step_accepted"), k, where),
-                                  _steps(spec.get("per_step_drafted"), k, where)))
-                kept = window_steps(steps_, len(ids), len(ids) + len(tokens), k)
-                by_cat.setdefault(cat, []).append(tally_from_walk(k, kept, None, len(tokens), 1))
+                by_cat.setdefault(cat, []).append(window_tally(spec, k, len(ids), len(tokens), where))
         else:
             hist = histogram_from_counters(before, after, k)
             tally = tally_from_walk(k, None, hist, sum(len(r[2]) for r in rows), len(rows))
@@ -256,14 +304,7 @@ def measure(base: str, encoded: Seq[tuple[str, list[int]]], max_new_tokens: int,
         k, counting = None, COUNTING_ALL
         for cat, ids in encoded:
             tokens, meta = _sglang_request(client, ids, max_new_tokens)
-            hist = meta.get("spec_correct_drafts_histogram")
-            if not isinstance(hist, list) or not meta.get("spec_verify_ct"):
-                raise ProbeError("SGLang's reply has no spec_correct_drafts_histogram / spec_verify_ct: is the "
-                                 "server running speculative decoding?", path=where)
-            if not 2 <= len(hist) <= MAX_SPEC_TOKENS + 1 or not all(type(h) is int and 0 <= h < MAX_COUNTER
-                                                                    for h in hist):
-                raise ProbeError("SGLang's spec_correct_drafts_histogram is not a list of counts for 1 to "
-                                 f"{MAX_SPEC_TOKENS} drafts", path=where)
+            hist = sglang_histogram(meta, where)
             k = k or len(hist) - 1
             by_cat.setdefault(cat, []).append(tally_from_walk(k, None, hist, len(tokens), 1))
     if steps is not None and steps != k:

@@ -44,8 +44,22 @@ def post_json(url: str, payload: dict[str, Any], client: Any = None) -> dict[str
     return reply
 
 
-def hidden_rows(meta: dict[str, Any], url: str) -> torch.Tensor:
-    hs = meta.get("hidden_states")
+def output_ids(reply: dict[str, Any], eos: set[int], url: str) -> list[int]:
+    """The reply's generated token ids, cut after the first end-of-sequence token."""
+    out = reply.get("output_ids", [])
+    if not isinstance(out, list) or not all(type(t) is int and 0 <= t < 2 ** 31 for t in out):
+        raise ProbeError("the reply's output_ids is not a list of token ids", path=url)
+    out = list(out)
+    for c, t in enumerate(out):
+        if t in eos:
+            return out[: c + 1]
+    return out
+
+
+def hidden_rows(meta: Any, url: str) -> torch.Tensor:
+    """The reply's ``meta_info.hidden_states`` as one [rows, hidden] float32 tensor of finite numbers."""
+    # meta_info is whatever JSON the server sent: a list or a string has no .get (was an AttributeError)
+    hs = meta.get("hidden_states") if isinstance(meta, dict) else None
     if not hs:
         raise ProbeError("reply has no meta_info.hidden_states (start SGLang with --enable-return-hidden-states)",
                          path=url)
@@ -54,10 +68,17 @@ def hidden_rows(meta: dict[str, Any], url: str) -> torch.Tensor:
         for item in hs:
             t = torch.tensor(item, dtype=torch.float32)
             rows.append(t[None] if t.dim() == 1 else t)
-        return torch.cat(rows, dim=0)
-    except (TypeError, ValueError, RuntimeError, IndexError):  # ragged, non-numeric, or rows of other widths
-        raise ProbeError("the reply's meta_info.hidden_states is not a list of equal-width rows of numbers",
-                         path=url) from None
+        out = torch.cat(rows, dim=0)
+    except (TypeError, ValueError, RuntimeError, IndexError, OverflowError):
+        # ragged, non-numeric, rows of other widths, or an integer past any float (JSON allows 5,000 digits)
+        out = None
+    # Rows must be 2-D and non-empty (run_remote reads shape[1]; [] or [[[x]]] rows were an IndexError or a
+    # wrong-rank tensor there), and finite as float32: JSON numbers past 3.4e38 become inf here, after
+    # decode_answer's NaN / Infinity check, and an inf row gives NaN logits that pass every later check.
+    if out is None or out.dim() != 2 or out.shape[1] == 0 or not bool(torch.isfinite(out).all()):
+        raise ProbeError("the reply's meta_info.hidden_states is not a list of equal-width rows of finite "
+                         "float32 numbers", path=url)
+    return out
 
 
 def check_next_tokens(main, hidden: torch.Tensor, next_tokens: list[int], url: str) -> None:
@@ -148,14 +169,7 @@ def run_remote(url: str, *, model_dir, config, probe_ckpt, spec, prompts, steps,
                                                       "sampling_params": {"temperature": 0,
                                                                           "max_new_tokens": max_new_tokens}},
                           client=client)
-        out = reply.get("output_ids", [])
-        if not isinstance(out, list) or not all(type(t) is int and 0 <= t < 2 ** 31 for t in out):
-            raise ProbeError("the reply's output_ids is not a list of token ids", path=base)
-        out = list(out)
-        for c, t in enumerate(out):
-            if t in eos:
-                out = out[: c + 1]
-                break
+        out = output_ids(reply, eos, base)
         tokens = ids + out
         rows = hidden_rows(reply.get("meta_info", {}), base)
         if rows.shape[0] < len(tokens) - 1:
