@@ -7,7 +7,7 @@ Library use (the CLI calls the same functions)::
     report.mtp.verdicts["sglang"].verdict                            # "ready" | "degraded" | ...
     from ckptinspect import api
     plan = api.plan("./my-model", gpu="rtx-pro-6000", gpus=8)         # plan.Plan; nothing fits: PlanNotPossible
-    result = api.probe("./my-model", device="cuda:0")                 # imports torch, only here
+    result = api.probe("./my-model", api.ProbeOptions(device="cuda:0"))  # imports torch, only here
     from ckptinspect.settings import Settings
     report = ckptinspect.inspect("org/name", settings=Settings(deadline_s=30))  # no environment read
 

@@ -1,7 +1,8 @@
 """The library API that the CLI and the tests call: ``inspect``, ``plan``, ``diff``, ``snapshot``,
-``probe``, ``verify``, ``gate``; the rule files (``list_rules``, ``family_rule``, ``validate_rules``); the GPU catalog
-and split checks the CLI validates options with (``gpus``, ``find_gpu``, ``split_problem``); what the
-error messages quote (``hub_endpoint``, ``cached_files``).
+``probe`` (its options: ``ProbeOptions``), ``verify``, ``gate``; the rule files (``list_rules``,
+``family_rule``, ``validate_rules``); the GPU catalog and split checks the CLI validates options with
+(``gpus``, ``find_gpu``, ``split_problem``); what the error messages quote (``hub_endpoint``,
+``cached_files``).
 
 Each function takes a model reference (a directory, ``org/name[@revision]`` or a ``.json.gz``
 snapshot) and returns plain records; rendering lives in ``ckptinspect.render``. ``probe`` is the only
@@ -25,6 +26,7 @@ from ckptinspect.lookups import (family_rule, find_gpu, gpus, list_rules, split_
                                  validate_rules)
 from ckptinspect.records import VERDICT_RANK
 from ckptinspect.refs import check_ref, looks_like_repo_id, normalize_ref
+from ckptinspect.probe.options import ProbeOptions  # torch-free: the CLI builds one before torch loads
 from ckptinspect.snapshot_output import refuse_probe_outputs as check_probe_outputs  # before a probe runs
 from ckptinspect.verify import verify_ref as verify  # noqa: F401  (docs/verify.md; the engine runs in its own Python)
 from ckptinspect.settings import Settings, or_environ
@@ -282,33 +284,41 @@ def snapshot(ref: str, output: str | Path, *, revision: str | None = None, token
     return raw
 
 
-def probe(ref: str, settings: Settings | None = None, **options: Any) -> "ProbeResult":
-    """Measure MTP draft acceptance (``probe.runner.run_probe``; ``settings``: its memory limits); imports
-    torch, needs the 'probe' extra."""
+def probe(ref: str, options: ProbeOptions | None = None, settings: Settings | None = None) -> "ProbeResult":
+    """Measure MTP draft acceptance of ``ref`` with ``options`` (``ProbeOptions``; None: every default):
+    in process (``probe.runner.run_probe``), or through the running engine at ``options.engine``
+    (``probe.engine_client.run_engine``). ``settings`` (None: the environment's, read once now) fill in
+    the options left unset: ``memory_limit`` / ``host_memory_limit`` (Settings.probe_memory_limit /
+    probe_host_memory_limit) and, in process, ``generate`` (Settings.probe_generate). Imports torch, needs
+    the 'probe' extra."""
+    if options is None:
+        options = ProbeOptions()
+    elif not isinstance(options, ProbeOptions):
+        raise TypeError(f"api.probe(ref, options, settings): options is a ProbeOptions, not "
+                        f"{type(options).__name__}")
     settings = or_environ(settings)
-    options = {"memory_limit": settings.probe_memory_limit, "host_memory_limit": settings.probe_host_memory_limit,
-               **options}
+    options = replace(options, memory_limit=(settings.probe_memory_limit if options.memory_limit is None
+                                             else options.memory_limit),
+                      host_memory_limit=(settings.probe_host_memory_limit if options.host_memory_limit is None
+                                         else options.host_memory_limit))
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
         raise ProbeError(probe_install_hint(exc.name)) from exc
-    engine = options.pop("engine", None)
-    kind = options.pop("engine_kind", None)
-    if engine:  # the engine at this URL measures; the checkpoint gives tokenizer, readiness and cost model
-        if options.pop("main_url", None) or options.pop("mode", "greedy") != "greedy":
-            raise ProbeError("--engine measures greedy decoding on the server: no --main-url, no --mode teacher")
+    if options.engine:  # the engine at this URL measures; the checkpoint gives tokenizer, readiness and cost model
         from ckptinspect.probe.engine_client import run_engine
 
-        return run_engine(engine, model=check_ref(ref), kind=kind, settings=settings, **options)
+        return run_engine(check_ref(ref), options, settings=settings)
     from ckptinspect.probe.runner import run_probe
     from ckptinspect.sources.gguf_local import looks_like_gguf
 
     if looks_like_gguf(ref):
         raise ProbeError("the probe runs safetensors checkpoints with transformers; GGUF files are not probed "
                          "(llama-server logs its draft acceptance)", path=ref)
-    options.setdefault("generate", settings.probe_generate)  # in-process transformers only (not --engine)
-    return run_probe(check_ref(ref), settings=settings, **options)
+    if options.generate is None:  # in-process transformers only (not --engine)
+        options = replace(options, generate=settings.probe_generate)
+    return run_probe(check_ref(ref), options, settings=settings)
 
 
 def gate(report: "Report", fail_on: str, engine: str = "both") -> list[str]:

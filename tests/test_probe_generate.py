@@ -61,10 +61,15 @@ def test_the_setting_reaches_the_probe(monkeypatch):
     from ckptinspect.settings import Settings, SettingsError
 
     seen = {}
-    monkeypatch.setattr("ckptinspect.probe.runner.run_probe", lambda ref, **options: seen.update(options))
-    api.probe(fixture("mimo"), Settings.from_environ({"CKPTINSPECT_PROBE_GENERATE": "static"}))
+    monkeypatch.setattr("ckptinspect.probe.runner.run_probe",
+                        lambda ref, options, **kw: seen.update(generate=options.generate))
+    api.probe(fixture("mimo"), settings=Settings.from_environ({"CKPTINSPECT_PROBE_GENERATE": "static"}))
     assert seen["generate"] == "static"
-    api.probe(fixture("mimo"), Settings())
+    api.probe(fixture("mimo"), settings=Settings())
+    assert seen["generate"] == "eager"
+    # an option the caller gave wins over the setting
+    api.probe(fixture("mimo"), api.ProbeOptions(generate="eager"),
+              Settings.from_environ({"CKPTINSPECT_PROBE_GENERATE": "static"}))
     assert seen["generate"] == "eager"
     with pytest.raises(SettingsError, match="CKPTINSPECT_PROBE_GENERATE='compiled'"):
         Settings.from_environ({"CKPTINSPECT_PROBE_GENERATE": "compiled"})

@@ -123,27 +123,27 @@ def probe(model: str, device: str | None, devices: str | None, prompts_file: str
     if not progress:
         transformers.utils.logging.disable_progress_bar()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if engine or engine_url:
+    cats = tuple(c.strip() for c in categories.split(",") if c.strip()) if categories else None
+    if engine or engine_url:  # the engine measures: the options it reads; K is the server's unless given
         explicit = click.get_current_context().get_parameter_source("steps") != click.core.ParameterSource.DEFAULT
-        result = api.probe(model, current_settings(), engine=engine_address(engine, engine_url), engine_kind=engine, prompts=prompts_file, max_new_tokens=max_new_tokens,
-                           steps=steps if explicit else None, mode=mode, main_url=main_url, gpu=gpu,
-                           trust_remote_code=trust_remote_code, max_prompts=max_prompts,
-                           cost_calibration=cost_calibration,
-                           categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None)
-        _emit(result, fmt, output, plot, wide)
-        _verbose(verbose, started)
-        return
-    if device is None:
-        device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    result = api.probe(model, current_settings(), device=device, devices=_parse_devices(devices), prompts=prompts_file,
-                       max_new_tokens=max_new_tokens, steps=steps, mode=mode, temperature=temperature, gpu=gpu,
-                       trust_remote_code=trust_remote_code, batch_size=batch_size, dtype=dtype,
-                       progress=progress, main_url=main_url, max_prompts=max_prompts, corpus=corpus,
-                       continuations=continuations, save_continuations_to=save_continuations,
-                       max_gpu_memory=max_gpu_memory, cost_calibration=cost_calibration,
-                       categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
-                       experts_implementation=experts_implementation, synthetic_len=synthetic_len)
-    _emit(result, fmt, output, plot, wide)
+        options = api.ProbeOptions(engine=engine_address(engine, engine_url), engine_kind=engine,
+                                   prompts=prompts_file, max_new_tokens=max_new_tokens,
+                                   steps=steps if explicit else None, mode=mode, main_url=main_url, gpu=gpu,
+                                   trust_remote_code=trust_remote_code, max_prompts=max_prompts,
+                                   cost_calibration=cost_calibration, categories=cats)
+    else:
+        if device is None:
+            device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        options = api.ProbeOptions(device=device,
+                                   devices=_parse_devices(devices), prompts=prompts_file,
+                                   max_new_tokens=max_new_tokens, steps=steps, mode=mode, temperature=temperature,
+                                   gpu=gpu, trust_remote_code=trust_remote_code, batch_size=batch_size, dtype=dtype,
+                                   progress=progress, main_url=main_url, max_prompts=max_prompts, corpus=corpus,
+                                   continuations=continuations, save_continuations_to=save_continuations,
+                                   max_gpu_memory=max_gpu_memory, cost_calibration=cost_calibration,
+                                   categories=cats, experts_implementation=experts_implementation,
+                                   synthetic_len=synthetic_len)
+    _emit(api.probe(model, options, current_settings()), fmt, output, plot, wide)
     _verbose(verbose, started)
 
 

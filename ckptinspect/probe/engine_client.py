@@ -24,10 +24,13 @@ from __future__ import annotations
 import math
 import re
 import time
-from typing import Any, Sequence as Seq
+from typing import TYPE_CHECKING, Any, Sequence as Seq
 
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe.metrics import DepthCounts, Tally
+
+if TYPE_CHECKING:
+    from ckptinspect.probe.options import ProbeOptions
 
 COUNTING_WINDOW = "per-request verify steps inside the probe's window"
 COUNTING_ALL = "all verify steps"
@@ -319,14 +322,13 @@ def measure(base: str, encoded: Seq[tuple[str, list[int]]], max_new_tokens: int,
     return tallies, info
 
 
-def run_engine(url: str, *, model: str, prompts: str | None = None, max_prompts: int | None = None,
-               categories: Seq[str] | None = None, max_new_tokens: int = 128, steps: int | None = None,
-               gpu: str = "H200", trust_remote_code: bool = False, temperature: float = 0.0,
-               cost_calibration: str | None = None, kind: str | None = None, settings: Any = None,
-               **_ignored: Any):
-    """The probe's result record (ProbeResult) for acceptance measured by the engine at ``url`` (``kind``:
-    the engine the user named, checked against what the server says it is). The cheap checks come first
-    (the server answers, MODEL has a tokenizer) and only then are MODEL's headers read."""
+def run_engine(model: str, options: "ProbeOptions", *, settings: Any = None):
+    """The probe's result record (ProbeResult) for acceptance measured by the engine at ``options.engine``
+    (``options.engine_kind``: the engine the user named, checked against what the server says it is). Of
+    the options it reads the prompts (``prompts``, ``categories``, ``max_prompts``), ``max_new_tokens``,
+    ``steps`` (None: the server's K), ``temperature`` (None: 0.0, greedy), ``trust_remote_code``, ``gpu`` and
+    ``cost_calibration``. The cheap checks come first (the server answers, MODEL has a tokenizer) and only
+    then are MODEL's headers read."""
     from ckptinspect.probe import loader
     from ckptinspect.probe.checkpoint import open_checkpoint
     from ckptinspect.probe.cost import DEFAULT_EFFICIENCY, load_efficiency
@@ -335,6 +337,8 @@ def run_engine(url: str, *, model: str, prompts: str | None = None, max_prompts:
     from ckptinspect.probe.result import build_result
     from ckptinspect.probe.runner import _spec, select_categories
 
+    url, kind = options.engine or "", options.engine_kind
+    temperature = 0.0 if options.temperature is None else options.temperature
     started = time.time()
     detected, _, _ = detect(url, settings)  # a server that is not there fails here, in one request
     if kind is not None and detected != kind:
@@ -345,21 +349,22 @@ def run_engine(url: str, *, model: str, prompts: str | None = None, max_prompts:
     spec = _spec(probe_ckpt)
     readiness = check_mtp_usable(probe_ckpt, spec, model_dir)
     vocab = probe_ckpt.checkpoint.config.vocab_size
-    prompt_list = select_categories(load_prompts(prompts), categories, prompts or "the built-in prompt set")
-    if max_prompts:
-        prompt_list = prompt_list[:max_prompts]
-    tok = load_tokenizer(model_dir, vocab, trust_remote_code=trust_remote_code)
+    prompt_list = select_categories(load_prompts(options.prompts), options.categories,
+                                    options.prompts or "the built-in prompt set")
+    if options.max_prompts:
+        prompt_list = prompt_list[:options.max_prompts]
+    tok = load_tokenizer(model_dir, vocab, trust_remote_code=options.trust_remote_code)
     encoded = [(p.category, list(encode_prompt(tok, p, chat=True, vocab_size=vocab, source=model_dir)))
                for p in prompt_list]
     from ckptinspect.sources.redact import redact_url
 
-    tallies, info = measure(url, encoded, max_new_tokens, steps, settings)
+    tallies, info = measure(url, encoded, options.max_new_tokens, options.steps, settings)
     url = redact_url(url.rstrip("/"))  # what the result records: never the URL's password
     k = info["num_speculative_tokens"]
-    efficiency = load_efficiency(cost_calibration) if cost_calibration else DEFAULT_EFFICIENCY
+    efficiency = load_efficiency(options.cost_calibration) if options.cost_calibration else DEFAULT_EFFICIENCY
     return build_result(ref=model, probe_ckpt=probe_ckpt, spec=spec, mode="greedy", steps=k, temperature=temperature,
-                        gpu=gpu, tallies=tallies, readiness=readiness, devices=[url], dtype="engine",
-                        started=started, max_new_tokens=max_new_tokens, main_source=url, dequantized=False,
+                        gpu=options.gpu, tallies=tallies, readiness=readiness, devices=[url], dtype="engine",
+                        started=started, max_new_tokens=options.max_new_tokens, main_source=url, dequantized=False,
                         extra={"source": "engine", "engine": info}, efficiency=efficiency)
 
 

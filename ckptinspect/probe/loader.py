@@ -19,6 +19,7 @@ import torch
 
 from ckptinspect.errors import ProbeError
 from ckptinspect.probe import dequant
+from ckptinspect.probe.options import EXPERTS_IMPLEMENTATIONS
 from ckptinspect.quant.detect import PACK_FACTOR, Part, detect_scheme
 
 _COMPANIONS = ("weight_scale", "weight_scale_2", "input_scale", "weight_scale_inv", "k_scale", "v_scale",
@@ -306,9 +307,6 @@ def load_main_model(load_dir: str, config: Mapping[str, Any], *, main_model_type
         model.to(device_map[""])
     model.eval()
     return model
-
-
-EXPERTS_IMPLEMENTATIONS = ("auto", "eager", "grouped_mm", "batched_mm")
 
 
 def set_experts_implementation(model, requested: str, *, decode_on_gpu: bool) -> dict[str, str | None]:

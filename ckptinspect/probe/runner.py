@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any, Callable, Sequence as Seq
 
 import torch
@@ -15,6 +16,7 @@ from ckptinspect.probe import loader
 from ckptinspect.probe.checkpoint import ProbeCheckpoint, open_checkpoint
 from ckptinspect.probe.heads import HeadSpec, spec_from_rule
 from ckptinspect.probe.heads.build import build_head
+from ckptinspect.probe.options import DEFAULT_GENERATE, MODES, ProbeOptions
 from ckptinspect.probe.prompts import encode_prompt, load_prompts, load_tokenizer
 from ckptinspect.probe.readiness_gate import check_mtp_usable
 from ckptinspect.probe.result import ProbeResult, build_result
@@ -22,11 +24,9 @@ from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGIT
                                        estimate_bytes, forward_bytes_per_token, generation_bytes, plan_batches,
                                        attention_dims, score_all, scoring_bytes, weight_bytes)
 from ckptinspect.probe.streamed_run import attention_counts
-from ckptinspect.probe.sequences import GENERATE_MODES, generate_sequences, save_continuations, teacher_sequences
+from ckptinspect.probe.sequences import generate_sequences, save_continuations, teacher_sequences
 
-__all__ = ["MODES", "build_head", "estimate_bytes", "run_probe"]
-
-MODES = ("greedy", "teacher")
+__all__ = ["MODES", "ProbeOptions", "build_head", "estimate_bytes", "run_probe"]
 
 
 def _device_plan(device: str, devices: Seq[int] | None) -> tuple[Any, list[str], str]:
@@ -75,107 +75,87 @@ def _check_code(config: dict, spec: HeadSpec | None, trust_remote_code: bool, mo
                      path=model_dir)
 
 
-def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = None, prompts: str | None = None,
-              max_new_tokens: int = 128, steps: int = 3, mode: str = "greedy", temperature: float = 1.0,
-              gpu: str = "H200", trust_remote_code: bool = False, batch_size: int | None = None,
-              dtype: str | None = None, progress: bool = True, main_url: str | None = None,
-              max_prompts: int | None = None, head_factory: Callable | None = None,
-              corpus: str | None = None, continuations: str | None = None,
-              save_continuations_to: str | None = None, max_gpu_memory: float | None = None,
-              stream_chunk_tokens: int | None = None, cost_calibration: str | None = None,
-              categories: Seq[str] | None = None, experts_implementation: str = "auto",
-              synthetic_len: int = 1024, stream_store: str = "auto", memory_limit: int | None = None,
-              host_memory_limit: int | None = None, generate: str = "eager",
-              settings: "Settings | None" = None) -> ProbeResult:
-    """Measure draft acceptance of ``model``'s MTP head; see docs/probe.md. ``batch_size`` None: greedy
-    mode batches the most prompts whose memory estimate fits (``auto_batch``); teacher mode sizes each
-    batch of its length-sorted sequences by the estimate (``scoring.plan_batches``), so device memory
-    is bounded whatever the corpus. The category ``synthetic`` adds benchmark-style id prompts of
-    ``synthetic_len`` tokens (synthetic.py). ``memory_limit`` / ``host_memory_limit``: device / host bytes
-    to plan for instead of those measured (Settings.probe_memory_limit / probe_host_memory_limit).
-    ``generate``: greedy mode's transformers generation, "eager" or "static" (Settings.probe_generate;
-    sequences.GENERATE_MODES)."""
-    if mode not in MODES:
-        raise ProbeError(f"unknown mode {mode!r} (greedy or teacher)")
-    if generate not in GENERATE_MODES:
-        raise ProbeError(f"unknown generate mode {generate!r} ({' or '.join(GENERATE_MODES)})")
-    if experts_implementation not in loader.EXPERTS_IMPLEMENTATIONS:
-        raise ProbeError(f"unknown experts implementation {experts_implementation!r} "
-                         f"(one of {', '.join(loader.EXPERTS_IMPLEMENTATIONS)})")
-    if not 1 <= steps <= 16:
-        raise ProbeError("--steps must be between 1 and 16")
-    if (corpus or continuations) and mode != "teacher":
-        raise ProbeError("--corpus and --continuations score a fixed text: they need --mode teacher")
-    if corpus and continuations:
-        raise ProbeError("give --corpus or --continuations, not both")
-    if save_continuations_to and mode != "greedy":
-        raise ProbeError("--save-continuations records greedy continuations: it needs --mode greedy")
+def run_probe(model: str, options: ProbeOptions | None = None, *, settings: "Settings | None" = None,
+              head_factory: Callable | None = None, **overrides: Any) -> ProbeResult:
+    """Measure draft acceptance of ``model``'s MTP head in process; see docs/probe.md. ``options``
+    (ckptinspect/probe/options.py: what each one means, and the checks made when they are built) with
+    ``overrides`` applied (``dataclasses.replace``: ``run_probe(model, steps=2)``; an unknown name is a
+    TypeError). ``settings``: the bounded network client's limits for ``main_url``; the settings-derived
+    defaults (memory limits, ``generate``) are api.probe's to fill in. ``head_factory(spec, main, load_dir)``
+    builds the MTP head instead of ``build_head`` (tests)."""
+    o = options if options is not None else ProbeOptions()
+    if overrides:
+        o = replace(o, **overrides)
+    if o.engine:
+        raise ProbeError("run_probe measures in process: options with engine= go to api.probe "
+                         "(engine_client.run_engine)")
+    steps, temperature, batch_size = o.draft_steps, o.sampling_temperature, o.batch_size
     started = time.time()
     timings: dict[str, float] = {}
     from ckptinspect.probe.cost import DEFAULT_EFFICIENCY, load_efficiency
 
-    efficiency = load_efficiency(cost_calibration) if cost_calibration else DEFAULT_EFFICIENCY
+    efficiency = load_efficiency(o.cost_calibration) if o.cost_calibration else DEFAULT_EFFICIENCY
     model_dir = loader.resolve_model_dir(model)
-    if save_continuations_to:  # refused before the run, not after it (no command writes into a model dir)
+    if o.save_continuations_to:  # refused before the run, not after it (no command writes into a model dir)
         from ckptinspect.snapshot_output import refuse_output_in_model_dir
 
-        refuse_output_in_model_dir(model_dir, save_continuations_to, "the --save-continuations file")
+        refuse_output_in_model_dir(model_dir, o.save_continuations_to, "the --save-continuations file")
     probe_ckpt = open_checkpoint(model_dir)
     config = dict(probe_ckpt.checkpoint.config.raw)
     vocab = probe_ckpt.checkpoint.config.vocab_size
     spec = _spec(probe_ckpt)
-    _check_code(config, spec, trust_remote_code, model_dir)
+    _check_code(config, spec, o.trust_remote_code, model_dir)
     readiness = check_mtp_usable(probe_ckpt, spec, model_dir)
     metas = probe_ckpt.metas
-    device_map, names, primary = _device_plan(device, devices)
+    device_map, names, primary = _device_plan(o.device, o.devices)
     torch_dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                   "fp32": torch.float32, "float32": torch.float32}.get(dtype or "", None)
+                   "fp32": torch.float32, "float32": torch.float32}.get(o.dtype or "", None)
     if torch_dtype is None:
         torch_dtype = torch.bfloat16 if primary.startswith("cuda") else torch.float32
-    synthetic = bool(categories) and "synthetic" in categories
-    real = [c for c in categories or () if c != "synthetic"]
+    synthetic = bool(o.categories) and "synthetic" in o.categories
+    real = [c for c in o.categories or () if c != "synthetic"]
     prompt_list = ([] if synthetic and not real else
-                   select_categories(load_prompts(prompts), real or None, prompts or "the built-in prompt set"))
-    if max_prompts:
-        prompt_list = prompt_list[:max_prompts]
-    common = dict(ref=model, probe_ckpt=probe_ckpt, spec=spec, steps=steps, temperature=temperature, gpu=gpu,
-                  readiness=readiness, started=started, max_new_tokens=max_new_tokens, efficiency=efficiency)
-    if main_url:  # the main model lives in the server: no in-process memory check
+                   select_categories(load_prompts(o.prompts), real or None, o.prompts or "the built-in prompt set"))
+    if o.max_prompts:
+        prompt_list = prompt_list[:o.max_prompts]
+    common = dict(ref=model, probe_ckpt=probe_ckpt, spec=spec, steps=steps, temperature=temperature, gpu=o.gpu,
+                  readiness=readiness, started=started, max_new_tokens=o.max_new_tokens, efficiency=efficiency)
+    if o.main_url:  # the main model lives in the server: no in-process memory check
         if synthetic:
             raise ProbeError("the synthetic category needs the in-process main model (not --main-url)")
-        if mode != "greedy":
+        if o.mode != "greedy":
             raise ProbeError("--main-url supports --mode greedy only")
-        if experts_implementation != "auto":
+        if o.experts_implementation != "auto":
             raise ProbeError("--experts-implementation chooses in-process kernels; with --main-url the server runs "
                              "the main model")
         from ckptinspect.probe.server_client import run_remote
 
-        return run_remote(main_url, model_dir=model_dir, config=config, probe_ckpt=probe_ckpt, spec=spec,
-                          prompts=prompt_list, steps=steps, max_new_tokens=max_new_tokens, gpu=gpu,
+        return run_remote(o.main_url, model_dir=model_dir, config=config, probe_ckpt=probe_ckpt, spec=spec,
+                          prompts=prompt_list, steps=steps, max_new_tokens=o.max_new_tokens, gpu=o.gpu,
                           readiness=readiness, device=primary, dtype=torch_dtype, started=started, ref=model,
-                          batch_size=batch_size, progress=progress, temperature=temperature, efficiency=efficiency,
+                          batch_size=batch_size, progress=o.progress, temperature=temperature, efficiency=efficiency,
                           settings=settings)
-    tok = load_tokenizer(model_dir, vocab, trust_remote_code=trust_remote_code)
+    tok = load_tokenizer(model_dir, vocab, trust_remote_code=o.trust_remote_code)
     if synthetic:
         from ckptinspect.probe.synthetic import synthetic_prompts
 
         prompt_list = prompt_list + synthetic_prompts(min(vocab or len(tok), len(tok)), tok.all_special_ids,
-                                                      length=synthetic_len)
+                                                      length=o.synthetic_len)
     longest_prompt = 0
-    if mode == "greedy":
+    if o.mode == "greedy":
         encoded = [encode_prompt(tok, p, chat=True, vocab_size=vocab, source=model_dir) for p in prompt_list]
-        lengths = [len(e) + max_new_tokens for e in encoded]
+        lengths = [len(e) + o.max_new_tokens for e in encoded]
         longest_prompt = max(len(e) for e in encoded)
     else:
-        sequences = teacher_sequences(tok, prompt_list, corpus, continuations,
+        sequences = teacher_sequences(tok, prompt_list, o.corpus, o.continuations,
                                       vocab, model_dir)
-        if synthetic and (corpus or continuations):  # the synthetic prompts scored beside the corpus
+        if synthetic and (o.corpus or o.continuations):  # the synthetic prompts scored beside the corpus
             sequences += teacher_sequences(tok, [p for p in prompt_list if p.ids is not None], None, None, vocab,
                                            model_dir)
         lengths = [len(s.tokens) for s in sequences]
     longest, count = max(lengths), len(lengths)
     cfg = probe_ckpt.checkpoint.config
-    limit = int(max_gpu_memory * 2**30) if max_gpu_memory is not None else _free_bytes(names, memory_limit)
+    limit = int(o.max_gpu_memory * 2**30) if o.max_gpu_memory is not None else _free_bytes(names, o.memory_limit)
     expert_params = _params_per_expert(probe_ckpt)
     fwd = forward_bytes_per_token(cfg, torch_dtype)
     fixed = weight_bytes(metas, torch_dtype) + SLACK_BYTES
@@ -187,11 +167,11 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
 
     def decode_at(batch: int) -> int:
         return (decode_bytes(min(batch, count), cfg.experts_per_token or 0, expert_params, torch_dtype)
-                if mode == "greedy" and primary.startswith("cuda") else 0)
+                if o.mode == "greedy" and primary.startswith("cuda") else 0)
 
     def need_at(batch: int) -> int:  # the widest batch of this many rows: dense attention if it fits, else blocked
         b = min(batch, count)
-        if mode == "greedy":
+        if o.mode == "greedy":
             # Generation runs the whole batch at once; the scoring after it is planned in sub-batches
             # (plan_batches) that fit the same budget, so only generation and one row's scoring bound it.
             return fixed + max(generation_bytes(b, longest_prompt, longest, cfg, torch_dtype, fwd, vocab or 0,
@@ -204,7 +184,7 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                         scratch_at(1, longest, ATTENTION_MIN_BLOCK, LOGITS_TOKENS >> 7))
     batch_source = "given"
     if batch_size is None:
-        if mode == "greedy":
+        if o.mode == "greedy":
             batch_size, batch_source = auto_batch(need_at, count, limit)
         else:
             batch_size, batch_source = count, (f"auto: each batch as many sequences as fit {AUTO_BATCH_FRACTION:.0%} "
@@ -213,23 +193,23 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
     smallest = LOGITS_TOKENS >> 7  # plan_batches' smallest logits chunk
     in_memory_need = fixed + min(scratch_at(1, longest, None, smallest),
                                  scratch_at(1, longest, ATTENTION_MIN_BLOCK, smallest))
-    if mode == "greedy" and need_at(batch_size) > limit or mode == "teacher" and in_memory_need - fixed > budget:
-        if mode != "teacher" or len(names) > 1:
-            need = need_at(batch_size) if mode == "greedy" else in_memory_need
+    if o.mode == "greedy" and need_at(batch_size) > limit or o.mode == "teacher" and in_memory_need - fixed > budget:
+        if o.mode != "teacher" or len(names) > 1:
+            need = need_at(batch_size) if o.mode == "greedy" else in_memory_need
             raise ProbeError(f"needs about {need / 2**30:.1f} GiB ({loader.logical_params(metas) / 1e9:.2f} B "
                              f"params at {str(torch_dtype).replace('torch.', '')} + scoring scratch) but only "
-                             f"{limit / 2**30:.1f} GiB is {'allowed' if max_gpu_memory is not None else 'free'} on "
+                             f"{limit / 2**30:.1f} GiB is {'allowed' if o.max_gpu_memory is not None else 'free'} on "
                              f"{', '.join(names)}; --mode teacher streams the layers of a model that does not fit, "
                              "or use --main-url", path=model_dir)
         from ckptinspect.probe.streamed_run import run_streamed
 
-        return run_streamed(model_dir, probe_ckpt, spec, sequences, tok, common=common, mode=mode, device=primary,
-                            dtype=torch_dtype, max_rows=batch_size, progress=progress, need=in_memory_need,
-                            limit=limit, chunk_tokens=stream_chunk_tokens, timings=timings,
-                            trust_remote_code=trust_remote_code, experts_implementation=experts_implementation,
-                            batch_info={"batch_size_source": batch_source}, store=stream_store,
-                            host_limit=host_memory_limit)
-    if mode == "teacher":
+        return run_streamed(model_dir, probe_ckpt, spec, sequences, tok, common=common, mode=o.mode, device=primary,
+                            dtype=torch_dtype, max_rows=batch_size, progress=o.progress, need=in_memory_need,
+                            limit=limit, chunk_tokens=o.stream_chunk_tokens, timings=timings,
+                            trust_remote_code=o.trust_remote_code, experts_implementation=o.experts_implementation,
+                            batch_info={"batch_size_source": batch_source}, store=o.stream_store,
+                            host_limit=o.host_memory_limit)
+    if o.mode == "teacher":
         batches = plan_batches(lengths, batch_size, budget, scratch_at, heads=cfg.num_attention_heads or 1,
                                source=model_dir, max_tokens=TEACHER_BATCH_TOKENS if batch_source != "given" else None)
         need = fixed + max(scratch_at(len(b.indices), b.width, b.attention_block, b.logits_tokens) for b in batches)
@@ -237,13 +217,13 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
         need = need_at(batch_size)
 
     t0 = time.perf_counter()
-    load_dir, tmp = loader.prepare_loadable_dir(model_dir, metas, torch_dtype if torch_dtype != torch.float32 else torch.bfloat16, progress)
+    load_dir, tmp = loader.prepare_loadable_dir(model_dir, metas, torch_dtype if torch_dtype != torch.float32 else torch.bfloat16, o.progress)
     try:
         main = loader.load_main_model(load_dir, config, main_model_type=spec.main_model_type, device_map=device_map,
-                                      dtype=torch_dtype, trust_remote_code=trust_remote_code)
+                                      dtype=torch_dtype, trust_remote_code=o.trust_remote_code)
         # before the head is built: a fusion head copies the main config, experts implementation included
-        experts = loader.set_experts_implementation(main, experts_implementation,
-                                                    decode_on_gpu=primary.startswith("cuda") and mode == "greedy")
+        experts = loader.set_experts_implementation(main, o.experts_implementation,
+                                                    decode_on_gpu=primary.startswith("cuda") and o.mode == "greedy")
         head = (head_factory(spec, main, load_dir) if head_factory else
                 build_head(spec, main, load_dir, model_dir, None if spec.kind == "transformers" else metas))
     finally:
@@ -255,16 +235,18 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
     if peaks is not None:
         peaks["load"] = torch.cuda.max_memory_allocated(first_device)
         torch.cuda.reset_peak_memory_stats(first_device)
-    if mode == "greedy":
+    if o.mode == "greedy":
         t0 = time.perf_counter()
         generation: dict = {}
-        sequences = generate_sequences(main, tok, prompt_list, max_new_tokens, batch_size, first_device, progress,
-                                       vocab_size=vocab, source=model_dir, generate=generate, info=generation)
+        sequences = generate_sequences(main, tok, prompt_list, o.max_new_tokens, batch_size, first_device,
+                                       o.progress, vocab_size=vocab, source=model_dir,
+                                       generate=o.generate or DEFAULT_GENERATE, info=generation)
         timings["generate"] = time.perf_counter() - t0
         if peaks is not None:
             peaks["generate"] = torch.cuda.max_memory_allocated(first_device)
-        if save_continuations_to:
-            save_continuations(save_continuations_to, sequences, model_dir=model_dir, max_new_tokens=max_new_tokens)
+        if o.save_continuations_to:
+            save_continuations(o.save_continuations_to, sequences, model_dir=model_dir,
+                               max_new_tokens=o.max_new_tokens)
         if first_device.type == "cuda":  # generation's KV cache and transients go back before scoring
             torch.cuda.empty_cache()
         # scoring in sub-batches that fit the budget; a given batch that passed the memory check fits too
@@ -272,19 +254,19 @@ def run_probe(model: str, *, device: str = "cpu", devices: Seq[int] | None = Non
                                max(budget, need_at(batch_size) - fixed - decode_at(batch_size)),
                                scratch_at, heads=cfg.num_attention_heads or 1, source=model_dir)
     kernels: set[str] = set()
-    tallies = score_all(main, head, sequences, steps, mode=mode, temperature=temperature, batches=batches,
+    tallies = score_all(main, head, sequences, steps, mode=o.mode, temperature=temperature, batches=batches,
                         pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, device=first_device,
-                        progress=progress, timings=timings, peaks=peaks, kernels=kernels)
-    return build_result(**common, mode=mode, tallies=tallies, devices=names,
+                        progress=o.progress, timings=timings, peaks=peaks, kernels=kernels)
+    return build_result(**common, mode=o.mode, tallies=tallies, devices=names,
                         dtype=str(torch_dtype).replace("torch.", ""), main_source="in-process transformers",
                         dequantized=tmp is not None, timings=timings,
                         extra={"tokens_scored": sum(len(s.tokens) for s in sequences), "memory_estimate_bytes": need,
                                "scoring_estimate_bytes": fixed + max(scratch_at(len(b.indices), b.width, b.attention_block,
                                                                                 b.logits_tokens) for b in batches),
-                               "batch_size": max(len(b.indices) for b in batches) if mode == "teacher" else batch_size,
+                               "batch_size": max(len(b.indices) for b in batches) if o.mode == "teacher" else batch_size,
                                "batch_size_source": batch_source, "attention": attention_counts(batches, kernels),
                                "experts_implementation": experts,
-                               **({"generate": generation} if mode == "greedy" else {}),
+                               **({"generate": generation} if o.mode == "greedy" else {}),
                                **({"peak_bytes_by_phase": peaks} if peaks is not None else {})})
 
 

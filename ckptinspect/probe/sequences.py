@@ -11,6 +11,7 @@ from ckptinspect.errors import ProbeError
 from ckptinspect.guarded_file import MAX_PROMPTS_BYTES, read_text
 from ckptinspect.json_text import decode_json
 from ckptinspect.probe.evaluate import Sequence
+from ckptinspect.probe.options import GENERATE_MODES
 from ckptinspect.probe.prompts import Prompt, check_ids, encode_prompt, load_corpus
 
 CONTINUATIONS_VERSION = 1
@@ -18,7 +19,7 @@ CONTINUATIONS_VERSION = 1
 # "eager": its default dynamic KV cache; "static": cache_implementation="static", whose fixed shapes let
 # generate compile the decode step (torch.compile, mode "reduce-overhead": CUDA graphs) on a GPU. The same
 # greedy tokens either way (tests/test_probe_generate.py); which is faster is measured on the device.
-GENERATE_MODES = ("eager", "static")
+# (GENERATE_MODES: ckptinspect/probe/options.py, which ProbeOptions checks before torch loads)
 
 
 def _static_refusal(exc: BaseException) -> bool:
