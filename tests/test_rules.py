@@ -38,6 +38,8 @@ FAMILIES |= {"hy_v3", "hy_v4", "minimax_m3", "exaone_moe", "exaone4_5", "pangu_u
 FAMILIES |= {"gigachat35", "iquest_q1", "iquest_q1_mtp", "deepseek_v4_dspark", "deepseek_v41_dspark"}
 # issue 20 §5, vLLM-only drafts (tests/test_families_2026_d.py)
 FAMILIES |= {"step5", "nemotron_parse35"}
+# issue 31 item 5, vLLM 0.34.0's new drafts (tests/test_families_2026_e.py, tests/test_draft_subfolders.py)
+FAMILIES |= {"nemotron3_5_transcribe", "minimax_m3_dspark", "kimi_k31"}
 MINIMAL = TOY_FAMILY_RULE
 
 
