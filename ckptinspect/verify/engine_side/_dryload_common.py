@@ -36,7 +36,11 @@ PLATFORM_REFUSAL = re.compile(r"(?i)current platform does not support|not compil
                               # get_attn_backend_cls), DeepSeek-V4 MTP (models/deepseek_v4/cpu/mtp.py:18), and a
                               # forced GPU-only linear kernel (kernels/linear/nvfp4/marlin.py:27 "Marlin FP4 not
                               # available" on a machine without CUDA)
-                              r"not supported on cpu|not implemented on cpu|marlin fp4 not available")
+                              r"not supported on cpu|not implemented on cpu|marlin fp4 not available|"
+                              # vLLM's model registry says this when the model's module fails to import in this
+                              # environment (a missing package such as torchvision, in vLLM's log): the
+                              # environment's answer, not the checkpoint's (registry.py _raise_for_unsupported)
+                              r"failed to be inspected")
 # An exception raised inside the engine's CPU-only code path (a function named ``*_cpu``) is the CPU
 # port's limit, not the checkpoint's: e.g. SGLang 0.5.23 layers/rotary_embedding/factory.py:478
 # get_rope_cpu asserts "Only deepseek_yarn is supported for CPU for now" (DeepSeek-V4's RoPE).
