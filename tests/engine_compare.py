@@ -168,3 +168,13 @@ def explain(pair: PromptPair, probe: ProbeLogits) -> Flip | None:
             return Flip("draft", t + depth + 1, depth, float(row.max() - other), float(row.abs().max()))
         t += accepted + 1
     return None
+
+
+def near_tie_flip(pair: PromptPair, probe: ProbeLogits, where: str) -> Flip:
+    """The first split of a prompt whose probe and engine runs differ (``explain``), asserted to be a
+    near-tie: a decision within bf16 rounding of its runner-up. ``where`` names the prompt in the messages."""
+    flip = explain(pair, probe)
+    assert flip is not None, f"{where}: histograms differ but every decision agrees"
+    assert flip.near_tie, (f"{where}: the probe and vLLM part at a decision the probe makes by "
+                           f"{flip.margin:.4f} (over {TIE_FRACTION} x {flip.scale:.3f})")
+    return flip
