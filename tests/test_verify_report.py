@@ -204,11 +204,12 @@ def test_a_draft_built_as_the_target_class_without_mtp_tensors_is_a_target_copy(
     from ckptinspect.verify.decide import engine_check, finding
     from ckptinspect.verify.outcome import result_from_answer
 
-    copy = result_from_answer("x", "x", "sglang", "py", _answer(["MiniMaxM2ForCausalLM"], ["MiniMaxM2ForCausalLM"]), 1.0)
+    m2 = ["MiniMaxM2ForCausalLM"]
+    copy = result_from_answer("x", "x", "sglang", "py", _answer(m2, m2), 1.0)
     assert copy.outcome == "target copy" and copy.draft_is_target
     # the same answer with the draft architecture renamed (an MTP head) or with MTP tensors in it is not a copy
-    head = result_from_answer("x", "x", "sglang", "py",
-                              _answer(["DeepseekV3ForCausalLMNextN"], ["DeepseekV3ForCausalLM"], ("model.layers.61.eh_proj.weight",)), 1.0)
+    nextn = _answer(["DeepseekV3ForCausalLMNextN"], ["DeepseekV3ForCausalLM"], ("model.layers.61.eh_proj.weight",))
+    head = result_from_answer("x", "x", "sglang", "py", nextn, 1.0)
     assert head.outcome == "loads" and not head.draft_is_target
     same_class_with_mtp = result_from_answer(
         "x", "x", "sglang", "py", _answer(["M"], ["M"], loaded_mtp=("model.layers.3.eh_proj.weight",)), 1.0)

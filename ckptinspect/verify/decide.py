@@ -3,8 +3,9 @@
 Where the dry-load ran for the engine version the rules judged, it decides that engine's verdict: a draft
 that ``loads`` is ``ready`` / ``degraded`` (the rules' grade kept when they agree, else ``ready``); one with
 ``defects``, that raised (``load failed``) or that is the target model itself (``target copy``) is
-``unusable`` (``absent`` kept when the rules found no MTP layer). When the rules said otherwise, the report says so in a ``rules-disagree-with-engine`` warning
-naming the modules, never silently and never as two verdicts. Where the dry-load could not decide (the
+``unusable`` (``absent`` kept when the rules found no MTP layer). When the rules said otherwise, the
+report says so in a ``rules-disagree-with-engine`` warning naming the modules, never silently and never as
+two verdicts. Where the dry-load could not decide (the
 engine refused this machine, a step could not run here, the checkpoint could not be offered to it, or the
 installed version is not the one the rules judged), the verdict stays the rules' and the report says
 "not decided by the engine: <why>" (an ``engine-check-not-decided`` info finding).
