@@ -323,10 +323,16 @@ def probe(ref: str, options: ProbeOptions | None = None, settings: Settings | No
 
 def gate(report: "Report", fail_on: str, engine: str = "both") -> list[str]:
     """What trips ``--fail-on`` (empty: the gate passes): ``engine=verdict`` for each engine whose MTP
-    verdict is ``fail_on`` or worse, or for ``fail_on="error"`` the code of each error finding."""
+    verdict is ``fail_on`` or worse, or for ``fail_on="error"`` the code of each error finding. A draft the
+    family declares in a subfolder (MiniMax-M3's ``dspark/``) and the checkpoint ships is gated too, as
+    ``dspark/ engine=verdict`` and ``code (dspark/)``: a release whose shipped draft is broken is not ready
+    for that draft. A subfolder the checkpoint does not ship (``absent``: the target serves without it) or
+    a source cannot read (``not read``: its info finding says so) adds nothing."""
+    drafts = [d for d in report.drafts if d.status == "present"]
     if fail_on == "error":
         return [f.code for f in (*report.checkpoint.findings, *(report.mtp.findings if report.mtp else ()))
-                if f.severity == "error"]
+                if f.severity == "error"] + [f"{f.code} ({d.subfolder}/)" for d in drafts for f in d.findings
+                                             if f.severity == "error"]
     if report.mtp is None:
         return []
     # "both" gates every engine judged (sglang and vllm, or llamacpp for a GGUF); naming an engine that was
@@ -336,7 +342,9 @@ def gate(report: "Report", fail_on: str, engine: str = "both") -> list[str]:
         raise CkptInspectError(f"--fail-on: no {engine} verdict for this checkpoint (judged: "
                                f"{', '.join(report.mtp.verdicts)})")
     return [f"{e}={report.mtp.verdicts[e].verdict}" for e in engines
-            if e in report.mtp.verdicts and VERDICT_RANK[report.mtp.verdicts[e].verdict] >= FAIL_ON[fail_on]]
+            if e in report.mtp.verdicts and VERDICT_RANK[report.mtp.verdicts[e].verdict] >= FAIL_ON[fail_on]] + [
+        f"{d.subfolder}/ {e}={d.verdicts[e].verdict}" for d in drafts for e in engines
+        if e in d.verdicts and VERDICT_RANK[d.verdicts[e].verdict] >= FAIL_ON[fail_on]]
 
 
 def diff_gate(result: "CheckpointDiff", fail_on: str) -> list[str]:

@@ -170,15 +170,25 @@ def assess_drafts(raw: RawCheckpoint, family: Any, ruleset: Any, *, rules_dirs: 
         if sub_raw is not None:
             sub_ck, (_, sub_family) = checkpoint_from_raw(sub_raw, rules_dirs=rules_dirs, rules=lambda: ruleset)
             sub_mtp = assess_mtp(sub_ck, sub_family, ruleset, engine_versions=engine_versions)
-            # the draft family's checks speak of a draft reported on its own ("serve the target"): not here
+            # the draft family's checks speak of a draft reported on its own ("serve the target"): not here.
+            # The subfolder's own checkpoint findings (quantization cross-checks, ...) are the draft's too.
             own = {c.code for c in sub_family.checks} if sub_family is not None else set()
-            findings = [f for f in sub_mtp.findings if not (f.engine is None and f.code in own)]
+            findings = [f for f in (*sub_ck.findings, *sub_mtp.findings) if not (f.engine is None and f.code in own)]
+            verdicts = sub_mtp.verdicts
             if sub_ck.family != decl.family:
+                # The engines read the subfolder as THE draft of the target whatever it holds, and build the
+                # declared draft only from its own architecture (the draft family's match; e.g. SGLang's
+                # _config_draft_model and vLLM's hf_config_override rewrite only a DSparkMiniMaxDraftModel
+                # config: rules/families/minimax_m3_dspark.yaml). Anything else is no draft they can serve:
+                # the subfolder is broken, each engine's draft unusable (not the other family's verdicts).
                 findings.append(Finding(
-                    "draft-subfolder-family-mismatch", "warning",
-                    f"{decl.path}/config.json matches family {sub_ck.family or 'none'}, not {decl.family} (the "
-                    "draft the engines expect there)", subject=f"{decl.path}/config.json", reference=decl.reference))
-            out.append(DraftAssessment(decl.path, decl.family, "present", sub_raw.location, sub_mtp.verdicts,
+                    MISMATCH_CODE, "error",
+                    f"{decl.path}/config.json matches family {sub_ck.family or 'none'}, not {decl.family}: the "
+                    f"engines load {decl.path}/ as the target's {decl.family} draft, which this is not",
+                    subject=f"{decl.path}/config.json", reference=decl.reference,
+                    hint=f"ship the {decl.family} draft in {decl.path}/, or remove the subfolder"))
+                verdicts = _declared_draft_verdicts(decl, ruleset, engine_versions, MISMATCH_CODE)
+            out.append(DraftAssessment(decl.path, decl.family, "present", sub_raw.location, verdicts,
                                        tuple(findings), decl.reference, checkpoint=sub_ck, mtp=sub_mtp))
             continue
         listed = f"{decl.path}/config.json" in raw.files
@@ -211,6 +221,23 @@ def assess_drafts(raw: RawCheckpoint, family: Any, ruleset: Any, *, rules_dirs: 
         out.append(DraftAssessment(decl.path, decl.family, "absent", f"{raw.location}/{decl.path}", verdicts,
                                    tuple(findings), decl.reference))
     return tuple(out)
+
+
+MISMATCH_CODE = "draft-subfolder-family-mismatch"
+
+
+def _declared_draft_verdicts(decl: Any, ruleset: Any, engine_versions: Mapping[str, str] | None,
+                             code: str) -> dict[str, EngineVerdict]:
+    """``unusable`` for each engine the declared draft family judges, with ``code`` as the reason: what the
+    engines do with a subfolder that holds something else."""
+    draft_family = ruleset.get(decl.family)
+    out: dict[str, EngineVerdict] = {}
+    for engine, rule in (draft_family.engines.items() if draft_family is not None else ()):
+        version = (engine_versions or {}).get(engine, rule.version)
+        out[engine] = EngineVerdict(engine=engine, verdict="unusable", engine_version=version,
+                                    draft_architecture=rule.draft_architecture, method=rule.method,
+                                    draft_quantization=None, layers_used=0, reasons=(code,))
+    return out
 
 
 def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,

@@ -10,8 +10,13 @@ error, which would be a complaint about what the publisher shipped).
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
+from ckptinspect import api
 from ckptinspect.api import gate
 from conftest import run_cli
 from fixtures.generate import FIXTURES
@@ -146,3 +151,65 @@ def test_a_broken_file_is_an_error_before_any_gate(name, make_fixture):
 
     with pytest.raises(CkptInspectError):
         api.inspect(str(make_fixture(name)))
+
+
+# MiniMax-M3 releases ship their DSpark draft in dspark/ (rules: minimax_m3 draft_subfolders), which both engines
+# load from there themselves: the gate judges that draft too. A broken one (tensors missing; a config of another
+# family, which neither engine builds as the DSpark draft: rules/families/minimax_m3_dspark.yaml) fails the gate
+# for the draft, where the target alone would pass (vLLM: the target's MTP verdict is ready).
+def _unknown_family(draft: Path) -> None:
+    config = json.loads((draft / "config.json").read_text(encoding="utf-8"))
+    config.update(architectures=["SomeOtherDraftModel"], model_type="some_other_draft")
+    (draft / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+DSPARK_DRAFTS = {"as released": ("minimax_m3_dspark", None),
+                 "markov head missing": ("minimax_m3_dspark_no_markov", None),
+                 "config of another family": ("minimax_m3_dspark", _unknown_family)}
+
+
+@pytest.fixture()
+def with_dspark(make_fixture, tmp_path):
+    def build(case: str) -> Path:
+        draft, mutate = DSPARK_DRAFTS[case]
+        root = tmp_path / case.replace(" ", "-")
+        shutil.copytree(make_fixture("minimax_m3_vl"), root)
+        shutil.copytree(make_fixture(draft), root / "dspark")
+        if mutate is not None:
+            mutate(root / "dspark")
+        return root
+    return build
+
+
+@pytest.mark.parametrize("case", sorted(DSPARK_DRAFTS))
+def test_the_gate_judges_the_draft_subfolder_a_release_ships(case, with_dspark):
+    from ckptinspect.audit.row import gate as row_gate, row_from_report
+    from ckptinspect.pipeline import build_report
+    from ckptinspect.render.json_out import report_to_json
+
+    root = with_dspark(case)
+    r = build_report(str(root), progress=False)
+    assert r.mtp.verdicts["vllm"].verdict == "ready"  # the target alone passes for vLLM
+    broken = case != "as released"
+    draft_trips = {"unusable": ["dspark/ vllm=unusable"] if broken else [],
+                   "error": [t for t in gate(r, "error") if t.endswith("(dspark/)")]}
+    assert gate(r, "unusable", "vllm") == draft_trips["unusable"]
+    assert gate(r, "degraded", "vllm") == draft_trips["unusable"]
+    assert bool(draft_trips["error"]) is broken, gate(r, "error")
+    # the audit's gate reads the same document and trips the same way
+    row = row_from_report("MiniMaxAI/MiniMax-M3", report_to_json(r))
+    for fail_on in ("unusable", "error"):
+        assert row_gate(row, fail_on, "vllm") == gate(r, fail_on, "vllm"), fail_on
+    # and so does the CLI a release pipeline runs
+    res = run_cli("report", str(root), "--fail-on", "unusable", "--engine", "vllm", "-q")
+    assert res.returncode == (1 if broken else 0), res.stderr[-300:]
+    if broken:
+        assert "dspark/ vllm=unusable" in res.stderr
+
+
+def test_a_target_without_the_draft_subfolder_is_not_gated_on_it(make_fixture):
+    """No dspark/: the target serves without the draft (the engines raise only when asked for DSpark; info
+    findings say so), so the gate is the target's alone."""
+    r = api.inspect(str(make_fixture("minimax_m3_vl")))
+    assert r.drafts[0].status == "absent" and r.drafts[0].verdicts["vllm"].verdict == "unusable"
+    assert gate(r, "unusable", "vllm") == [] and not [t for t in gate(r, "error") if "dspark/" in t]

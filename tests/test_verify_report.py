@@ -183,3 +183,48 @@ def test_what_the_engine_cannot_decide_keeps_the_rules_verdict_and_says_why():
     assert finding(check).subject == "mtp.layers.0.fc"
     # a missing MTP layer the engine cannot load either: they agree, absent stays absent
     assert engine_check("sglang", "absent", "0.5.23", _result("load failed")).verdict == "absent"
+
+
+def _answer(draft_architectures, target_architectures, loaded_mtp=(), loaded_other=("model.layers.0.mlp.w1",)):
+    """An engine script's answer (engine_side/*_dryload.py) whose steps all ran and whose parameters loaded."""
+    return {"engine_version": "0.5.23", "method": "NEXTN", "draft_architectures": list(draft_architectures),
+            "target_architectures": list(target_architectures), "draft_class": draft_architectures[0],
+            "steps": [{"step": "load weights", "ok": True, "seconds": 0.1}],
+            "parameters": [{"name": "model.layers.0.mlp.w1.weight", "dtype": "bfloat16", "shape": [4, 4],
+                            "status": "loaded", "calls": 1}],
+            "tensors": {"offered": 2, "loaded_mtp": list(loaded_mtp), "skipped_mtp": [],
+                        "loaded_other": list(loaded_other), "skipped_other": 0}}
+
+
+def test_a_draft_built_as_the_target_class_without_mtp_tensors_is_a_target_copy():
+    """SGLang 0.5.23 builds MiniMaxM2ForCausalLM itself as the NEXTN draft (configs/model_config.py
+    _config_draft_model renames no M2 architecture) and loads the trunk into it: it loads, yet it is no MTP
+    head. The outcome says so, and the decision maps it to the rules' unusable / absent."""
+    from ckptinspect.render.verify_out import validate_verify_json, verify_json, verify_text
+    from ckptinspect.verify.decide import engine_check, finding
+    from ckptinspect.verify.outcome import result_from_answer
+
+    m2 = ["MiniMaxM2ForCausalLM"]
+    copy = result_from_answer("x", "x", "sglang", "py", _answer(m2, m2), 1.0)
+    assert copy.outcome == "target copy" and copy.draft_is_target
+    # the same answer with the draft architecture renamed (an MTP head) or with MTP tensors in it is not a copy
+    nextn = _answer(["DeepseekV3ForCausalLMNextN"], ["DeepseekV3ForCausalLM"], ("model.layers.61.eh_proj.weight",))
+    head = result_from_answer("x", "x", "sglang", "py", nextn, 1.0)
+    assert head.outcome == "loads" and not head.draft_is_target
+    same_class_with_mtp = result_from_answer(
+        "x", "x", "sglang", "py", _answer(["M"], ["M"], loaded_mtp=("model.layers.3.eh_proj.weight",)), 1.0)
+    assert same_class_with_mtp.outcome == "loads"
+    # an older answer without the target's architectures cannot be called a copy
+    old = _answer(["MiniMaxM2ForCausalLM"], [])
+    assert result_from_answer("x", "x", "sglang", "py", old, 1.0).outcome == "loads"
+    text = verify_text(copy)
+    assert "TARGET COPY" in text and "draft is the target model, not an MTP head" in text
+    validate_verify_json(json.loads(json.dumps(verify_json(copy))))
+    for rules in ("unusable", "absent"):
+        check = engine_check("sglang", rules, "0.5.23", copy)
+        assert (check.decided, check.agrees, check.verdict) == (True, True, rules) and finding(check) is None
+        assert "draft is the target model" in check.modules[0]
+    # rules that call it ready are overruled: the engine decides unusable, and the finding says why
+    check = engine_check("sglang", "ready", "0.5.23", copy)
+    assert (check.decided, check.agrees, check.verdict) == (True, False, "unusable")
+    assert "target copy" in finding(check).message and "not an MTP head" in finding(check).message

@@ -144,13 +144,6 @@ KNOWN_DISAGREEMENTS: dict[tuple[str, str], str] = {
         "a GPU) for the NextN head's quantization"),
 }
 KNOWN_DISAGREEMENTS[("sglang", "nvidia/DeepSeek-V3.1-NVFP4")] = KNOWN_DISAGREEMENTS[("sglang", "deepseek-v3.1-nvfp4")]
-for _name in ("MiniMaxAI/MiniMax-M2.5", "MiniMaxAI/MiniMax-M2.7"):
-    KNOWN_DISAGREEMENTS[("sglang", _name)] = (
-        "rules say unusable (mtp-declared-not-published: num_mtp_modules 3, no MTP tensor ships); SGLang 0.5.23 "
-        "has no NextN draft class for MiniMaxM2ForCausalLM (configs/model_config.py:1032-1110 renames the draft "
-        "architecture only for the families it lists), so --speculative-algorithm NEXTN builds the draft as the "
-        "whole target class and loads the trunk into it (0 MTP tensors): it loads, but it is not an MTP head. "
-        "Needs a decision on what the rules call 'loads as stored' for a target-copy draft")
 KNOWN_DISAGREEMENTS[("vllm", "XiaomiMiMo/MiMo-V2-Flash")] = (
     "rules say degraded (mtp-extra-layers-unused) and build the MTP self_attn.o_proj block-FP8 (inherited), "
     "while vLLM 0.32.0 builds it with quant_config=None whenever 'mtp.layers' is in the prefix "
@@ -264,6 +257,8 @@ def summary_text(engine: str, results: dict, seconds: float | None = None) -> st
 
 
 def _dryload_verdict(result) -> str:
+    """Only ``loads`` is a draft that loads as stored: a ``target copy`` loads the trunk into a second copy
+    of the target model, which is no MTP head (verify/decide.py AGREEING: unusable / absent)."""
     return "loads" if result.outcome == "loads" else "fails"
 
 
@@ -289,6 +284,29 @@ def test_verdict_equals_the_dry_load(corpus, engine, name, request):
                            [(m.module, p.name, p.problems) for m in result.modules for p in m.parameters
                             if p.status in ("mismatch", "never loaded")], result.mtp_tensors_skipped[:5])}
     assert _rules_verdict(report, engine) == _dryload_verdict(result), json.dumps(detail, default=str, indent=1)
+
+
+@pytest.mark.parametrize("name", ["MiniMaxAI/MiniMax-M2.5", "MiniMaxAI/MiniMax-M2.7"])
+def test_minimax_m2_draft_per_engine(corpus, name):
+    """No MTP tensor ships (num_mtp_modules 3 declared). SGLang 0.5.23 has no M2 draft class
+    (configs/model_config.py:1010-1211 _config_draft_model renames no MiniMaxM2ForCausalLM): NEXTN builds the
+    target's own class as the draft and loads the trunk into it, a target copy (and its EAGLE worker would
+    then call set_embed_and_head, which the class lacks: speculative/eagle_worker_v2.py:378). vLLM 0.32.0
+    refuses method mtp for it (vllm/config/speculative.py:1386-1389). Both agree with the rules' unusable, each
+    for its own reason, and the report's SGLang reason says the engine would build the target as draft."""
+    report, sglang = corpus["sglang"][name]
+    assert (sglang.outcome, sglang.draft_class, sglang.target_architectures, sglang.mtp_tensors_loaded) == (
+        "target copy", "MiniMaxM2ForCausalLM", ("MiniMaxM2ForCausalLM",), 0)
+    assert len(sglang.other_tensors_loaded) > 0  # the trunk went into the draft: a second copy of the weights
+    assert any("set_embed_and_head" in line and "eagle_worker_v2.py" in line for line in sglang.not_run)
+    _, vllm = corpus["vllm"][name]
+    assert vllm.outcome == "load failed"
+    assert any("Unsupported speculative method" in (s.error or "") for s in vllm.steps if not s.ok)
+    for engine in ("sglang", "vllm"):
+        assert report.mtp.verdicts[engine].verdict == "unusable"
+    message = next(f.message for f in report.mtp.findings if f.engine == "sglang"
+                   and f.code == "mtp-declared-not-published")
+    assert "build the target model itself (MiniMaxM2ForCausalLM) as the draft" in message
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])

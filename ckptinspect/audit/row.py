@@ -163,12 +163,17 @@ def gate(row: AuditRow, fail_on: str, engine: str = "both") -> list[str]:
     if not row.ok:
         return [f"unreadable ({row.error.kind})"]
     doc = row.report
+    # the drafts a family declares in subfolders and the repo ships (mtp.drafts[]), as api.gate gates them
+    drafts = [d for d in (doc.get("mtp") or {}).get("drafts", ()) if d["status"] == "present"]
     if fail_on == "error":
-        return [f["code"] for f in doc["findings"] if f["severity"] == "error"]
+        return [f["code"] for f in doc["findings"] if f["severity"] == "error"] + [
+            f"{f['code']} ({d['subfolder']}/)" for d in drafts for f in d["findings"] if f["severity"] == "error"]
     threshold = VERDICT_RANK[fail_on]
     verdicts = doc["mtp"]["verdict"]
     engines = judged(verdicts, engine)
     missing = [e for e in engines if e not in verdicts]
     if missing:  # `report --fail-on` refuses this too: never a silent pass
         return [f"no {missing[0]} verdict (judged: {', '.join(verdicts)})"]
-    return [f"{e}={verdicts[e]}" for e in engines if VERDICT_RANK[verdicts[e]] >= threshold]
+    return [f"{e}={verdicts[e]}" for e in engines if VERDICT_RANK[verdicts[e]] >= threshold] + [
+        f"{d['subfolder']}/ {e}={d['verdict'][e]}" for d in drafts for e in engines
+        if e in d["verdict"] and VERDICT_RANK[d["verdict"][e]] >= threshold]

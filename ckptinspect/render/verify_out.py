@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ckptinspect.escape import escaped
+from ckptinspect.verify.decide import target_copy_line
+from ckptinspect.verify.records import TARGET_COPY
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("verify.schema.json")
@@ -39,7 +41,10 @@ def verify_text(result: Any) -> str:
              f"tensors         {result.tensors_offered:,} offered: {result.mtp_tensors_loaded:,} MTP loaded, "
              f"{len(result.mtp_tensors_skipped):,} MTP skipped, {len(result.other_tensors_loaded):,} other loaded "
              f"({', '.join(result.other_tensors_loaded[:3])}), {result.other_tensors_skipped:,} other skipped",
-             f"wall            {result.seconds:.1f} s", "", "Steps", "====="]
+             f"wall            {result.seconds:.1f} s"]
+    if result.outcome == TARGET_COPY:
+        lines.append(f"target copy     {target_copy_line(result)}")
+    lines += ["", "Steps", "====="]
     for step in result.steps:
         mark = "ok" if step.ok else "FAILED"
         lines.append(f"{step.step:<36} {mark:<6} {step.seconds:.2f} s")

@@ -2,9 +2,10 @@
 
 Where the dry-load ran for the engine version the rules judged, it decides that engine's verdict: a draft
 that ``loads`` is ``ready`` / ``degraded`` (the rules' grade kept when they agree, else ``ready``); one with
-``defects`` or that raised (``load failed``) is ``unusable`` (``absent`` kept when the rules found no MTP
-layer). When the rules said otherwise, the report says so in a ``rules-disagree-with-engine`` warning
-naming the modules, never silently and never as two verdicts. Where the dry-load could not decide (the
+``defects``, that raised (``load failed``) or that is the target model itself (``target copy``) is
+``unusable`` (``absent`` kept when the rules found no MTP layer). When the rules said otherwise, the
+report says so in a ``rules-disagree-with-engine`` warning naming the modules, never silently and never as
+two verdicts. Where the dry-load could not decide (the
 engine refused this machine, a step could not run here, the checkpoint could not be offered to it, or the
 installed version is not the one the rules judged), the verdict stays the rules' and the report says
 "not decided by the engine: <why>" (an ``engine-check-not-decided`` info finding).
@@ -22,8 +23,10 @@ from typing import Any, Callable, Mapping, Sequence
 from ckptinspect.records import Finding
 from ckptinspect.verify.records import VerifyResult
 
-# dry-load outcome -> the rules' verdicts that say the same
-AGREEING = {"loads": ("ready", "degraded"), "defects": ("unusable", "absent"), "load failed": ("unusable", "absent")}
+# dry-load outcome -> the rules' verdicts that say the same; a ``target copy`` (the engine built the target
+# model itself as the draft, no MTP tensor in it) loads, but it is no MTP head: nothing to serve as one
+AGREEING = {"loads": ("ready", "degraded"), "target copy": ("unusable", "absent"),
+            "defects": ("unusable", "absent"), "load failed": ("unusable", "absent")}
 DISAGREE_CODE = "rules-disagree-with-engine"
 NOT_DECIDED_CODE = "engine-check-not-decided"
 REFERENCE = "docs/verify.md"
@@ -89,8 +92,18 @@ def engine_check(engine: str, rules_verdict: str, rules_version: str | None, res
                        modules=_modules(result) or (() if agrees else tuple(rules_modules)), seconds=result.seconds)
 
 
+def target_copy_line(result: VerifyResult) -> str:
+    """What a ``target copy`` outcome means, in one line (the report's module entry, verify's text)."""
+    return (f"draft is the target model, not an MTP head: {result.engine} built {result.draft_class or '-'} (the "
+            f"target's own architecture {', '.join(result.target_architectures)}) as the draft, "
+            f"{len(result.other_tensors_loaded):,} of the target's tensors loaded into it, 0 MTP tensors")
+
+
 def _modules(result: VerifyResult) -> tuple[str, ...]:
-    """Where the dry-load went wrong: the parameters mis-loaded or never loaded, else the step that raised."""
+    """Where the dry-load went wrong: the parameters mis-loaded or never loaded, else the step that raised;
+    for a target copy, that the draft is the target model."""
+    if result.outcome == "target copy":
+        return (target_copy_line(result),)
     bad = tuple(f"{m.module}.{p.name}: {p.status}" for m in result.modules for p in m.parameters
                 if p.status in ("mismatch", "never loaded"))
     if bad:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The dry-load's outcome, worst last: every built parameter loaded as stored, with the dtype it was built
-# with / loaded, but a parameter is mis-loaded, never loaded or an MTP tensor was skipped / a step raised
-# in the engine / a step could not run here.
-OUTCOMES = ("loads", "defects", "load failed", "not run")
+# with / the draft loads, but the engine built the target model itself as the draft (its class resolved
+# from the target's own architecture) and no MTP tensor reached it: a second copy of the trunk, not an MTP
+# head / a parameter is mis-loaded, never loaded or an MTP tensor was skipped / a step raised in the
+# engine / a step could not run here.
+OUTCOMES = ("loads", "target copy", "defects", "load failed", "not run")
+TARGET_COPY = "target copy"
 
 
 @dataclass(frozen=True)
@@ -69,3 +72,12 @@ class VerifyResult:
     shims: tuple[str, ...]  # platform checks replaced for the dry-load, each with why
     not_run: tuple[str, ...]  # steps of a real load not run here, each with why
     seconds: float  # wall time of the engine subprocess
+    # the architectures the engine reads for the TARGET model (its own model config, built before the
+    # draft's, as the engine's target worker does); empty when the script stopped before reading them
+    target_architectures: tuple[str, ...] = ()
+
+    @property
+    def draft_is_target(self) -> bool:
+        """The engine's draft architecture is the target's own (no draft architecture took its place), so
+        the engine built the target model's class as the draft."""
+        return bool(self.target_architectures) and self.draft_architectures[:1] == self.target_architectures[:1]

@@ -5,8 +5,11 @@ The steps, each SGLang's own function unless named otherwise:
 1. ``ServerArgs(model_path=<scratch dir with the checkpoint's JSON files>, speculative_algorithm="NEXTN",
    device="cpu")`` and ``runtime_context.publish(..., role="scheduler")``, as a scheduler process does
    (managers/scheduler.py run_scheduler_process), for one rank.
-2. ``ModelConfig.from_server_args(server_args, is_draft_model=True)`` (configs/model_config.py): the draft
-   architecture (``_config_draft_model``) and the draft's quantization.
+2. ``ModelConfig.from_server_args(server_args)`` for the target (its architectures, as the target worker
+   reads them), then ``ModelConfig.from_server_args(server_args, is_draft_model=True)``
+   (configs/model_config.py): the draft architecture (``_config_draft_model``) and the draft's quantization.
+   An architecture ``_config_draft_model`` does not rename stays the target's: the draft is then the
+   target model itself (outcome ``target copy`` when no MTP tensor reaches it).
 3. ``_get_quantization_config`` (model_loader/loader.py): the quantization config, with the model class's
    packed-modules mapping.
 4. ``init_distributed_environment`` + ``initialize_model_parallel`` (one gloo rank), then
@@ -106,6 +109,15 @@ def main(request: dict, result: dict) -> None:
             world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), dp_rank=None, gpu_id=0))
     if not steps[-1]["ok"]:
         return
+    # The target's model config first, as the scheduler builds the target worker before the draft's
+    # (managers/tp_worker.py _init_model_config): the architecture SGLang serves. The draft config below may
+    # rewrite the same hf_config object in place (configs/model_config.py _config_draft_model), so the
+    # target's list is copied now. A draft whose architecture is still the target's is the target model.
+    with common.Step(steps, "target model config"):
+        target_config = ModelConfig.from_server_args(server_args, model_path=scratch)
+        result["target_architectures"] = list(target_config.hf_config.architectures or [])
+    if not steps[-1]["ok"]:
+        return
     with common.Step(steps, "draft model config"):
         model_config = ModelConfig.from_server_args(
             server_args, model_path=server_args.speculative_draft_model_path or scratch, is_draft_model=True)
@@ -150,6 +162,14 @@ def main(request: dict, result: dict) -> None:
     result["tensors"] = common.tensor_outcome(rows, recorder)
     result["not_run"] = ["postprocess_weights (process_weights_after_loading): repacks parameter data for the "
                          "kernels; meta tensors carry none"]
+    if steps[-1]["ok"] and not hasattr(model, "set_embed_and_head") and method in ("NEXTN", "EAGLE"):
+        # NEXTN is EAGLE (arg_groups/speculative_hook.py _resolve_speculative_algorithm_alias), whose draft
+        # worker calls set_embed_and_head without asking (speculative/eagle_worker_v2.py:378,
+        # EagleDraftWorker.init_lm_head, from alloc_memory_pool): a class without it stops the server there.
+        result["not_run"].append(f"set_embed_and_head: {type(model).__name__} has none, and SGLang's EAGLE draft "
+                                 "worker calls it for every NEXTN / EAGLE draft (speculative/eagle_worker_v2.py "
+                                 "EagleDraftWorker.init_lm_head): the server would stop there with AttributeError "
+                                 "after loading the draft")
 
 
 def _engine_defaults(model) -> dict[str, str]:

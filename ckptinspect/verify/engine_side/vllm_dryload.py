@@ -80,6 +80,9 @@ def main(request: dict, result: dict) -> None:
         return
     spec = vllm_config.speculative_config
     draft_model_config = spec.draft_model_config
+    # the target's architectures as vLLM reads them (its model config), to tell a draft that is the
+    # target model itself from an MTP head
+    result["target_architectures"] = list(getattr(vllm_config.model_config.hf_config, "architectures", None) or [])
     result.update(method=spec.method, draft_architectures=list(getattr(draft_model_config.hf_config,
                                                                        "architectures", None) or []),
                   quantization=draft_model_config.quantization)
