@@ -207,6 +207,9 @@ class DeclaredQuant:
     excludes: tuple[ExcludeList, ...]
     quantized_layers: Mapping[str, str] = field(default_factory=dict)  # MIXED_PRECISION
     raw: Mapping[str, Any] = field(default_factory=dict)  # the quantization dict used
+    # producer.name of the dict vLLM reads (config.json's quantization_config, else hf_quant_config.json);
+    # its ModelOpt algo check runs only for a "modelopt" producer (readiness/engine_methods.py)
+    producer: str | None = None
 
 
 @dataclass(frozen=True)

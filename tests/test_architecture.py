@@ -127,6 +127,8 @@ JSON_WRITERS = {
     "ckptinspect/sources/hub_session.py": "request bodies the bounded client posts to an engine or main-model server",
     "ckptinspect/probe/sequences.py": "the --save-continuations file the probe reads back",
     "ckptinspect/probe/loader.py": "config / index files of the probe's temporary model directory",
+    "ckptinspect/verify/request.py": "the dry-load request on the engine's stdin, when a config file holds Infinity / NaN "
+                                     "(msgspec would write null)",
     "ckptinspect/verify/engine_side/_dryload_common.py": "the engine script's answer line (run by the engine's Python)",
     "ckptinspect/verify/engine_side/vllm_dryload.py": "the config files of the engine's scratch model directory",
     "ckptinspect/verify/engine_side/sglang_dryload.py": "the config files of the engine's scratch model directory",

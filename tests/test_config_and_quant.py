@@ -47,6 +47,17 @@ def test_qwen3_next_layer_types_derive_from_the_interval():
     assert cfg.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",)
 
 
+def test_nemotron_h_layer_count_is_the_block_list_length():
+    """nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16's config.json lists its blocks (layers_block_type) and
+    carries no num_hidden_layers: the count is the list's length, as transformers' NemotronHConfig answers."""
+    corpus = Path(__file__).resolve().parent.parent / "fixtures" / "data" / "corpus"
+    raw = json.loads((corpus / "nvidia__NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16__config.json").read_text())
+    assert "num_hidden_layers" not in raw
+    assert normalize_config(raw).num_hidden_layers == len(raw["layers_block_type"]) > 0
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        normalize_config({**raw, "layers_block_type": []})
+
+
 @pytest.mark.parametrize("raw,message", [
     ([1, 2], "is not a JSON object"),
     ({"hidden_size": 8}, "missing 'num_hidden_layers'"),

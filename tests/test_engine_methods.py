@@ -175,8 +175,63 @@ def test_rules_validate_refuses_a_bad_known_methods_entry(tmp_path):
 
     text = (rules_root() / "quant" / "vllm.yaml").read_text()
     bad = tmp_path / "vllm.yaml"
-    bad.write_text(text.replace('    refusal: "Unknown quantization method', '    note: "Unknown quantization method'))
+    # the first entry only (one per version range): the error must name that entry
+    bad.write_text(text.replace('    refusal: "Unknown quantization method', '    note: "Unknown quantization method', 1))
     [result] = validate_rules([bad])
     assert result.error is not None and "known_methods" in result.error
     with pytest.raises(RuleError, match=r"known_methods\[0\]"):
         load_rule_document(bad, "module_quant.schema.json")
+
+
+def test_vllm_032_refuses_a_modelopt_mixed_precision_hf_quant_config():
+    """vLLM 0.32.0 maps a ModelOpt block's quant_algo FP8 / NVFP4 only and raises "Unknown ModelOpt quant algo"
+    for MIXED_PRECISION (0.33.0 added it): nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4's hf_quant_config.json
+    is refused at start-up by 0.32.0 and read by 0.33.0. The check reads the nested `quantization` block only:
+    config.json's flat quantization_config (read first) and a block without the modelopt producer are not asked."""
+    from pathlib import Path
+
+    from ckptinspect.quant.declared import read_declared
+    from ckptinspect.readiness.engine_methods import modelopt_algo_refusal
+
+    corpus = Path(__file__).resolve().parent.parent / "fixtures" / "data" / "corpus"
+    name = "nvidia__NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
+    config = json.loads((corpus / f"{name}__config.json").read_text())
+    hf_quant = json.loads((corpus / f"{name}__hf_quant_config.json").read_text())
+    section = module_quant_rules("vllm")
+    declared, _ = read_declared(config, hf_quant)
+    refused = modelopt_algo_refusal(section, declared, VLLM_VERSION, "vLLM")
+    assert refused is not None and not refused.known
+    assert refused.message == "vLLM 0.32.0 refuses the checkpoint at start-up: Unknown ModelOpt quant algo: MIXED_PRECISION"
+    assert modelopt_algo_refusal(section, declared, "0.33.0", "vLLM") is None
+    flat, _ = read_declared({**config, "quantization_config": {**hf_quant["quantization"], "quant_method": "modelopt",
+                                                               "producer": hf_quant["producer"]}}, None)
+    assert modelopt_algo_refusal(section, flat, VLLM_VERSION, "vLLM") is None
+    unproduced, _ = read_declared(config, {"quantization": hf_quant["quantization"]})
+    assert modelopt_algo_refusal(section, unproduced, VLLM_VERSION, "vLLM") is None
+    nvfp4, _ = read_declared(config, {**hf_quant, "quantization": {"quant_algo": "NVFP4"}})
+    assert modelopt_algo_refusal(section, nvfp4, VLLM_VERSION, "vLLM") is None
+
+
+def test_lightning_release_is_refused_by_both_installed_engines(tmp_path):
+    """The released nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4 metadata (MIXED_PRECISION in
+    hf_quant_config.json alone): vLLM 0.32.0 refuses the ModelOpt algo, SGLang 0.5.23's Nemotron-H override
+    reads quantized_layers from config.json's quantization_config, which is not there (both dry-loads stop so,
+    tests/test_verify_vs_rules.py). With that block in config.json, SGLang's rule no longer fires."""
+    from fixtures.corpus import entries, write_entry
+
+    from ckptinspect.pipeline import build_report
+
+    [entry] = [e for e in entries() if e.repo == "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"]
+    versions = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION}
+    report = build_report(str(write_entry(entry, tmp_path)), progress=False, engine_versions=dict(versions))
+    assert report.mtp.verdicts["vllm"].reasons == (METHOD_UNKNOWN,)
+    assert report.mtp.verdicts["sglang"].verdict == "unusable"
+    assert "engine-start-fails" in report.mtp.verdicts["sglang"].reasons
+    newer = build_report(str(tmp_path / "nvidia__NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"), progress=False,
+                         engine_versions={"vllm": "0.33.0", "sglang": SGLANG_VERSION})
+    assert METHOD_UNKNOWN not in newer.mtp.verdicts["vllm"].reasons
+    block = json.loads(entry.hf_quant_config)["quantization"]
+    moved = type(entry)(entry.repo, entry.family, {**entry.config, "quantization_config": {
+        **block, "quant_method": "modelopt", "producer": {"name": "modelopt"}}}, None)
+    flat = build_report(str(write_entry(moved, tmp_path / "flat")), progress=False, engine_versions=dict(versions))
+    assert "engine-start-fails" not in flat.mtp.verdicts["sglang"].reasons

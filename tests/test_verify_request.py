@@ -100,3 +100,40 @@ def test_engine_side_reads_the_request_with_msgspec_or_json(monkeypatch):
     assert common.read_request() == with_msgspec == payload
     # the old row form is still read as given
     assert common.request_rows({"tensors": [["a", "BF16", [1], True]]}) == [["a", "BF16", [1], True]]
+
+
+def test_request_keeps_the_config_infinity_the_engine_reads(monkeypatch):
+    """A released config's non-finite float (nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8 ``time_step_limit:
+    [0.0, Infinity]``) reaches the engine as written: msgspec alone writes it as null, which the engine's
+    config class refuses. The engine side's reader gives it back as inf."""
+    import io
+    import math
+
+    from ckptinspect.verify.request import encode_request
+
+    request = {"json_files": {"config.json": {"time_step_limit": [0.0, math.inf]}}, "tensor_names": ["a"]}
+    common = _engine_common()
+    stdin = io.TextIOWrapper(io.BytesIO(encode_request(request)))
+    monkeypatch.setattr("sys.stdin", stdin)
+    decoded = common.read_request()
+    assert decoded["json_files"]["config.json"]["time_step_limit"] == [0.0, math.inf]
+    assert decoded["tensor_names"] == ["a"]
+    batch = {"jobs": [{"json_files": {}}, request]}  # verify_many's form
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(encode_request(batch))))
+    assert common.read_request()["jobs"][1]["json_files"]["config.json"]["time_step_limit"][1] == math.inf
+    finite = {"json_files": {"config.json": {"time_step_limit": [0.0, 0.1]}}}
+    assert json.loads(encode_request(finite)) == finite
+
+
+def test_non_gated_fused_experts_expect_w1_alone():
+    """SGLang's FusedMoE built with is_gated=False (Nemotron-H's relu2 experts: up_proj only) loads w1 alone into
+    w13_weight (0.5.23 layers/moe/fused_moe_triton/layer.py:804-808): the slot check expects no w3 there."""
+    import types
+
+    common = _engine_common()
+    gated, plain = (types.SimpleNamespace(moe_runner_config=types.SimpleNamespace(is_gated=g)) for g in (True, False))
+    model = types.SimpleNamespace(get_submodule=lambda name: {"a.experts": gated, "b.experts": plain}[name])
+    assert common.shard_names("a.experts.w13_weight", common._gated_experts(model, "a.experts.w13_weight")) == ("w1", "w3")
+    assert common.shard_names("b.experts.w13_weight", common._gated_experts(model, "b.experts.w13_weight")) == ("w1",)
+    assert common._gated_experts(model, "c.experts.w13_weight") is True  # not resolved: gated
+    assert common.shard_names("b.experts.w2_weight", False) == ("w2",)

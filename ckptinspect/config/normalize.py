@@ -90,6 +90,12 @@ def normalize_config(raw: Any, *, source: str = SOURCE) -> ModelConfig:
     values: dict[str, int | None] = {}
     for fact, aliases in ALIASES.items():
         values[fact] = _int_alias(text, aliases, text_path, source)
+    blocks = text.get("layers_block_type")
+    if values["num_hidden_layers"] is None and isinstance(blocks, list) and blocks:
+        # Nemotron-H configs that list their blocks carry no layer count (nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16):
+        # the count is the list's length (transformers 5.19 models/nemotron_h/configuration_nemotron_h.py:240-245,
+        # the num_hidden_layers property; vLLM and SGLang read the config through that class)
+        values["num_hidden_layers"] = len(blocks)
     for fact, cap in COUNT_CAPS.items():
         if values[fact] is not None and values[fact] > cap:
             raise ConfigError(f"'{ALIASES[fact][0]}' (or an alias) is {values[fact]:,}, over the {cap:,} any real "

@@ -119,8 +119,14 @@ def read_declared(config: Mapping[str, Any], hf_quant: Any,
     return DeclaredQuant(
         label=label, method=method, algo=algo, group_size=group_size, block_size=block, scale_fmt=scale_fmt,
         kv_cache=kv, sources=tuple(sources), excludes=tuple(excludes), quantized_layers=quantized_layers,
-        raw=qc if qc is not None else hq,
+        raw=qc if qc is not None else hq, producer=_producer(qc if qc is not None else hf_quant),
     ), findings
+
+
+def _producer(node: Any) -> str | None:
+    producer = node.get("producer") if isinstance(node, Mapping) else None
+    name = producer.get("name") if isinstance(producer, Mapping) else None
+    return name if isinstance(name, str) else None
 
 
 def _dig(node: Mapping[str, Any], dotted: str) -> Any:

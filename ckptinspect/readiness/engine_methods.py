@@ -18,6 +18,7 @@ from ckptinspect.readiness.versions import in_range
 
 if TYPE_CHECKING:
     from ckptinspect.readiness.context import EngineContext
+    from ckptinspect.records import DeclaredQuant
 
 METHOD_UNKNOWN = "quant-method-unknown-to-engine"
 
@@ -63,9 +64,33 @@ def method_support(section: Mapping[str, Any] | None, method: str | None, versio
     return MethodSupport(method, name, known, message, entry["source"])
 
 
+def modelopt_algo_refusal(section: Mapping[str, Any] | None, declared: "DeclaredQuant", version: str,
+                          engine_label: str) -> MethodSupport | None:
+    """The entry's ``modelopt_algos`` check: a ModelOpt block the engine reads (producer ``modelopt``, declared
+    in hf_quant_config.json alone: vLLM reads config.json's quantization_config first, and the flat layout
+    there has no ``quantization.quant_algo`` for the check to read) whose algo the engine maps to no method
+    is refused at start-up. None when the check does not apply or passes."""
+    entry = method_entry(section, version)
+    rule = entry.get("modelopt_algos") if entry is not None else None
+    algo = (declared.algo or "").upper()
+    if (rule is None or declared.producer != "modelopt" or not algo
+            or [s.split(":", 1)[0] for s in declared.sources] != ["hf_quant_config.json"]):
+        return None
+    if algo in {a.upper() for a in rule["algos"]}:
+        return None
+    return MethodSupport(declared.method or "modelopt", declared.method or "modelopt", False,
+                         f"{engine_label} {version} refuses the checkpoint at start-up: "
+                         + rule["refusal"].format(algo=declared.algo), rule["source"])
+
+
 def support_for(ctx: "EngineContext") -> MethodSupport | None:
-    """method_support for one engine context (the checkpoint's derived method at the context's version)."""
+    """method_support for one engine context (the checkpoint's derived method at the context's version),
+    after the engine's ModelOpt algo check (``modelopt_algos``), which runs before its registry is asked."""
     from ckptinspect.readiness.module_quant import module_quant_rules
 
     label = "vLLM" if ctx.engine.engine == "vllm" else ctx.engine.engine
-    return method_support(module_quant_rules(ctx.engine.engine), ctx.facts.engine_method, ctx.version, label)
+    section = module_quant_rules(ctx.engine.engine)
+    refused = modelopt_algo_refusal(section, ctx.facts.checkpoint.declared, ctx.version, label)
+    if refused is not None:
+        return refused
+    return method_support(section, ctx.facts.engine_method, ctx.version, label)

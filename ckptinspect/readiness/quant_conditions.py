@@ -244,7 +244,16 @@ def _declared_list_covers(ctx: "EngineContext", arg: Any) -> bool:
     return not _declared_list_misses(ctx, arg)
 
 
+def _declared_sources(ctx: "EngineContext", arg: Any) -> bool:
+    """The checkpoint declares its quantization, and only in the listed files (``hf_quant_config.json``:
+    no ``quantization_config`` in config.json). Engines that read the declaration from the model config
+    object find nothing there then (the family rule using it cites the engine code)."""
+    sources = ctx.facts.checkpoint.declared.sources
+    return bool(sources) and all(source.split(":", 1)[0] in set(arg) for source in sources)
+
+
 QUANT_CONDITIONS: dict[str, Callable[["EngineContext", Any], bool]] = {
+    "declared_sources": _declared_sources,
     "mtp_module_built_unlike_stored": _built_unlike_stored,
     "declared_list_covers": _declared_list_covers,
     "declared_keys": _declared_keys,

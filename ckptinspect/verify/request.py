@@ -11,6 +11,7 @@ form, the reference the columnar one is checked against (tests/test_verify_reque
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ckptinspect.header.parser import parse_header
@@ -87,7 +88,26 @@ def request_rows(request: dict[str, Any]) -> list[tuple[str, str, list[int], boo
 
 
 def encode_request(request: dict[str, Any]) -> bytes:
-    """The request as compact JSON bytes (msgspec)."""
+    """The request as compact JSON bytes (msgspec), or json's when a JSON file holds a non-finite float:
+    msgspec writes ``inf`` / ``nan`` as null, and released configs carry them (nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8
+    ``time_step_limit: [0.0, Infinity]``; transformers' NemotronHConfig refuses ``[0.0, None]``), so the engine
+    must read the file's own values. json writes them as ``Infinity`` / ``NaN``, which the engine side's json
+    reads back (engine_side/_dryload_common.py read_request falls back to json when msgspec refuses)."""
     import msgspec
 
+    jobs = request.get("jobs") or [request]  # a batch ({"jobs": [...]}, verify_many) or one request
+    if any(_has_non_finite(job.get("json_files")) for job in jobs):
+        import json
+
+        return json.dumps(request, separators=(",", ":")).encode("utf-8")
     return msgspec.json.encode(request)
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_non_finite(v) for v in value)
+    return False

@@ -37,10 +37,16 @@ PLATFORM_REFUSAL = re.compile(r"(?i)current platform does not support|not compil
                               # forced GPU-only linear kernel (kernels/linear/nvfp4/marlin.py:27 "Marlin FP4 not
                               # available" on a machine without CUDA)
                               r"not supported on cpu|not implemented on cpu|marlin fp4 not available|"
+                              # vLLM's fused MoE on a platform that is neither CUDA-alike nor XPU: non-gated
+                              # (relu2) experts, e.g. Nemotron-H's (fused_moe/config.py:1399-1404 in 0.32.0)
+                              r"is supported only for cuda|"
                               # vLLM's model registry says this when the model's module fails to import in this
                               # environment (a missing package such as torchvision, in vLLM's log): the
                               # environment's answer, not the checkpoint's (registry.py _raise_for_unsupported)
-                              r"failed to be inspected")
+                              r"failed to be inspected|"
+                              # SGLang's counterpart: its registry skipped the module that defines the
+                              # architecture because the import failed here (sglang_dryload.py _unimportable)
+                              r"does not import in this environment")
 # An exception raised inside the engine's CPU-only code path (a function named ``*_cpu``) is the CPU
 # port's limit, not the checkpoint's: e.g. SGLang 0.5.23 layers/rotary_embedding/factory.py:478
 # get_rope_cpu asserts "Only deepseek_yarn is supported for CPU for now" (DeepSeek-V4's RoPE).
@@ -291,14 +297,28 @@ def unknown_dtypes(torch: Any, rows: list) -> list[str]:
                    if dtype not in TORCH_DTYPES or not hasattr(torch, TORCH_DTYPES[dtype])})
 
 
-def shard_names(param_name: str) -> tuple[str, ...] | None:
-    """The (shard) ids a fused-expert parameter expects per expert: w13 holds w1 and w3, w2 holds w2."""
+def shard_names(param_name: str, gated: bool = True) -> tuple[str, ...] | None:
+    """The (shard) ids a fused-expert parameter expects per expert: w13 holds w1 and w3 (w1 alone for
+    non-gated experts, e.g. Nemotron-H's relu2 up_proj), w2 holds w2."""
     leaf = param_name.rsplit(".", 1)[-1]
     if leaf.startswith("w13_") or leaf.startswith("w13"):
-        return ("w1", "w3")
+        return ("w1", "w3") if gated else ("w1",)
     if leaf.startswith("w2_") or leaf == "w2":
         return ("w2",)
     return None
+
+
+def _gated_experts(model: Any, param_name: str) -> bool:
+    """Whether the fused-expert module owning ``param_name`` is gated (w13 = w1 + w3), as the engine built it:
+    SGLang's FusedMoE keeps ``moe_runner_config.is_gated`` (0.5.23 layers/moe/fused_moe_triton/layer.py:804-808
+    loads w1 alone into w13 when it is False); vLLM 0.32.0 refuses non-gated experts on this CPU platform before
+    any load (fused_moe/config.py:1399-1404), so it is not read here. Gated when the flag is not found."""
+    try:
+        module = model.get_submodule(param_name.rsplit(".", 1)[0])
+    except Exception:  # noqa: BLE001 - a name the module tree does not resolve: the common case, gated
+        return True
+    value = getattr(getattr(module, "moe_runner_config", None), "is_gated", None)
+    return value if isinstance(value, bool) else True
 
 
 def check_parameters(model: Any, recorder: Recorder, shared: dict[str, str],
@@ -315,7 +335,7 @@ def check_parameters(model: Any, recorder: Recorder, shared: dict[str, str],
             if record["dtype"] != dtype and (dtype in CODE_DTYPES or record["dtype"] in CODE_DTYPES):
                 problems.append(f"{record['tensor']} stored {record['dtype']} loaded into a {dtype} parameter")
         experts = {r["expert"] for r in records if r["expert"] is not None}
-        fused = shard_names(name)
+        fused = shard_names(name, _gated_experts(model, name))
         if records and experts and fused is not None and param.dim() >= 1:
             expected = {(shard, e) for shard in fused for e in range(int(param.shape[0]))}
             got = {(r["shard"], r["expert"]) for r in records if r["expert"] is not None}

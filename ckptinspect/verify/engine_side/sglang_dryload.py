@@ -38,7 +38,10 @@ import types
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _dryload_common as common  # noqa: E402
 
-STUBBED = ["tvm_ffi", "torchvision", "sentencepiece", "gguf", "loguru", "vllm"]
+# uvicorn / fastapi: the HTTP server packages, imported at module level by distributed/gated_launch.py, which
+# model_executor/model_runner.py imports and the Mamba / hybrid-attention models (models/nemotron_h.py through
+# layers/attention/hybrid_linear_attn_backend.py) import in turn
+STUBBED = ["tvm_ffi", "torchvision", "sentencepiece", "gguf", "loguru", "vllm", "uvicorn", "fastapi"]
 SCRATCH = tempfile.mkdtemp(prefix="ckptinspect-verify-")
 SHIMS: list[str] = []
 
@@ -51,7 +54,8 @@ def import_engine() -> None:
             raise ImportError("No module named 'sglang'")
         missing = [name for name in STUBBED if importlib.util.find_spec(name) is None]
         common.stub_missing(missing, SCRATCH, SHIMS, "imported by SGLang's GPU kernels and serving parts at module "
-                            "level (vllm: the CPU rotary embedding's custom op); the draft's construction and "
+                            "level (vllm: the CPU rotary embedding's custom op; uvicorn / fastapi: the HTTP "
+                            "server); the draft's construction and "
                             "loading never call them")
         import torch  # noqa: F401
         import sglang  # noqa: F401
@@ -127,7 +131,12 @@ def main(request: dict, result: dict) -> None:
                   quantization=model_config.quantization)
     load_config = LoadConfig()
     with common.Step(steps, "quantization config"):
-        quant_config = _get_quantization_config(model_config, load_config)
+        try:
+            quant_config = _get_quantization_config(model_config, load_config)
+        except ValueError as exc:
+            # the engine's frame stays the innermost one (common.Step names where the engine stopped)
+            raise _unimportable(exc, list(model_config.hf_config.architectures or [])).with_traceback(
+                exc.__traceback__) from exc
     if not steps[-1]["ok"]:
         return
     result["quant_config"] = type(quant_config).__name__ if quant_config is not None else None
@@ -170,6 +179,38 @@ def main(request: dict, result: dict) -> None:
                                  "worker calls it for every NEXTN / EAGLE draft (speculative/eagle_worker_v2.py "
                                  "EagleDraftWorker.init_lm_head): the server would stop there with AttributeError "
                                  "after loading the draft")
+
+
+def _unimportable(exc: ValueError, architectures: list[str]) -> ValueError:
+    """SGLang's model registry skips a model module whose import fails ("Ignore import error when loading
+    ...", models/registry.py:127-132 import_model_classes in 0.5.23) and then looks the architecture up in
+    Transformers (model_loader/utils.py:155 resolve_transformers_arch), whose "not a registered model"
+    error hides the cause. When one of SGLang's own model modules defines the architecture and does not import
+    here, that is the environment's answer (a package the test environment lacks), said in the error's own
+    words; otherwise the engine's error stands (SGLang has no such class)."""
+    import importlib
+    import importlib.util
+    import re
+
+    if "is not a registered model in the Transformers library" not in str(exc):
+        return exc
+    spec = importlib.util.find_spec("sglang.srt.models")
+    for directory in (spec.submodule_search_locations or []) if spec else []:
+        for path in sorted(os.listdir(directory)):
+            if not path.endswith(".py"):
+                continue
+            with open(os.path.join(directory, path), encoding="utf-8") as fh:
+                text = fh.read()
+            arch = next((a for a in architectures if re.search(rf"^class {re.escape(a)}\b", text, re.M)), None)
+            if arch is None:
+                continue
+            module = f"sglang.srt.models.{path[:-3]}"
+            try:
+                importlib.import_module(module)
+            except Exception as cause:  # noqa: BLE001 - any import failure is the environment's answer
+                return ValueError(f"{exc} ({module}, which defines {arch}, does not import in this environment: "
+                                  f"{type(cause).__name__}: {cause})")
+    return exc
 
 
 def _engine_defaults(model) -> dict[str, str]:
