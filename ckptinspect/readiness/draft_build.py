@@ -126,8 +126,10 @@ def excluded(ctx: "EngineContext", name: str, k: int, names: str = "either") -> 
 
     ``names``: ``checkpoint`` asks about the stored name, ``runtime`` about the engine's renamed
     module (every rename must be covered; the stored name when no rename applies), ``either``
-    accepts both spellings (engine versions differ in which one they match: sgl-project/sglang PR #34906).
+    accepts both spellings (engine versions differ in which one they match: sgl-project/sglang PR #34906)
+    unless the engine rule says it asks the runtime name only (``exclude_names: runtime``).
     """
+    names = _engine_names(ctx, names)
     ask = ctx.facts.is_excluded
     ckpt = ask(name)
     if names == "checkpoint" or (names == "either" and ckpt):
@@ -136,10 +138,16 @@ def excluded(ctx: "EngineContext", name: str, k: int, names: str = "either") -> 
     return all(renamed) if renamed else ckpt
 
 
+def _engine_names(ctx: "EngineContext", names: str) -> str:
+    """``either`` narrowed to ``runtime`` for an engine rule that asks only its runtime names."""
+    return ctx.engine.exclude_names if names == "either" else names
+
+
 def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool = False) -> list[ModuleBuild]:
     """Every MTP Linear / head weight group with what ``ctx``'s engine builds for it. Members are asked
     through quant/members.py (one per digit-count signature when no exclude entry can tell
     them apart); ``exhaustive`` asks every member (the reference the shortcut is tested against)."""
+    names = _engine_names(ctx, names)
     facts = ctx.facts
     label = facts.checkpoint.declared.label
     forced = forced_modules(ctx) if label is not None else []
