@@ -266,7 +266,11 @@ def test_mimo_v2_sglang_asks_ignored_layers_under_the_draft_name(make_fixture, t
     the release's entry for it keeps the BF16 MTP o_proj unquantized; without it the module is built FP8,
     although model.layers.<k>.self_attn.o_proj, read as SGLang reads ignored_layers (dotted substring of
     the checkpoint name model.mtp.layers.<k>.self_attn.o_proj), would cover the stored name."""
-    assert build_report(str(make_fixture("mimo_v2_flash")), progress=False).mtp.verdicts["sglang"].verdict == "ready"
+    release = build_report(str(make_fixture("mimo_v2_flash")), progress=False)
+    assert release.mtp.verdicts["sglang"].verdict == "ready"
+    # the checkpoint findings read the entry as SGLang does: it covers the MTP o_proj and matches something
+    assert not [f for f in release.checkpoint.findings if f.code == "exclude-entry-matches-nothing"
+                or (f.code == "unquantized-not-excluded" and "o_proj" in f.message)]
 
     def drop_draft_entry(cfg):
         q = cfg["quantization_config"]
@@ -278,6 +282,8 @@ def test_mimo_v2_sglang_asks_ignored_layers_under_the_draft_name(make_fixture, t
     assert "mtp-bf16-not-excluded" in reasons(mtp, "sglang")
     bf16 = next(f for f in mtp.findings if f.code == "mtp-bf16-not-excluded" and f.engine == "sglang")
     assert "model.mtp.layers.0.self_attn.o_proj" in bf16.message
+    assert any(f.code == "unquantized-not-excluded" and "model.mtp.layers.N.self_attn.o_proj" in f.message
+               for f in build_report(str(path), progress=False).checkpoint.findings)
     assert mtp.verdicts["vllm"].verdict == "degraded"  # vLLM builds it BF16 whatever the list says
 
 

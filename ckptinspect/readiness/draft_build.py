@@ -22,7 +22,7 @@ conditions (readiness/conditions.py, readiness/quant_conditions.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
 from ckptinspect.quant.crosscheck import NOT_LINEAR as CROSSCHECK_NOT_LINEAR
@@ -36,6 +36,7 @@ from ckptinspect.readiness.module_quant import module_quant_rules
 
 if TYPE_CHECKING:
     from ckptinspect.readiness.context import EngineContext
+    from ckptinspect.readiness.model import FamilyRule
 
 # Components an engine never builds as a quantized Linear from the global scheme in a draft: those that
 # are no Linear at all (quant/crosscheck.py NOT_LINEAR), plus routers (ReplicatedLinear(quant_config=None)
@@ -136,6 +137,18 @@ def excluded(ctx: "EngineContext", name: str, k: int, names: str = "either") -> 
         return ckpt
     renamed = [ask(r) for r in runtime_names(ctx, name, k)] if ctx.engine.runtime_names else []
     return all(renamed) if renamed else ckpt
+
+
+def runtime_only_names(rule: "FamilyRule | None", layers: int, depth: int) -> Callable[[str], tuple[str, ...]]:
+    """module -> the names an engine of ``rule`` whose draft asks its lists under runtime names only
+    (``exclude_names: runtime``) gives it, for MTP layers 0..depth-1 (none for other engines)."""
+    pairs = tuple((concrete_prefix(rn.source, layers, k), concrete_prefix(rn.target, layers, k))
+                  for engine in (rule.engines.values() if rule is not None else ())
+                  if engine.exclude_names == "runtime" and engine.draft_architecture is not None
+                  for rn in engine.runtime_names for k in range(depth))
+    if not pairs:
+        return lambda name: ()
+    return lambda name: tuple(dict.fromkeys(t + name[len(s):] for s, t in pairs if name.startswith(s)))
 
 
 def _engine_names(ctx: "EngineContext", names: str) -> str:
