@@ -271,7 +271,11 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), 
     inventory, inv_findings = build_inventory(scans, config, prefixes)
     findings.extend(inv_findings)
     findings.extend(decl_findings)
-    findings.extend(crosscheck(inventory, declared, matcher))
+    from ckptinspect.readiness.draft_build import runtime_only_names
+
+    depth = 1 + max((g.mtp_layer for g in inventory.mtp_groups()), default=-1)
+    findings.extend(crosscheck(inventory, declared, matcher,
+                               runtime_only_names(family, config.num_hidden_layers, depth)))
     findings.extend(_expert_findings(inventory, config))
     findings.extend(_file_findings(raw, {scan.shard for scan in scans}))
     stats = dict(raw.stats)

@@ -23,11 +23,11 @@ class Group:
 
 
 def fixture_module_rows(report, engine: str, packed: dict, has_rule: Callable[[str], bool],
-                        runtime_name: Callable[[object, str], str] = lambda m, module: module,
+                        runtime_name: Callable[[object, str, object], str] = lambda m, module, r: module,
                         ) -> Iterator[tuple[str, str, dict]]:
     """(fixture name, its engine method, {module as the engine names it: (kind, built)}) for every
-    fixture with MTP modules answered by ``engine``'s rule file. ``runtime_name(module_row, name)``: the
-    engine's own name for a stored module where it differs (e.g. SGLang's NextN decoder)."""
+    fixture with MTP modules answered by ``engine``'s rule file. ``runtime_name(module_row, name, report)``:
+    the engine's own name for a stored module where it differs (e.g. SGLang's NextN decoder)."""
     from fixtures.generate import FIXTURES
 
     for name, spec in FIXTURES.items():
@@ -43,7 +43,7 @@ def fixture_module_rows(report, engine: str, packed: dict, has_rule: Callable[[s
         for m in r.mtp.modules:
             if m.reasons.get(engine) in ANSWERED and m.causes[engine]:
                 kind = "moe" if m.component == "routed_expert" else "linear"
-                module = runtime_name(m, m.module.replace("{}", "0"))
+                module = runtime_name(m, m.module.replace("{}", "0"), r)
                 rows.setdefault(engine_module(Group(m.component), module, packed)[0],
                                 (kind, "unquantized" if m.built[engine] == "unquantized" else
                                  "error" if m.built[engine] == "load error" else "quantized"))

@@ -342,10 +342,24 @@ def test_fixture_checkpoints_agree_with_sglang(report, make_fixture):
     assert not mismatches, "\n".join(mismatches)
 
 
-def _sglang_runtime_name(m, module: str) -> str:
+def _sglang_runtime_name(m, module: str, report) -> str:
     if "runtime module name" in m.causes["sglang"]:
         # DeepSeek NextN builds its layer as model.decoder (SG:models/deepseek_nextn.py
         # DeepseekModelNextN, layer_name "decoder"); its hf_to_sglang_mapper renames only
         # "model.layers.61", so the lists are asked about the decoder name here.
         return re.sub(r"^model\.layers\.\d+\.", "model.decoder.", module)
+    # A draft class that maps no checkpoint names (exclude_names: runtime, e.g. MiMo-V2's MiMoV2MTP) is
+    # asked about its runtime name only: ask SGLang about that name, as its model code does.
+    from ckptinspect.inventory.mtp_prefix import concrete_prefix
+    from ckptinspect.readiness import load_rules
+
+    rule = load_rules().get(report.mtp.family).engines["sglang"]
+    if rule.exclude_names != "runtime":
+        return module
+    layers = report.checkpoint.config.num_hidden_layers
+    for rn in rule.runtime_names:
+        for k in range(report.mtp.present_layers):
+            source = concrete_prefix(rn.source, layers, k)
+            if module.startswith(source):
+                return concrete_prefix(rn.target, layers, k) + module[len(source):]
     return module

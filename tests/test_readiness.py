@@ -222,6 +222,81 @@ def test_several_layers_reuse_vs_per_step(report):
     assert all(v.layers_used == 3 and v.verdict == "ready" for v in step.verdicts.values())
 
 
+def _mimo_with_fp8_mtp_o_proj(tmp_path: Path, edit_config) -> Path:
+    """mimo_v2_flash with the MTP layers' self_attn.o_proj stored block-FP8 (weight + weight_scale_inv)
+    instead of the release's BF16, its config edited by ``edit_config``."""
+    from dataclasses import replace as replace_spec
+
+    from fixtures.generate import FIXTURES, write_fixture
+    from fixtures.tensors import Linear, quantize_linear
+
+    spec = FIXTURES["mimo_v2_flash"]
+    tensors = []
+    for t in spec.tensors:
+        if t.mtp and t.name.endswith("self_attn.o_proj.weight"):
+            rows, cols = t.shape
+            tensors += [replace_spec(d, mtp=True, shard=t.shard)
+                        for d in quantize_linear(Linear(t.name[: -len(".weight")], rows, cols), "fp8_block")]
+        else:
+            tensors.append(t)
+    config = json.loads(json.dumps(spec.config))
+    edit_config(config)
+    return write_fixture(replace_spec(spec, name="mimo_fp8_mtp_o_proj", config=config, tensors=tuple(tensors)),
+                         tmp_path)
+
+
+def test_mimo_v2_vllm_builds_the_mtp_o_proj_unquantized(tmp_path):
+    """vLLM builds the MTP layers' o_proj with quant_config=None (VL:model_executor/models/mimo_v2.py
+    MiMoV2Attention: `"mtp.layers" in prefix`): a block-FP8 o_proj cannot load. SGLang builds it from the
+    declared config, FP8 here because no ignored_layers entry names model.decoder.self_attn.o_proj."""
+    def drop_draft_entry(cfg):
+        q = cfg["quantization_config"]
+        q["ignored_layers"] = [e for e in q["ignored_layers"] if not e.startswith("model.decoder.")]
+
+    mtp = build_report(str(_mimo_with_fp8_mtp_o_proj(tmp_path, drop_draft_entry)), progress=False).mtp
+    assert mtp.verdicts["vllm"].verdict == "unusable"
+    assert "mtp-plain-linear-quantized" in reasons(mtp, "vllm")
+    assert mtp.verdicts["sglang"].verdict == "ready"
+    o_proj = next(m for m in mtp.modules if m.module == "model.mtp.layers.0.self_attn.o_proj")
+    assert (o_proj.reasons["vllm"], o_proj.reasons["sglang"]) == ("forced", "quantized")
+
+
+def test_mimo_v2_sglang_asks_ignored_layers_under_the_draft_name(make_fixture, tmp_path):
+    """SGLang 0.5.23 asks Fp8Config about model.decoder.self_attn.o_proj only (MiMoV2MTP maps no names):
+    the release's entry for it keeps the BF16 MTP o_proj unquantized; without it the module is built FP8,
+    although model.layers.<k>.self_attn.o_proj, read as SGLang reads ignored_layers (dotted substring of
+    the checkpoint name model.mtp.layers.<k>.self_attn.o_proj), would cover the stored name."""
+    release = build_report(str(make_fixture("mimo_v2_flash")), progress=False)
+    assert release.mtp.verdicts["sglang"].verdict == "ready"
+    # the checkpoint findings read the entry as SGLang does: it covers the MTP o_proj and matches something
+    assert not [f for f in release.checkpoint.findings if f.code == "exclude-entry-matches-nothing"
+                or (f.code == "unquantized-not-excluded" and "o_proj" in f.message)]
+
+    def drop_draft_entry(cfg):
+        q = cfg["quantization_config"]
+        q["ignored_layers"] = [e for e in q["ignored_layers"] if not e.startswith("model.decoder.")]
+
+    path = copy_with_config(make_fixture("mimo_v2_flash"), tmp_path / "no_draft_entry", drop_draft_entry)
+    mtp = build_report(str(path), progress=False).mtp
+    assert mtp.verdicts["sglang"].verdict == "unusable"
+    assert "mtp-bf16-not-excluded" in reasons(mtp, "sglang")
+    bf16 = next(f for f in mtp.findings if f.code == "mtp-bf16-not-excluded" and f.engine == "sglang")
+    assert "model.mtp.layers.0.self_attn.o_proj" in bf16.message
+    assert any(f.code == "unquantized-not-excluded" and "model.mtp.layers.N.self_attn.o_proj" in f.message
+               for f in build_report(str(path), progress=False).checkpoint.findings)
+    assert mtp.verdicts["vllm"].verdict == "degraded"  # vLLM builds it BF16 whatever the list says
+
+
+def test_mimo_v2_without_auto_map_sglang_cannot_build_the_draft(make_fixture, tmp_path):
+    """Without auto_map transformers' own MiMoV2FlashConfig reads the config (per-layer-type
+    rope_parameters), which SGLang 0.5.23's get_rope cannot key (TypeError: unhashable type: 'dict')."""
+    path = copy_with_config(make_fixture("mimo_v2_flash"), tmp_path / "no_auto_map", lambda cfg: cfg.pop("auto_map"))
+    mtp = build_report(str(path), progress=False).mtp
+    assert mtp.verdicts["sglang"].verdict == "unusable"
+    assert reasons(mtp, "sglang") == {"rope-parameters-per-layer-type"}
+    assert mtp.verdicts["vllm"].verdict == "degraded"
+
+
 def test_kimi_k2_depth_zero_is_absent(report):
     mtp = report("kimi_k2").mtp
     assert mtp.family == "deepseek_v3" and mtp.declared_layers == 0 and mtp.present_layers == 0

@@ -144,21 +144,9 @@ KNOWN_DISAGREEMENTS: dict[tuple[str, str], str] = {
         "a GPU) for the NextN head's quantization"),
 }
 KNOWN_DISAGREEMENTS[("sglang", "nvidia/DeepSeek-V3.1-NVFP4")] = KNOWN_DISAGREEMENTS[("sglang", "deepseek-v3.1-nvfp4")]
-KNOWN_DISAGREEMENTS[("vllm", "XiaomiMiMo/MiMo-V2-Flash")] = (
-    "rules say degraded (mtp-extra-layers-unused) and build the MTP self_attn.o_proj block-FP8 (inherited), "
-    "while vLLM 0.32.0 builds it with quant_config=None whenever 'mtp.layers' is in the prefix "
-    "(model_executor/models/mimo_v2.py:277 MiMoV2Attention.__init__), so the released config's FP8 o_proj is "
-    "copied into a BF16 parameter and its weight_scale_inv is skipped. Adding o_proj to engines.vllm."
-    "forced_unquantized in rules/families/mimo_v2.yaml is the engine-exact fix, but it makes the mimo_v2_flash "
-    "release fixture fail the release gate (tests/test_release_gate.py), and storing that o_proj BF16 instead "
-    "makes SGLang 0.5.23 fail it (models/mimo_v2.py:727-731 builds o_proj with the quant config): which one "
-    "the released checkpoint stores needs its index file, not found here")
-KNOWN_MODULE_DISAGREEMENTS = {("vllm", "XiaomiMiMo/MiMo-V2-Flash"): KNOWN_DISAGREEMENTS[("vllm", "XiaomiMiMo/MiMo-V2-Flash")]}
-KNOWN_DISAGREEMENTS[("sglang", "XiaomiMiMo/MiMo-V2-Flash")] = (
-    "rules say ready; SGLang 0.5.23 fails building MiMoV2MTP: get_rope's cache key holds the config's rope "
-    "dict (models/mimo_v2_nextn.py:73-100 passes rope_scaling through unless its rope_type is 'default') and "
-    "layers/rotary_embedding/factory.py:107 _get_live_rope_cache_entry raises TypeError: unhashable type: "
-    "'dict'. Whether this is the CPU/meta construction path only or every platform is not decided here")
+# The module table's disagreements (test_module_table_equals_the_dry_load), in the same form; none open since
+# the MTP o_proj of MiMo-V2 (vLLM builds it unquantized: rules/families/mimo_v2.yaml) was fixed.
+KNOWN_MODULE_DISAGREEMENTS: dict[tuple[str, str], str] = {}
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 from ckptinspect.quant.declared import MAX_PATTERN_ENTRIES, UNION_CHUNK, ExcludeMatcher
 from ckptinspect.quant.detect import UNQUANTIZED
@@ -26,8 +26,15 @@ NOT_LINEAR = frozenset({"embedding", "norm"})
 SOFT_COMPONENTS = frozenset({"router", "lm_head"})
 
 
-def crosscheck(inventory: Inventory, declared: DeclaredQuant, matcher: ExcludeMatcher) -> list[Finding]:
-    """Findings for modules whose actual precision disagrees with the declared lists."""
+def crosscheck(inventory: Inventory, declared: DeclaredQuant, matcher: ExcludeMatcher,
+               engine_names: Callable[[str], tuple[str, ...]] = lambda name: ()) -> list[Finding]:
+    """Findings for modules whose actual precision disagrees with the declared lists.
+
+    ``engine_names(module)``: the names an engine asks the lists about instead of the stored one, where
+    its draft class asks under its own names only (readiness/draft_build.py ``runtime_only_names``, e.g.
+    SGLang's MiMo-V2 draft: ``model.mtp.layers.0.self_attn.o_proj`` is asked as
+    ``model.decoder.self_attn.o_proj``): an entry covering that name covers the module, and is no entry
+    that matches nothing."""
     if declared.label is None:
         quantized = [g for g in inventory.groups if g.role == "weight" and g.scheme not in UNQUANTIZED
                      and g.scheme != "other"]
@@ -55,6 +62,10 @@ def crosscheck(inventory: Inventory, declared: DeclaredQuant, matcher: ExcludeMa
         components[key] = g.component
         for name, stands_for in members:
             excluded = matcher.is_excluded(name)
+            aliases = engine_names(name)
+            representatives.extend(aliases)
+            if excluded is False and any(matcher.is_excluded(a) is True for a in aliases):
+                excluded = True
             if g.scheme in UNQUANTIZED and excluded is False:
                 not_excluded[key].extend([name] * stands_for)
             elif g.scheme not in UNQUANTIZED and g.scheme != "other" and excluded:

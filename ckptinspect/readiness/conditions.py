@@ -210,6 +210,9 @@ register_all(CONDITION_KIND, {
     "multiple_layers": lambda ctx, arg: _flag(ctx.facts.present > 1, arg),
     "unknown_family": lambda ctx, arg: _flag(ctx.facts.family is None, arg),
     "engine_unsupported": lambda ctx, arg: _flag(ctx.engine.draft_architecture is None, arg),
+    # config.json names its own configuration code (auto_map): an engine then reads it with that class (the
+    # plan passes --trust-remote-code), else with transformers' own class for the model_type, if any
+    "config_remote_code": lambda ctx, arg: _flag(ctx.facts.checkpoint.config.has_remote_code, arg),
     "partial_quant_in_mtp": _partial_quant,
     "declared_quantized": lambda ctx, arg: (ctx.facts.checkpoint.declared.label is not None) == bool(arg),
     "mtp_scheme_is": _mtp_scheme_is,

@@ -22,7 +22,7 @@ conditions (readiness/conditions.py, readiness/quant_conditions.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
 from ckptinspect.quant.crosscheck import NOT_LINEAR as CROSSCHECK_NOT_LINEAR
@@ -36,6 +36,7 @@ from ckptinspect.readiness.module_quant import module_quant_rules
 
 if TYPE_CHECKING:
     from ckptinspect.readiness.context import EngineContext
+    from ckptinspect.readiness.model import FamilyRule
 
 # Components an engine never builds as a quantized Linear from the global scheme in a draft: those that
 # are no Linear at all (quant/crosscheck.py NOT_LINEAR), plus routers (ReplicatedLinear(quant_config=None)
@@ -126,8 +127,10 @@ def excluded(ctx: "EngineContext", name: str, k: int, names: str = "either") -> 
 
     ``names``: ``checkpoint`` asks about the stored name, ``runtime`` about the engine's renamed
     module (every rename must be covered; the stored name when no rename applies), ``either``
-    accepts both spellings (engine versions differ in which one they match: sgl-project/sglang PR #34906).
+    accepts both spellings (engine versions differ in which one they match: sgl-project/sglang PR #34906)
+    unless the engine rule says it asks the runtime name only (``exclude_names: runtime``).
     """
+    names = _engine_names(ctx, names)
     ask = ctx.facts.is_excluded
     ckpt = ask(name)
     if names == "checkpoint" or (names == "either" and ckpt):
@@ -136,10 +139,28 @@ def excluded(ctx: "EngineContext", name: str, k: int, names: str = "either") -> 
     return all(renamed) if renamed else ckpt
 
 
+def runtime_only_names(rule: "FamilyRule | None", layers: int, depth: int) -> Callable[[str], tuple[str, ...]]:
+    """module -> the names an engine of ``rule`` whose draft asks its lists under runtime names only
+    (``exclude_names: runtime``) gives it, for MTP layers 0..depth-1 (none for other engines)."""
+    pairs = tuple((concrete_prefix(rn.source, layers, k), concrete_prefix(rn.target, layers, k))
+                  for engine in (rule.engines.values() if rule is not None else ())
+                  if engine.exclude_names == "runtime" and engine.draft_architecture is not None
+                  for rn in engine.runtime_names for k in range(depth))
+    if not pairs:
+        return lambda name: ()
+    return lambda name: tuple(dict.fromkeys(t + name[len(s):] for s, t in pairs if name.startswith(s)))
+
+
+def _engine_names(ctx: "EngineContext", names: str) -> str:
+    """``either`` narrowed to ``runtime`` for an engine rule that asks only its runtime names."""
+    return ctx.engine.exclude_names if names == "either" else names
+
+
 def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool = False) -> list[ModuleBuild]:
     """Every MTP Linear / head weight group with what ``ctx``'s engine builds for it. Members are asked
     through quant/members.py (one per digit-count signature when no exclude entry can tell
     them apart); ``exhaustive`` asks every member (the reference the shortcut is tested against)."""
+    names = _engine_names(ctx, names)
     facts = ctx.facts
     label = facts.checkpoint.declared.label
     forced = forced_modules(ctx) if label is not None else []

@@ -266,6 +266,7 @@ def _engine(name: str, raw: Mapping[str, Any]) -> EngineRule:
         layer_use=raw.get("layer_use", "reuse_first"),
         source=raw.get("source"),
         runtime_names=tuple(RuntimeName(r["from"], r["to"]) for r in raw.get("runtime_names", ())),
+        exclude_names=str(raw.get("exclude_names", "either")),
         forced_unquantized=tuple(
             ForcedUnquantized(tuple(f["modules"]), _when(f.get("when")), f.get("versions"), f.get("reference"))
             for f in raw.get("forced_unquantized", ())

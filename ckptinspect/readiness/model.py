@@ -79,6 +79,9 @@ class EngineRule:
     layer_use: str  # reuse_first | per_step
     source: str | None
     runtime_names: tuple[RuntimeName, ...] = ()
+    # which spelling the engine asks the declared lists about: "either" (some releases match the checkpoint
+    # name, some the runtime one: sgl-project/sglang PR #34906), "runtime" (the draft class maps no names)
+    exclude_names: str = "either"
     forced_unquantized: tuple[ForcedUnquantized, ...] = ()
     draft_quant: tuple[DraftQuantRule, ...] = ()
     defects: tuple[Defect, ...] = ()
