@@ -62,6 +62,21 @@ def test_one_member_stored_bf16_among_fp8_experts_is_unusable(tmp_path, experts)
     assert one_truth_violations(report) == [] and violations(report) == []
 
 
+def test_a_member_in_another_fp8_dtype_is_unlike_the_parameter_built(tmp_path):
+    """Same scheme, other codes: an F8_E5M2 expert among F8_E4M3 ones is copied into the group's
+    float8_e4m3fn parameter (a conversion of the codes, which the dry-load reports as a mismatch)."""
+    spec = FIXTURES["deepseek_v3_fp8"]
+    odd = "model.layers.3.mlp.experts.2.down_proj.weight"
+    tensors = tuple(replace(t, dtype="F8_E5M2") if t.name == odd else t for t in spec.tensors)
+    path = write_fixture(replace(spec, name="ds_fp8_e5m2_expert", tensors=tensors), tmp_path)
+    report = build_report(str(path), progress=False, engine_versions=dict(VERSIONS))
+    row = _row(report, "model.layers.3.mlp.experts.{}.down_proj")
+    assert row.stored == "fp8_block (1 of 4 members fp8_block/F8_E5M2: model.layers.3.mlp.experts.2.down_proj)"
+    for engine in VERSIONS:
+        assert row.matches[engine] is False and CODE in report.mtp.verdicts[engine].reasons
+    assert one_truth_violations(report) == [] and violations(report) == []
+
+
 def test_experts_stored_alike_do_not_fire(make_fixture):
     report = build_report(str(make_fixture("deepseek_v3_fp8")), progress=False, engine_versions=dict(VERSIONS))
     assert not any(g.member_schemes for g in report.checkpoint.inventory.groups)

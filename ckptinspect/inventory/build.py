@@ -12,7 +12,7 @@ from ckptinspect.inventory.classify import (
 )
 from ckptinspect.inventory.mtp_prefix import MtpPrefix, assign_mtp
 from ckptinspect.inventory.scan import GroupTally, ShardScan
-from ckptinspect.quant.detect import Part, detect_scheme, logical_params, weight_part
+from ckptinspect.quant.detect import UNQUANTIZED, Part, detect_scheme, logical_params, weight_part
 from ckptinspect.records import Finding, Inventory, ModelConfig, ShardInfo, TensorGroup, Totals
 
 _Key = tuple[str, "int | None"]
@@ -106,14 +106,20 @@ def _kind_and_experts(component: str, pattern: str, role: str, subs: list, shape
 
 def _member_schemes(parts: dict[str, Part], suffix: str, member_dtypes: list[str]) -> tuple[str, ...]:
     """Each member's scheme (``member_dtypes`` order) when ``suffix`` is the module's weight and its
-    members' dtypes give more than one scheme (the companions are the module's, as stored); else ()."""
+    members are stored unlike each other (the companions are the module's, as stored); else (). A member
+    whose dtype differs from the group's but gives the same quantized scheme is ``scheme/DTYPE`` (an
+    F8_E5M2 expert among F8_E4M3 ones: the engine's parameter holds the group's codes, and copying other
+    codes into it converts them)."""
     weight = weight_part(parts)
     if weight is None or weight.suffix != suffix:
         return ()
-    by_dtype = {d: detect_scheme({**parts, suffix: replace(weight, dtype=d)}) for d in set(member_dtypes)}
-    if len(set(by_dtype.values())) < 2:
+    schemes = {d: detect_scheme({**parts, suffix: replace(weight, dtype=d)}) for d in set(member_dtypes)}
+    group = schemes[weight.dtype]
+    labels = {d: f"{s}/{d}" if s == group and d != weight.dtype and s not in UNQUANTIZED else s
+              for d, s in schemes.items()}
+    if len(set(labels.values())) < 2:
         return ()
-    return tuple(map(by_dtype.__getitem__, member_dtypes))
+    return tuple(map(labels.__getitem__, member_dtypes))
 
 
 def _companion_mismatches(modules: dict) -> list[Finding]:

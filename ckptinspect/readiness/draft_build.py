@@ -89,8 +89,10 @@ class ModuleBuild:
 
     def unlike_stored(self) -> list[tuple[str | None, str, str | None]]:
         """The members built unlike they are stored: quantized parameters for an unquantized tensor or
-        the reverse (a load error is the reasons' business)."""
-        return [m for m in self.members() if (m[2] is not None) != _quantized(m[1])]
+        the reverse, or a member stored in another quantized scheme / dtype than its group, whose codes the
+        engine copies into a parameter built for the group's (a load error is the reasons' business)."""
+        return [m for m in self.members() if (m[2] is not None) != _quantized(m[1])
+                or (m[2] is not None and self.stored_quantized and m[1] != self.stored)]
 
     @property
     def built_quantized(self) -> bool:
