@@ -220,9 +220,10 @@ def _built_unlike_stored(ctx: "EngineContext", arg: Any) -> bool:
     under a global NVFP4 / FP8 label). What a family defect that claims "the tensors do not fit" must
     rest on: a stored fact alone never says what the engine builds.
 
-    Members count one by one where a group's members are stored in different schemes (one routed expert
-    stored BF16 among block-FP8 ones: the engine builds the group's one fused parameter from the declared
-    scheme and copies each expert's tensor into its slot); ``members: true`` counts only those modules."""
+    Members count one by one where a group's members are stored in different schemes or code dtypes (one
+    routed expert stored BF16 among block-FP8 ones: the engine builds the group's one fused parameter from
+    the declared scheme and copies each expert's tensor into its slot); ``members: true`` counts only those
+    modules."""
     spec = arg if isinstance(arg, Mapping) else {}
     wanted = _components(spec)
     hits = []
@@ -233,11 +234,10 @@ def _built_unlike_stored(ctx: "EngineContext", arg: Any) -> bool:
             continue
         unlike = m.unlike_stored()
         if m.stored_each and unlike:
-            odd = [(name, stored, b) for name, stored, b in unlike]
-            shown = ", ".join(f"{name} stored {stored}" for name, stored, _ in odd[:2])
-            more = f" and {len(odd) - 2} more" if len(odd) > 2 else ""
-            built = "/".join(sorted({b or "unquantized" for _, _, b in odd}))
-            hits.append(f"{m.module}: {len(odd)} of {len(m.stored_each)} members unlike the parameter built for "
+            shown = ", ".join(f"{name} stored {stored}" for name, stored, _ in unlike[:2])
+            more = f" and {len(unlike) - 2} more" if len(unlike) > 2 else ""
+            built = "/".join(sorted({b or "unquantized" for _, _, b in unlike}))
+            hits.append(f"{m.module}: {len(unlike)} of {len(m.stored_each)} members unlike the parameter built for "
                         f"them ({shown}{more}; built {built})")
             continue
         if spec.get("members"):

@@ -170,8 +170,8 @@ def _shared_with_target(torch, model, rows, dtype) -> dict[str, str]:
     """The speculative worker hands the target's embedding and LM head to the draft
     (``set_embed_and_head``): the draft parameters it replaced.
 
-    The stand-in target head has the stored ``lm_head.weight``'s shape, and its dtype where that holds codes
-    (a float head is the model dtype, as the target builds it): a draft whose own head is built quantized
+    The stand-in target head has the stored ``lm_head.weight``'s columns (rows padded like the draft's), and
+    its dtype where that holds codes (a float head is the model dtype, as the target builds it): a draft whose own head is built quantized
     (SGLang's DeepSeek NextN builds ``lm_head`` with the checkpoint's quant config) still receives the
     target's head as the target holds it, which decides how SGLang computes the draft's logits
     (``_unused_head_parameters``). Without a stored head (tied embeddings) the draft's own head stands in."""
@@ -183,7 +183,9 @@ def _shared_with_target(torch, model, rows, dtype) -> dict[str, str]:
     if stored is not None:
         code = common.TORCH_DTYPES[stored[0]]
         target_dtype = dtype if code in ("bfloat16", "float16", "float32", "float64") else getattr(torch, code)
-        target_head = torch.empty(tuple(stored[1]), dtype=target_dtype, device="meta")
+        # rows as the draft's head has them (the vocabulary padded per rank, as the target pads its own)
+        shape = (int(head.shape[0]), *stored[1][1:]) if head is not None and len(stored[1]) == 2 else tuple(stored[1])
+        target_head = torch.empty(shape, dtype=target_dtype, device="meta")
     else:
         target_head = torch.empty_like(head) if head is not None else torch.empty(1, 1, device="meta")
     saved = torch.cuda.empty_cache, torch.cuda.synchronize
