@@ -103,6 +103,10 @@ class TensorGroup:
     shapes_vary: bool = False  # True when members have different shapes
     kind: str = ""  # attention: mla|gqa|mha|linear|sliding; routed_expert: per_expert|grouped
     experts: int | None = None  # routed-expert weight groups: experts held (ids, or dim 0 when grouped)
+    # Each member's stored scheme in ``subs`` order, only on a weight group whose members' dtypes give
+    # different schemes (one routed expert stored BF16 among block-FP8 ones); ``scheme`` is then the
+    # scheme of the most common dtype. Empty otherwise.
+    member_schemes: tuple[str, ...] = ()
 
     @cached_property
     def sub_indices(self) -> frozenset[tuple[int, ...]]:

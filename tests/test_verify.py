@@ -82,15 +82,17 @@ def sglang_dryloads(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verify-sglang")
     from fixtures.generate import build_fixture
 
+    from tests.test_verify_vs_rules import _deepseek_v31_nvfp4
+
     refs = [_deepseek(tmp, "as-stored"), _deepseek(tmp, "bf16-expert", _bf16_expert),
             _deepseek(tmp, "missing-scale", _missing_scale),
-            build_fixture("qwen3_5_moe_ct_nvfp4a16_mtp_experts", tmp)]
+            build_fixture("qwen3_5_moe_ct_nvfp4a16_mtp_experts", tmp), _deepseek_v31_nvfp4(tmp, "v3.1-nvfp4")]
     start = time.perf_counter()
     results = verify_many([str(r) for r in refs], "sglang", engine_python=python, engine_pythonpath=path,
                           deadline=900)
-    print(f"\nverify: 3 DeepSeek-V3 replicas and a Qwen3.5 export dry-loaded by SGLang in one process: "
-          f"{time.perf_counter() - start:.1f} s")
-    return dict(zip(("as-stored", "bf16-expert", "missing-scale", "qwen3.5-nvfp4a16"), results))
+    print(f"\nverify: 3 DeepSeek-V3 replicas, a DeepSeek-V3.1 NVFP4 copy and a Qwen3.5 export dry-loaded by "
+          f"SGLang in one process: {time.perf_counter() - start:.1f} s")
+    return dict(zip(("as-stored", "bf16-expert", "missing-scale", "qwen3.5-nvfp4a16", "v3.1-nvfp4"), results))
 
 
 def test_sglang_as_stored_loads_with_its_own_nextn_draft(sglang_dryloads):
@@ -115,6 +117,25 @@ def test_sglang_finds_the_same_defects(sglang_dryloads):
     assert sglang_dryloads["bf16-expert"].outcome == "defects" and bf16.status == "mismatch"
     scale = _params(sglang_dryloads["missing-scale"])["model.decoder.mlp.experts.w13_weight_scale_inv"]
     assert scale.problems == ("1 of 16 (shard, expert) slots never loaded: expert 2 w3",)
+
+
+def test_sglang_nextn_head_scales_are_unused_once_the_target_head_is_shared(sglang_dryloads):
+    """nvidia's DeepSeek-V3.1 NVFP4 layout: SGLang 0.5.23 builds the NextN lm_head with the NVFP4 linear
+    method (the exclude list does not name model.shared_head.head), and set_embed_and_head gives it the
+    target's BF16 head; its logits processor then skips the stale method
+    (should_apply_lm_head_quant_method), so the method's scales are never read: unused, and the draft loads."""
+    result = sglang_dryloads["v3.1-nvfp4"]
+    assert not isinstance(result, str), result
+    assert result.outcome == "loads", [(m.module, p.name, p.status) for m in result.modules for p in m.parameters
+                                       if p.status in ("mismatch", "never loaded")]
+    params = _params(result)
+    assert (params["lm_head.weight"].dtype, params["lm_head.weight"].status) == ("uint8", "shared")
+    for leaf in ("weight_scale", "weight_scale_2", "input_scale"):
+        param = params[f"lm_head.{leaf}"]
+        assert param.status == "unused" and param.calls == 0, param
+        assert "bfloat16" in param.note and "should_apply_lm_head_quant_method" in param.note
+    # the FP8 replica's head is unquantized: nothing of it is unused
+    assert not any(p.status == "unused" for p in _params(sglang_dryloads["as-stored"]).values())
 
 
 def test_sglang_builds_a_hybrid_qwen35_draft_per_module_as_stored(sglang_dryloads):

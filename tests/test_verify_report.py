@@ -4,10 +4,11 @@ SGLang 0.5.23 (the pip --target test install, tests/test_verify.py sglang_enviro
 block-FP8 replicas at real dimensions (tests/test_verify.py _deepseek):
 - as stored: the rules say ready and the dry-load loads: they agree, the verdict is the rules' grade, the
   basis is the engine, no finding;
-- one routed MTP expert stored BF16 among FP8 experts: the rules say ready (no rule looks at it,
-  tests/test_verify_vs_rules.py KNOWN_DISAGREEMENTS) and SGLang's loader copies BF16 into an FP8 parameter
-  (defects): the verdict is the dry-load's (unusable), shown once, with a rules-disagree-with-engine
-  warning naming the module, and `--fail-on unusable` trips on it;
+- the MTP layer's ``enorm`` stored as FP8 codes: the rules say ready (no rule looks at a norm's dtype) and
+  SGLang's loader copies the codes into its BF16 norm parameter (defects): the verdict is the dry-load's
+  (unusable), shown once, with a rules-disagree-with-engine warning naming the module, and
+  `--fail-on unusable` trips on it. (Until issue 31's fix this case was one routed MTP expert stored BF16
+  among FP8 experts, which the rules now judge unusable themselves: mtp-group-member-stored-unlike-built.)
 - no engine environment (no interpreter; an interpreter without SGLang): one error line, exit 2, before
   anything is read: a user who asked for the engine's answer never gets a rules-only report instead.
 `audit --verify-engine` reads both replicas from a local Hub and dry-loads them in one SGLang process.
@@ -32,10 +33,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory):
-    from tests.test_verify import _bf16_expert, _deepseek
+    from tests.test_verify import _deepseek
 
     tmp = tmp_path_factory.mktemp("verify-report")
-    return {"as-stored": _deepseek(tmp, "as-stored"), "bf16-expert": _deepseek(tmp, "bf16-expert", _bf16_expert)}
+    return {"as-stored": _deepseek(tmp, "as-stored"), "fp8-norm": _deepseek(tmp, "fp8-norm", _fp8_norm)}
+
+
+def _fp8_norm(tensors):
+    from dataclasses import replace
+
+    return [replace(t, dtype="F8_E4M3") if t.name == "model.layers.4.enorm.weight" else t for t in tensors]
 
 
 @pytest.fixture(scope="module")
@@ -82,21 +89,21 @@ def test_agreement_keeps_the_rules_grade_with_the_engine_as_basis(reports):
 
 
 def test_disagreement_is_one_verdict_and_a_finding_naming_the_module(reports, replicas, sglang_args):
-    doc, text = reports["bf16-expert"]
+    doc, text = reports["fp8-norm"]
     entry = doc["mtp"]["engines"]["sglang"]
     assert (entry["basis"], entry["verdict"], doc["mtp"]["verdict"]["sglang"]) == ("engine", "unusable", "unusable")
     assert entry["dry_load"]["rules_verdict"] == "ready" and entry["dry_load"]["agrees"] is False
     assert entry["reasons"] == ["rules-disagree-with-engine"]
     [finding] = [f for f in doc["findings"] if f["code"] == "rules-disagree-with-engine"]
     assert (finding["severity"], finding["engine"]) == ("warning", "sglang")
-    assert finding["subject"] == "model.decoder.mlp.experts.w2_weight"
+    assert finding["subject"] == "model.enorm.weight"
     assert "the rules say ready" in finding["message"] and "defects" in finding["message"]
     # text: the readiness table shows the one verdict; the engine line and the finding say why
     readiness = text.split("MTP readiness", 1)[1].split("\n\n", 1)[0]
     assert "UNUSABLE" in readiness.upper().split("SGLANG", 1)[1].splitlines()[0]
     assert "verdict unusable from the engine (the rules said ready: rules-disagree-with-engine)" in text
     # the gate reads the same verdict
-    gate = run_cli("report", str(replicas["bf16-expert"]), *sglang_args, "--fail-on", "unusable", "--engine",
+    gate = run_cli("report", str(replicas["fp8-norm"]), *sglang_args, "--fail-on", "unusable", "--engine",
                    "sglang", "--format", "json", "--deadline", "900", timeout=900)
     assert gate.returncode == 1 and "sglang=unusable" in gate.stderr, gate.stderr
 
@@ -127,26 +134,29 @@ def test_audit_dry_loads_every_repo_in_one_engine_process(replicas, sglang_args,
         for name, path in replicas.items():
             srv.add_repo(f"org/{name}", path)
         env["HF_ENDPOINT"] = srv.url
-        done = subprocess.run([sys.executable, "-m", "ckptinspect", "audit", "org/as-stored", "org/bf16-expert",
-                               *sglang_args, "--format", "json", "--full", "--deadline", "900"], capture_output=True,
+        # --engine sglang: the rows sort by SGLang's verdict, the one the dry-load decides (with both engines
+        # the rules' vLLM 'ready' ties them and the smaller checkpoint would come first)
+        done = subprocess.run([sys.executable, "-m", "ckptinspect", "audit", "org/as-stored", "org/fp8-norm",
+                               *sglang_args, "--engine", "sglang", "--format", "json", "--full", "--deadline", "900"],
+                              capture_output=True,
                               text=True, env=env, cwd=str(ROOT), timeout=900)
         assert done.returncode == 0, done.stderr
         doc = json.loads(done.stdout)
         validate_audit_json(doc)
         rows = {row["repo"]: row for row in doc["rows"]}
-        text = subprocess.run([sys.executable, "-m", "ckptinspect", "audit", "org/as-stored", "org/bf16-expert",
+        text = subprocess.run([sys.executable, "-m", "ckptinspect", "audit", "org/as-stored", "org/fp8-norm",
                                *sglang_args, "--wide", "--deadline", "900"], capture_output=True, text=True,
                               env=env, cwd=str(ROOT), timeout=900)
     assert rows["org/as-stored"]["verdict"]["sglang"] == "ready"
     assert rows["org/as-stored"]["engine_check"]["sglang"]["agrees"] is True
-    bad = rows["org/bf16-expert"]
+    bad = rows["org/fp8-norm"]
     assert bad["verdict"]["sglang"] == "unusable" and bad["verdict"]["vllm"] == "ready"
     assert bad["engine_check"]["sglang"]["rules_verdict"] == "ready"
     assert "rules-disagree-with-engine" in _codes(bad["report"])  # --full: the repo's report, as `report` gives it
     assert bad["report"]["mtp"]["engines"]["sglang"]["basis"] == "engine"
     assert doc["rows"][0]["repo"] == "org/as-stored"  # sorted by the verdict the dry-load decided
     assert text.returncode == 0, text.stderr
-    assert "org/bf16-expert: sglang: sglang 0.5.23 dry-load: defects" in text.stdout, text.stdout
+    assert "org/fp8-norm: sglang: sglang 0.5.23 dry-load: defects" in text.stdout, text.stdout
 
 
 # -- the decision without an engine (verify/decide.py) --------------------------------------------

@@ -126,24 +126,7 @@ CORPUS = {
 }
 # Disagreements found by this test and not yet fixed in the rules: entry -> what differs (xfail strict,
 # so the test flips when the rules are fixed).
-KNOWN_DISAGREEMENTS: dict[tuple[str, str], str] = {
-    ("vllm", "deepseek-v3-fp8-bf16-mtp-expert"): (
-        "rules say ready: no rule looks at one routed MTP expert stored BF16 among block-FP8 experts (the "
-        "expert group mixes dtypes), while vLLM 0.32.0 builds w2_weight float8_e4m3fn for every expert and "
-        "RoutedExperts._load_w2 (model_executor/layers/fused_moe/routed_experts.py) copies the BF16 tensor "
-        "into it: a cast, not FP8 codes with their weight_scale_inv. Belongs to the quantization cross-check"),
-    ("sglang", "deepseek-v3-fp8-bf16-mtp-expert"): (
-        "rules say ready; SGLang 0.5.23 builds the NextN experts' w2_weight float8_e4m3fn and its FusedMoE "
-        "weight loader copies the BF16 tensor into it (the same gap as vLLM's)"),
-    ("sglang", "deepseek-v3.1-nvfp4"): (
-        "rules say ready; SGLang 0.5.23 builds the NextN lm_head as ParallelLMHead(quant_config=quant_config, "
-        "prefix='model.shared_head.head') (models/deepseek_nextn.py DeepseekV3ForCausalLMNextN.__init__), which "
-        "nvidia's exclude list ('lm_head', 'model.layers.61*') does not cover, so ModelOptFp4Config gives it "
-        "NVFP4 parameters; set_embed_and_head then replaces only lm_head.weight by the target's, and "
-        "weight_scale / weight_scale_2 / input_scale are never loaded. Needs a rule (or the engine's answer on "
-        "a GPU) for the NextN head's quantization"),
-}
-KNOWN_DISAGREEMENTS[("sglang", "nvidia/DeepSeek-V3.1-NVFP4")] = KNOWN_DISAGREEMENTS[("sglang", "deepseek-v3.1-nvfp4")]
+KNOWN_DISAGREEMENTS: dict[tuple[str, str], str] = {}
 # The module table's disagreements (test_module_table_equals_the_dry_load), in the same form; none open since
 # the MTP o_proj of MiMo-V2 (vLLM builds it unquantized: rules/families/mimo_v2.yaml) was fixed.
 KNOWN_MODULE_DISAGREEMENTS: dict[tuple[str, str], str] = {}

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import replace
 from functools import cache
 from typing import Iterable
 
@@ -11,7 +12,7 @@ from ckptinspect.inventory.classify import (
 )
 from ckptinspect.inventory.mtp_prefix import MtpPrefix, assign_mtp
 from ckptinspect.inventory.scan import GroupTally, ShardScan
-from ckptinspect.quant.detect import Part, detect_scheme, logical_params
+from ckptinspect.quant.detect import UNQUANTIZED, Part, detect_scheme, logical_params, weight_part
 from ckptinspect.records import Finding, Inventory, ModelConfig, ShardInfo, TensorGroup, Totals
 
 _Key = tuple[str, "int | None"]
@@ -39,7 +40,9 @@ def build_inventory(scans: Iterable[ShardScan], config: ModelConfig,
     role_of, component_for = cache(split_role), cache(component_of)
     for key, acc in merged.items():
         module, suffix, role = split[key] = role_of(key[0])
-        modules[(module, key[1])][suffix] = Part(role, suffix, acc.dtype, tuple(acc.shape), acc.tensors)
+        # a group whose members mix dtypes is the scheme of its most common dtype; the others are per member
+        dtype = acc.dtype if acc.member_dtypes is None else Counter(acc.member_dtypes).most_common(1)[0][0]
+        modules[(module, key[1])][suffix] = Part(role, suffix, dtype, tuple(acc.shape), acc.tensors)
     schemes = {mk: detect_scheme(parts) for mk, parts in modules.items()}
 
     findings: list[Finding] = []
@@ -48,6 +51,8 @@ def build_inventory(scans: Iterable[ShardScan], config: ModelConfig,
         pattern, index = key
         module, suffix, role = split[key]
         scheme = schemes[(module, index)]
+        member_schemes = _member_schemes(modules[(module, index)], suffix, acc.member_dtypes) \
+            if acc.member_dtypes is not None and len(acc.member_dtypes) == len(acc.subs) else ()
         mtp = assign_mtp(pattern, index, prefixes, layers)
         layer = index if (mtp is None and index is not None and _is_layer_pattern(pattern)) else None
         component = component_for(module)
@@ -60,6 +65,7 @@ def build_inventory(scans: Iterable[ShardScan], config: ModelConfig,
             mtp_layer=mtp, dtypes=dtypes, shape=tuple(acc.shape), tensors=acc.tensors, bytes=acc.bytes,
             elements=acc.elements, params=params, scheme=scheme, subs=tuple(acc.subs),
             shards=frozenset(shards_of[key]), shapes_vary=acc.shapes_vary, kind=kind, experts=experts,
+            member_schemes=member_schemes,
         ))
         if acc.dtypes:
             findings.append(Finding("mixed-dtypes-in-group", "warning",
@@ -96,6 +102,24 @@ def _kind_and_experts(component: str, pattern: str, role: str, subs: list, shape
     if len(shape) >= 3:
         return "grouped", shape[0]
     return "per_expert", None
+
+
+def _member_schemes(parts: dict[str, Part], suffix: str, member_dtypes: list[str]) -> tuple[str, ...]:
+    """Each member's scheme (``member_dtypes`` order) when ``suffix`` is the module's weight and its
+    members are stored unlike each other (the companions are the module's, as stored); else (). A member
+    whose dtype differs from the group's but gives the same quantized scheme is ``scheme/DTYPE`` (an
+    F8_E5M2 expert among F8_E4M3 ones: the engine's parameter holds the group's codes, and copying other
+    codes into it converts them)."""
+    weight = weight_part(parts)
+    if weight is None or weight.suffix != suffix:
+        return ()
+    schemes = {d: detect_scheme({**parts, suffix: replace(weight, dtype=d)}) for d in set(member_dtypes)}
+    group = schemes[weight.dtype]
+    labels = {d: f"{s}/{d}" if s == group and d != weight.dtype and s not in UNQUANTIZED else s
+              for d, s in schemes.items()}
+    if len(set(labels.values())) < 2:
+        return ()
+    return tuple(map(labels.__getitem__, member_dtypes))
 
 
 def _companion_mismatches(modules: dict) -> list[Finding]:

@@ -66,23 +66,33 @@ class GroupTally:
     subs: list
     dtypes: set[str] | None  # every dtype when the members differ, else None
     shapes_vary: bool
+    # Each member's dtype, in ``subs`` order, only when the members' dtypes differ (else None): which
+    # member is stored unlike the others decides what an engine that builds one parameter for the whole
+    # group does with it (readiness/draft_build.py). Mixed groups are rare, so the usual path pays nothing.
+    member_dtypes: list[str] | None = None
 
     def merged(self, other: "GroupTally") -> "GroupTally":
         """A new tally holding both (self first)."""
         out = GroupTally(self.tensors, self.bytes, self.elements, self.dtype, self.shape, list(self.subs),
-                         self.dtypes, self.shapes_vary)
+                         self.dtypes, self.shapes_vary,
+                         None if self.member_dtypes is None else list(self.member_dtypes))
         out.absorb(other.tensors, other.bytes, other.elements, other.dtype, other.shape, other.subs,
-                   other.dtypes, other.shapes_vary)
+                   other.dtypes, other.shapes_vary, other.member_dtypes)
         return out
 
     def absorb(self, tensors: int, nbytes: int, elements: int, dtype: str, shape: list[int], subs: list,
-               dtypes: set[str] | None, shapes_vary: bool) -> None:
+               dtypes: set[str] | None, shapes_vary: bool, member_dtypes: list[str] | None = None) -> None:
+        before = len(self.subs)
         self.tensors += tensors
         self.bytes += nbytes
         self.elements += elements
         self.subs.extend(subs)
         if dtypes or dtype != self.dtype:
             self.dtypes = (self.dtypes or {self.dtype}) | (dtypes or {dtype})
+            if self.member_dtypes is None:
+                self.member_dtypes = [self.dtype] * before
+        if self.member_dtypes is not None:
+            self.member_dtypes.extend(member_dtypes if member_dtypes is not None else [dtype] * len(subs))
         if shapes_vary or shape != self.shape:
             self.shapes_vary = True
 
@@ -283,13 +293,16 @@ def _add(groups: dict, key: tuple[str, int | None], members: list[int], header: 
         nbytes, elements = header.sizes[first] * count, prod(shapes[0]) * count
     else:
         nbytes, elements = sum(map(header.sizes.__getitem__, members)), sum(map(prod, shapes))
-    _fold(groups, key, count, nbytes, elements, dtypes[0], list(shapes[0]), subs, mixed, varies)
+    _fold(groups, key, count, nbytes, elements, dtypes[0], list(shapes[0]), subs, mixed, varies,
+          dtypes if mixed is not None and subs else None)
 
 
 def _fold(groups: dict, key: tuple[str, int | None], tensors: int, nbytes: int, elements: int, dtype: str,
-          shape: list[int], subs: list | None, mixed: set[str] | None, varies: bool) -> None:
+          shape: list[int], subs: list | None, mixed: set[str] | None, varies: bool,
+          member_dtypes: list[str] | None = None) -> None:
     tally = groups.get(key)
     if tally is None:
-        groups[key] = GroupTally(tensors, nbytes, elements, dtype, shape, [] if subs is None else subs, mixed, varies)
+        groups[key] = GroupTally(tensors, nbytes, elements, dtype, shape, [] if subs is None else subs, mixed, varies,
+                                 member_dtypes)
     else:
-        tally.absorb(tensors, nbytes, elements, dtype, shape, subs or [], mixed, varies)
+        tally.absorb(tensors, nbytes, elements, dtype, shape, subs or [], mixed, varies, member_dtypes)

@@ -44,10 +44,15 @@ class Part:
     tensors: int
 
 
+def weight_part(parts: Mapping[str, Part]) -> Part | None:
+    """The parameter whose dtype decides the module's scheme (its companions refine it)."""
+    return (parts.get(".weight") or parts.get(".weight_packed") or parts.get(".qweight") or parts.get("_blocks")
+            or parts.get(""))
+
+
 def detect_scheme(parts: Mapping[str, Part]) -> str:
     """Scheme of a module from its parameters keyed by suffix (".weight", ".weight_scale", ...)."""
-    weight = (parts.get(".weight") or parts.get(".weight_packed") or parts.get(".qweight") or parts.get("_blocks")
-              or parts.get(""))
+    weight = weight_part(parts)
     if weight is None:
         # A module with no weight (e.g. a bare bias or a kv scale) takes the dtype of what it has.
         any_part = next(iter(parts.values()))

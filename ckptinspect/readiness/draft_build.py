@@ -71,10 +71,29 @@ class ModuleBuild:
     reasons: tuple[str, ...]  # the same, one of REASONS
     causes: tuple[str, ...] = ()  # the same: the config entry / rule responsible (engine-modelled methods)
     engine_module: str | None = None  # the module as the engine asks about it (fused Linear, whole MoE)
+    # (member module, stored scheme) of every member, in member order, when the members are stored in
+    # different schemes (TensorGroup.member_schemes); ``built`` then has one entry per member, or one for all.
+    stored_each: tuple[tuple[str, str], ...] = ()
 
     @property
     def stored_quantized(self) -> bool:
-        return self.stored not in UNQUANTIZED and self.stored != "other"
+        return _quantized(self.stored)
+
+    def members(self) -> list[tuple[str | None, str, str | None]]:
+        """(member module or None, stored scheme, built label or None) per member asked: every member
+        when they are stored differently (an engine builds one parameter for all of them and copies each
+        stored tensor into its slot), else one row per entry of ``built``, stored as the group."""
+        if not self.stored_each:
+            return [(None, self.stored, b) for b in self.built]
+        built = self.built if len(self.built) == len(self.stored_each) else self.built[:1] * len(self.stored_each)
+        return [(name, stored, b) for (name, stored), b in zip(self.stored_each, built)]
+
+    def unlike_stored(self) -> list[tuple[str | None, str, str | None]]:
+        """The members built unlike they are stored: quantized parameters for an unquantized tensor or
+        the reverse, or a member stored in another quantized scheme / dtype than its group, whose codes the
+        engine copies into a parameter built for the group's (a load error is the reasons' business)."""
+        return [m for m in self.members() if (m[2] is not None) != _quantized(m[1])
+                or (m[2] is not None and self.stored_quantized and m[1] != self.stored)]
 
     @property
     def built_quantized(self) -> bool:
@@ -84,6 +103,20 @@ class ModuleBuild:
     @property
     def built_unquantized(self) -> bool:
         return any(b is None for b in self.built)
+
+
+def _quantized(scheme: str) -> bool:
+    return scheme not in UNQUANTIZED and scheme != "other"
+
+
+def stored_each(g: TensorGroup) -> tuple[tuple[str, str], ...]:
+    """(member module, stored scheme) per member in member_modules' order when the group's members are
+    stored in different schemes, else ()."""
+    if not g.member_schemes:
+        return ()
+    by_sub = dict(zip((s if isinstance(s, tuple) else (s,) for s in g.subs), g.member_schemes))
+    subs = sorted(by_sub)
+    return tuple(zip(module_names(g, subs), map(by_sub.__getitem__, subs)))
 
 
 def member_modules(g: TensorGroup) -> list[str]:
@@ -183,6 +216,7 @@ def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool 
                 continue
             shown = shown_module(g)
             rel = scan.relative(shown)
+            each = stored_each(g)
             if uniform:
                 reason = "undeclared" if label is None else "draft"
                 built, reasons = (None,), (reason,)
@@ -191,7 +225,8 @@ def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool 
                 if group_reason is not None:
                     built, reasons = (None,), (group_reason,)
                 else:
-                    members = member_modules(g) if exhaustive else members_to_ask(
+                    # members stored in different schemes: each one is asked, so each is paired with its answer
+                    members = member_modules(g) if exhaustive or each else members_to_ask(
                         g, facts.checkpoint.declared.excludes, _renames(ctx, scan.k))
                     answers = [_engine_answer(ctx, g, name, scan.k, names) for name in members]
                     if all(a is not None for a in answers):
@@ -201,13 +236,13 @@ def build_plan(ctx: "EngineContext", names: str = "either", *, exhaustive: bool 
                         causes = tuple(a[1] for a in answers)
                         out.append(ModuleBuild(k=scan.k, module=shown, relative=rel, component=g.component,
                                                stored=g.scheme, built=built, reasons=reasons, causes=causes,
-                                               engine_module=answers[0][2]))
+                                               engine_module=answers[0][2], stored_each=each))
                         continue
                     flags = [excluded(ctx, name, scan.k, names) for name in members]
                     reasons = tuple("excluded" if f else "quantized" for f in flags)
                     built = tuple(None if f else label for f in flags)
             out.append(ModuleBuild(k=scan.k, module=shown, relative=rel, component=g.component,
-                                   stored=g.scheme, built=built, reasons=reasons))
+                                   stored=g.scheme, built=built, reasons=reasons, stored_each=each))
     facts.plan_cache[key] = out
     return out
 

@@ -60,7 +60,7 @@ def module_table(facts: "Facts", contexts: Mapping[str, "EngineContext"],
                 built[name], reasons[name], matches[name] = final, "quantized", m.stored_quantized
                 causes[name] = "the engine matches the lists on its runtime module name, which no entry covers"
         rows.append(MtpModuleQuant(module=module, component=first.component, declared=_declared(facts, module),
-                                   stored=first.stored, built=built, reasons=reasons, causes=causes,
+                                   stored=_stored(first), built=built, reasons=reasons, causes=causes,
                                    matches=matches))
     return tuple(rows)
 
@@ -88,8 +88,22 @@ def _engine_cell(m: ModuleBuild) -> tuple[str, str, str, bool]:
         text = f"{'/'.join(labels)} ({quantized} of {len(m.built)} asked quantized)"
     reasons = "/".join(sorted(set(m.reasons)))
     causes = "; ".join(sorted({c for c in m.causes if c}))[:300]
-    fits = "load_error" not in m.reasons and all((b is not None) == m.stored_quantized for b in m.built)
+    fits = "load_error" not in m.reasons and not m.unlike_stored()
     return text, reasons, causes, fits
+
+
+def _stored(m: ModuleBuild) -> str:
+    """The stored scheme; where members are stored in other schemes too, how many and which (the members
+    the engine columns are checked against one by one)."""
+    if not m.stored_each:
+        return m.stored
+    others: dict[str, list[str]] = {}
+    for name, scheme in m.stored_each:
+        if scheme != m.stored:
+            others.setdefault(scheme, []).append(name)
+    parts = [f"{len(names)} of {len(m.stored_each)} members {scheme}: {', '.join(names[:2])}"
+             + (f" and {len(names) - 2} more" if len(names) > 2 else "") for scheme, names in sorted(others.items())]
+    return f"{m.stored} ({'; '.join(parts)})"
 
 
 def _declared(facts: "Facts", module: str) -> str:

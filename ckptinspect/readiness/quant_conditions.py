@@ -218,14 +218,31 @@ def _built_unlike_stored(ctx: "EngineContext", arg: Any) -> bool:
     unquantized or the reverse, or its quantization config refuses it; ``schemes: true`` also counts a
     quantized module built from a label whose scheme family is not the stored one (an MXFP4 module
     under a global NVFP4 / FP8 label). What a family defect that claims "the tensors do not fit" must
-    rest on: a stored fact alone never says what the engine builds."""
+    rest on: a stored fact alone never says what the engine builds.
+
+    Members count one by one where a group's members are stored in different schemes or code dtypes (one
+    routed expert stored BF16 among block-FP8 ones: the engine builds the group's one fused parameter from
+    the declared scheme and copies each expert's tensor into its slot); ``members: true`` counts only those
+    modules."""
     spec = arg if isinstance(arg, Mapping) else {}
     wanted = _components(spec)
     hits = []
     for m in build_plan(ctx):
         if wanted is not None and m.component not in wanted:
             continue
-        if "load_error" in m.reasons or any((b is not None) != m.stored_quantized for b in m.built):
+        if spec.get("members") and not m.stored_each:
+            continue
+        unlike = m.unlike_stored()
+        if m.stored_each and unlike:
+            shown = ", ".join(f"{name} stored {stored}" for name, stored, _ in unlike[:2])
+            more = f" and {len(unlike) - 2} more" if len(unlike) > 2 else ""
+            built = "/".join(sorted({b or "unquantized" for _, _, b in unlike}))
+            hits.append(f"{m.module}: {len(unlike)} of {len(m.stored_each)} members unlike the parameter built for "
+                        f"them ({shown}{more}; built {built})")
+            continue
+        if spec.get("members"):
+            continue
+        if "load_error" in m.reasons or unlike:
             hits.append(f"{m.module} (stored {m.stored}, built {'/'.join(sorted({b or 'unquantized' for b in m.built}))})")
             continue
         if spec.get("schemes") and m.stored_quantized:

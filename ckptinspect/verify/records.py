@@ -29,12 +29,12 @@ class ParameterOutcome:
     name: str  # the engine's parameter name (leaf only; the module is ModuleOutcome.module)
     dtype: str  # as built: "float8_e4m3fn", "bfloat16", "uint8", ...
     shape: tuple[int, ...]
-    status: str  # loaded | mismatch | never loaded | shared (the target's) | default (the engine fills it)
+    status: str  # loaded | mismatch | never loaded | shared (the target's) | default (the engine fills it) | unused (never read)
     calls: int  # weight-loader calls that reached it
     sources: tuple[str, ...]  # stored tensor names that reached it (first few)
     source_count: int
     problems: tuple[str, ...]
-    note: str | None = None  # why shared / default, citing the engine function
+    note: str | None = None  # why shared / default / unused, citing the engine function
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ModuleOutcome:
 
     @property
     def status(self) -> str:
-        order = ("never loaded", "mismatch", "loaded", "default", "shared")
+        order = ("never loaded", "mismatch", "loaded", "default", "unused", "shared")
         return min((p.status for p in self.parameters), key=order.index, default="loaded")
 
 

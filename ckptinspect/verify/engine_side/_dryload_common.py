@@ -322,8 +322,9 @@ def _gated_experts(model: Any, param_name: str) -> bool:
 
 
 def check_parameters(model: Any, recorder: Recorder, shared: dict[str, str],
-                     defaults: dict[str, str] | None = None) -> list[dict]:
-    """Each built parameter with what reached it and what is wrong with that, in the model's order."""
+                     defaults: dict[str, str] | None = None, unused: dict[str, str] | None = None) -> list[dict]:
+    """Each built parameter with what reached it and what is wrong with that, in the model's order.
+    ``unused``: parameters the engine's own code never reads (status ``unused`` when nothing loaded them)."""
     out = []
     for name, param in recorder.param_items:
         dtype = dtype_name(param.dtype)
@@ -356,10 +357,13 @@ def check_parameters(model: Any, recorder: Recorder, shared: dict[str, str],
             elif loaded != total:
                 problems.append(f"{loaded} of {total} elements loaded over shards {sorted(map(str, last))}")
         defaults = defaults or {}
+        unused = unused or {}
         if name in shared:
             status = "shared"
         elif not records and name in defaults:
             status = "default"
+        elif not records and name in unused:
+            status = "unused"
         elif not records:
             status = "never loaded"
         elif problems:
@@ -369,7 +373,8 @@ def check_parameters(model: Any, recorder: Recorder, shared: dict[str, str],
         sources = sorted({source for r in records for source in r.get("sources", ())})
         out.append({"name": name, "dtype": dtype, "shape": list(param.shape), "status": status,
                     "calls": len(records), "sources": sources[:3], "source_count": len(sources),
-                    "problems": problems[:8], "note": shared.get(name) or (defaults.get(name) if not records else None)})
+                    "problems": problems[:8],
+                    "note": shared.get(name) or ((defaults.get(name) or unused.get(name)) if not records else None)})
     return out
 
 

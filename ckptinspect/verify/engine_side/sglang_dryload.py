@@ -18,7 +18,9 @@ The steps, each SGLang's own function unless named otherwise:
 5. ``DefaultModelLoader.load_weights_only`` with the stored names, dtypes and shapes as meta tensors (the
    one substituted piece: where tensors come from): the model's own ``load_weights``.
 6. ``set_embed_and_head`` with a stand-in target's embedding and LM head where the draft class has it (the
-   speculative worker's sharing step): which draft parameters SGLang replaces by the target's.
+   speculative worker's sharing step): which draft parameters SGLang replaces by the target's; then
+   ``should_apply_lm_head_quant_method`` (layers/logits_processor.py) on the draft's head: whether SGLang
+   reads the head's own quantization parameters at all once its weight is the target's.
 Not run: ``DefaultModelLoader.postprocess_weights`` (process_weights_after_loading: kernel repacking).
 
 Stand-ins (named in the answer): modules that only GPU kernels or other serving parts import are empty
@@ -162,12 +164,14 @@ def main(request: dict, result: dict) -> None:
     if not steps[-1]["ok"]:
         steps[-1]["tensor"] = recorder.current
     shared: dict[str, str] = {}
+    unused: dict[str, str] = {}
     if steps[-1]["ok"] and hasattr(model, "set_embed_and_head"):
         with common.Step(steps, "share target embedding and LM head"):
-            shared = _shared_with_target(torch, model)
+            shared = _shared_with_target(torch, model, rows, model_config.dtype)
+            unused = _unused_head_parameters(torch, model, shared)
         result["shims"].append("torch.cuda.empty_cache / synchronize -> no-op during set_embed_and_head (it frees "
                                "GPU memory after the swap; there is no GPU here)")
-    result["parameters"] = common.check_parameters(model, recorder, shared, _engine_defaults(model))
+    result["parameters"] = common.check_parameters(model, recorder, shared, _engine_defaults(model), unused)
     result["tensors"] = common.tensor_outcome(rows, recorder)
     result["not_run"] = ["postprocess_weights (process_weights_after_loading): repacks parameter data for the "
                          "kernels; meta tensors carry none"]
@@ -223,14 +227,28 @@ def _engine_defaults(model) -> dict[str, str]:
     return out
 
 
-def _shared_with_target(torch, model) -> dict[str, str]:
+def _shared_with_target(torch, model, rows, dtype) -> dict[str, str]:
     """The speculative worker hands the target's embedding and LM head to the draft
-    (``set_embed_and_head``): the draft parameters it replaced."""
+    (``set_embed_and_head``): the draft parameters it replaced.
+
+    The stand-in target head has the stored ``lm_head.weight``'s columns (rows padded like the draft's), and
+    its dtype where that holds codes (a float head is the model dtype, as the target builds it): a draft whose own head is built quantized
+    (SGLang's DeepSeek NextN builds ``lm_head`` with the checkpoint's quant config) still receives the
+    target's head as the target holds it, which decides how SGLang computes the draft's logits
+    (``_unused_head_parameters``). Without a stored head (tied embeddings) the draft's own head stands in."""
     before = dict(model.named_parameters())
     embed = next((p for n, p in before.items() if n.endswith("embed_tokens.weight")), None)
     head = next((p for n, p in before.items() if n.endswith("lm_head.weight")), None)
+    stored = next(((d, shape) for name, d, shape, is_mtp in rows if name == "lm_head.weight" and not is_mtp), None)
     target_embed = torch.empty_like(embed) if embed is not None else torch.empty(1, 1, device="meta")
-    target_head = torch.empty_like(head) if head is not None else torch.empty(1, 1, device="meta")
+    if stored is not None:
+        code = common.TORCH_DTYPES[stored[0]]
+        target_dtype = dtype if code in ("bfloat16", "float16", "float32", "float64") else getattr(torch, code)
+        # rows as the draft's head has them (the vocabulary padded per rank, as the target pads its own)
+        shape = (int(head.shape[0]), *stored[1][1:]) if head is not None and len(stored[1]) == 2 else tuple(stored[1])
+        target_head = torch.empty(shape, dtype=target_dtype, device="meta")
+    else:
+        target_head = torch.empty_like(head) if head is not None else torch.empty(1, 1, device="meta")
     saved = torch.cuda.empty_cache, torch.cuda.synchronize
     # set_embed_and_head frees the draft's copies on the GPU and synchronizes: no GPU here
     torch.cuda.empty_cache = torch.cuda.synchronize = lambda *a, **k: None
@@ -241,6 +259,31 @@ def _shared_with_target(torch, model) -> dict[str, str]:
     after = {id(p) for p in model.parameters()}
     return {name: "the target model's (SGLang's set_embed_and_head replaces the draft's)"
             for name, param in before.items() if id(param) not in after}
+
+
+def _unused_head_parameters(torch, model, shared: dict[str, str]) -> dict[str, str]:
+    """The draft LM head's own parameters that SGLang never reads once ``set_embed_and_head`` gave it the
+    target's float weight: its logits processor applies the head's quant method only when the weight is in
+    that method's layout (layers/logits_processor.py should_apply_lm_head_quant_method, 0.5.23:1599-1663:
+    "Some draft models share an unquantized target lm_head tensor while still carrying the draft model's
+    stale ModelOpt quant_method"), else it multiplies by ``lm_head.weight`` alone. Asked through that
+    function; only for a float shared weight, because for a quantized one its answer depends on attributes
+    process_weights_after_loading sets, which the dry-load does not run."""
+    head = getattr(model, "lm_head", None)
+    weight = getattr(head, "weight", None)
+    if weight is None or not any(name.endswith("lm_head.weight") for name in shared) \
+            or weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return {}
+    from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
+
+    method = getattr(head, "quant_method", None)
+    if should_apply_lm_head_quant_method(head, method):
+        return {}
+    prefix = next(name for name, module in model.named_modules() if module is head)
+    note = (f"never read: SGLang computes the draft's logits from the target's shared {common.dtype_name(weight.dtype)} "
+            f"weight and skips the head's {type(method).__name__} (layers/logits_processor.py "
+            "should_apply_lm_head_quant_method)")
+    return {f"{prefix}.{name}": note for name, _ in head.named_parameters() if f"{prefix}.{name}" not in shared}
 
 
 if __name__ == "__main__":
