@@ -200,6 +200,27 @@ def test_the_hub_and_the_hf_cache_give_the_local_report(hub):
     assert cached.checkpoint.kind == "hf-cache" and _facts(cached) == _facts(local)
 
 
+def test_verify_refuses_mistral_format_instead_of_dry_loading_config_json(make_fixture, tmp_path):
+    """verify hands the engine config.json; here vLLM reads params.json, so verify says it cannot model it
+    rather than answer for another config (a config.json beside it is what it would otherwise send)."""
+    from ckptinspect.verify import _request
+
+    both = tmp_path / "both"
+    shutil.copytree(make_fixture(NAME), both)
+    (both / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                  "num_hidden_layers": 2, "hidden_size": 8}))
+    with pytest.raises(ConfigError, match="Mistral's format .* which verify's dry-load does not model yet"):
+        _request(str(both))
+
+
+def test_a_snapshot_keeps_params_json_and_reports_the_same(make_fixture, tmp_path):
+    path = make_fixture(NAME)
+    out = tmp_path / "ml4.json.gz"
+    done = run_cli("snapshot", str(path), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert _facts(build_report(str(out), progress=False)) == _facts(build_report(str(path), progress=False))
+
+
 # ---- the premises, read from the engines' own code --------------------------------------------------------------
 
 _RUN_VLLM_ADAPTER = textwrap.dedent('''
