@@ -97,7 +97,8 @@ SOURCE_INSTALL = textwrap.dedent('''
         with open(os.path.join(os.environ["CKPTINSPECT_TEST_CACHE"], "downloads"), "a") as fh:
             fh.write(" ".join(cmd) + "\\n")
         if os.environ.get("FAKE_PIP_FAILS"):
-            return subprocess.CompletedProcess(cmd, 1, "", "WARNING: retrying\\nERROR: No matching distribution found for vllm==0.34.0\\n")
+            return subprocess.CompletedProcess(
+                cmd, 1, "", "WARNING: retrying\\nERROR: No matching distribution found for vllm==0.34.0\\n")
         dest = cmd[cmd.index("--dest") + 1]
         with zipfile.ZipFile(os.path.join(dest, "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl"), "w") as w:
             w.writestr("vllm/config/speculative.py", "SPEC = 1\\n")

@@ -320,7 +320,8 @@ def test_vllm_0_34_drafts_mistral_large_4_in_bf16_and_refuses_a_missing_mask():
     block = registry[registry.index('"MistralLarge4DSparkModel": ('):]
     assert '"MistralLarge4DSparkForCausalLM"' in block[:block.index(")")]
     dspark = vllm_034_text("models", "mistral", "mistral_large4", "nvidia", "dspark.py")
-    assert 'required = {"model.mask_embedding"}' in dspark and 'raise ValueError(f"DSpark checkpoint is missing' in dspark
+    assert 'required = {"model.mask_embedding"}' in dspark
+    assert 'raise ValueError(f"DSpark checkpoint is missing' in dspark
     loader = vllm_034_text("model_executor", "model_loader", "default_loader.py")
     assert "model_config.quantization is None and loaded_weights is not None" in loader
 

@@ -1,8 +1,9 @@
 """vLLM 0.34.0's own source files, for the tests that check a rule's premise against the engine's code.
 
 The files come from tests/locks/vllm-0.34.0-src.lock: tests/engine_envs.py downloads that one wheel by its
-sha256 once per machine and keeps its ``vllm/**/*.py`` files (the ``vllm`` package is never imported). Where the package index
-cannot be reached the tests that need them skip, saying so; every other machine, CI included, runs them.
+sha256 once per machine and keeps its ``vllm/**/*.py`` files (the ``vllm`` package is never imported). Where
+the package index cannot be reached the tests that need them skip, saying so; every other machine, CI
+included, runs them.
 """
 
 from __future__ import annotations

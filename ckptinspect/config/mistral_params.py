@@ -189,7 +189,8 @@ def _mistral_large_4(cfg: dict[str, Any], source: str) -> None:
     if len(sources) != layers or any(not (0 <= s <= i) or sources[s] != s or flags[i] != flags[s]
                                      for i, s in enumerate(sources)):
         raise ConfigError("'kv_sharing.source_layers_str' must name, for each of the n_layers layers, itself or an "
-                          "earlier non-sharing layer of the same rope/nope kind (vLLM 0.34.0 asserts this)", path=source)
+                          "earlier non-sharing layer of the same rope/nope kind (vLLM 0.34.0 asserts this)",
+                          path=source)
     cfg["kv_source_layers"] = sources
     dsa = cfg.pop("dsa")
     if not isinstance(dsa, dict):
