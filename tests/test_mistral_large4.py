@@ -106,6 +106,35 @@ def test_an_incomplete_draft_is_unusable_in_vllm(report):
     assert report("mistral_large4_no_mask").mtp.verdicts["sglang"].reasons == ("engine-has-no-draft-model",)
 
 
+def _variant(tmp_path, name: str, params: dict, drop: tuple[str, ...] = ()):
+    from fixtures.families_2026_e import mistral_large4
+    from fixtures.generate import write_fixture
+
+    return build_report(str(write_fixture(mistral_large4(name, params=params, drop_patterns=drop), tmp_path)),
+                        progress=False)
+
+
+def test_the_variant_modules_are_required_as_params_json_says(tmp_path):
+    """target_projection exists with two or more target layers, joint_proj with the rnn head (dspark.py:109-117,
+    157-165): vLLM raises without them, and nothing asks for them otherwise."""
+    p = MISTRAL_LARGE4_PARAMS
+    rnn = {**p, "mtp": {**p["mtp"], "dspark": {**p["mtp"]["dspark"], "head_type": "rnn"}}}
+    one_tap = {**p, "mtp": {**p["mtp"], "target_activation_layers": "2"}}
+    cases = [
+        ("ml4_rnn", rnn, (), ()),
+        ("ml4_rnn_no_joint", rnn, (MISTRAL_DSPARK + "autoregressive_head.joint_proj.*",), ("dspark-rnn-head-missing",)),
+        ("ml4_no_projection", p, (MISTRAL_DSPARK + "backbone.target_projection.*",),
+         ("dspark-target-projection-missing",)),
+        ("ml4_one_tap", one_tap, (MISTRAL_DSPARK + "backbone.target_projection.*",), ()),
+    ]
+    for name, params, drop, reasons in cases:
+        v = _variant(tmp_path, name, params, drop).mtp.verdicts["vllm"]
+        assert (v.verdict, v.reasons) == ("unusable" if reasons else "ready", reasons), name
+    text = " ".join(f.message for f in _variant(tmp_path, "ml4_rnn_no_joint2", rnn,
+                                                  (MISTRAL_DSPARK + "autoregressive_head.joint_proj.*",)).mtp.findings)
+    assert "mtp_dspark.autoregressive_head.joint_proj does not ship" in text
+
+
 def test_a_target_without_its_draft_tensors_is_declared_but_absent(report):
     mtp = report("mistral_large4_nodraft").mtp
     assert (mtp.declared_layers, mtp.present_layers) == (2, 0)
