@@ -10,7 +10,6 @@ quote them.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
 from ckptinspect.inventory.mtp_prefix import concrete_prefix
@@ -205,7 +204,7 @@ def _config_value(ctx: EngineContext, key: str) -> Any:
 def _config_is(ctx: EngineContext, arg: Mapping[str, list]) -> bool:
     """Every key set, each to one of its listed values (as text: "rnn", "true", "3")."""
     def text(value: Any) -> str:
-        return json.dumps(value) if isinstance(value, bool) else str(value)
+        return ("true" if value else "false") if isinstance(value, bool) else str(value)  # JSON's spelling
 
     return all((value := _config_value(ctx, key)) is not None and text(value) in {str(v) for v in values}
                for key, values in arg.items())
