@@ -254,7 +254,7 @@ def test_a_snapshot_keeps_params_json_and_reports_the_same(make_fixture, tmp_pat
 
 _RUN_VLLM_ADAPTER = textwrap.dedent('''
     import json, logging, sys, types
-    src, params = sys.argv[1], json.loads(sys.stdin.read())
+    src, cases = sys.argv[1], json.loads(sys.stdin.read())
     # vLLM's adapter module needs transformers and vllm.logger only: a logger stands in for the latter
     vllm = types.ModuleType("vllm"); vllm.__path__ = []
     logger = types.ModuleType("vllm.logger"); logger.init_logger = logging.getLogger
@@ -262,31 +262,93 @@ _RUN_VLLM_ADAPTER = textwrap.dedent('''
     import importlib.util
     spec = importlib.util.spec_from_file_location("vllm_mistral", src)
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-    config = mod.adapt_config_dict(params, defaults={})
-    draft = mod.get_mistral_large_4_dspark_config(config)
-    keys = ("architectures", "model_type", "num_hidden_layers", "hidden_size", "n_routed_experts",
-            "n_shared_experts", "first_k_dense_replace", "moe_intermediate_size", "num_experts_per_tok",
-            "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "nope_layer_flags",
-            "kv_source_layers", "index_sharing", "index_topk", "index_n_heads", "index_head_dim",
-            "indexer_norm_eps", "indexer_ssmax_scaling", "mtp_config", "tie_word_embeddings")
-    print(json.dumps({"config": {k: getattr(config, k, None) for k in keys},
-                      "draft": {k: getattr(draft, k, None) for k in ("architectures", "num_hidden_layers",
-                                "num_target_layers", "dspark_head_type", "quantization_config")}}))
+    out = []
+    for params, keys in cases:
+        try:
+            config = mod.adapt_config_dict(params, defaults={})
+        except Exception as exc:  # the engine refuses this params.json
+            out.append({"refused": type(exc).__name__})
+            continue
+        row = {"config": {k: getattr(config, k, None) for k in keys}}
+        if getattr(config, "mtp_config", None):
+            draft = mod.get_mistral_large_4_dspark_config(config)
+            row["draft"] = {k: getattr(draft, k, None) for k in ("architectures", "num_hidden_layers",
+                            "num_target_layers", "dspark_head_type", "quantization_config")}
+        out.append(row)
+    print(json.dumps(out))
 ''')
+COMMON_KEYS = ("architectures", "model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
+               "num_attention_heads", "num_key_value_heads", "n_routed_experts", "n_shared_experts",
+               "first_k_dense_replace", "moe_intermediate_size", "num_experts_per_tok", "kv_lora_rank",
+               "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "tie_word_embeddings", "layer_types",
+               "sliding_window", "max_position_embeddings", "quantization_config")
+LARGE4_KEYS = ("nope_layer_flags", "kv_source_layers", "index_sharing", "index_topk", "index_n_heads",
+               "index_head_dim", "indexer_norm_eps", "indexer_ssmax_scaling", "indexer_nope_layer_flags",
+               "fp8_kv_cache", "mtp_config")
+_DENSE = {"dim": 32, "n_layers": 4, "head_dim": 8, "hidden_dim": 64, "n_heads": 4, "n_kv_heads": 2, "norm_eps": 1e-5,
+          "vocab_size": 128}
+_MOE = {"expert_hidden_dim": 16, "first_k_dense_replace": 1, "num_experts": 4, "num_experts_per_tok": 2,
+        "route_every_n": 1, "routed_scale": 1.0, "num_expert_groups": 1, "num_expert_groups_per_tok": 1}
+ADAPTER_CASES = {
+    "mistral_large_4": (MISTRAL_LARGE4_PARAMS, COMMON_KEYS + LARGE4_KEYS),
+    "dense_sliding": ({**_DENSE, "sliding_window": [16, 16, 16, None]}, COMMON_KEYS),
+    "mixtral": ({**_DENSE, "moe": _MOE, "quantization": {"qformat_weight": "fp8_e4m3", "qscheme_act": "BLOCK",
+                                                          "qscheme_weight": "BLOCK", "block_size_out": 128,
+                                                          "block_size_in": 128}}, COMMON_KEYS),
+    "large_3": ({**_DENSE, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+                 "q_lora_rank": 16, "moe": {**_MOE, "num_shared_experts": 1},
+                 "llama_4_scaling": {"beta": 0.1, "original_max_position_embeddings": 64}}, COMMON_KEYS),
+    # vLLM gives a dense MLA model a one-expert MoE with a shared expert, so it too needs llama_4_scaling
+    "dense_mla": ({**_DENSE, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+                   "llama_4_scaling": {"beta": 0.1, "original_max_position_embeddings": 64}}, COMMON_KEYS),
+}
 
 
-def test_the_adapter_agrees_with_vllm_0_34s_own_on_the_fixture():
-    """config/mistral_params.py against vLLM 0.34.0's adapt_config_dict and get_mistral_large_4_dspark_config."""
+def test_the_adapter_agrees_with_vllm_0_34s_own():
+    """config/mistral_params.py against vLLM 0.34.0's adapt_config_dict (every architecture branch but the
+    multimodal wrappers) and get_mistral_large_4_dspark_config, run in a subprocess on the same params.json."""
     src = vllm_034() / "transformers_utils" / "configs" / "mistral.py"
-    done = subprocess.run([sys.executable, "-c", _RUN_VLLM_ADAPTER, str(src)], input=json.dumps(MISTRAL_LARGE4_PARAMS),
+    cases = [[params, list(keys)] for params, keys in ADAPTER_CASES.values()]
+    done = subprocess.run([sys.executable, "-c", _RUN_VLLM_ADAPTER, str(src)], input=json.dumps(cases),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    theirs = json.loads(done.stdout.strip().splitlines()[-1])
-    ours = adapt_params(MISTRAL_LARGE4_PARAMS)
-    assert {k: ours.get(k) for k in theirs["config"]} == theirs["config"]
+    answers = json.loads(done.stdout.strip().splitlines()[-1])
+    for (name, (params, _)), theirs in zip(ADAPTER_CASES.items(), answers):
+        ours = adapt_params(params)
+        assert {k: ours.get(k) for k in theirs["config"]} == theirs["config"], name
     # the draft vLLM builds: mtp.n_layers dense layers, two taps (so target_projection is built), BF16
-    assert theirs["draft"] == {"architectures": ["MistralLarge4DSparkModel"], "num_hidden_layers": 2,
-                               "num_target_layers": 2, "dspark_head_type": "vanilla", "quantization_config": None}
+    assert answers[0]["draft"] == {"architectures": ["MistralLarge4DSparkModel"], "num_hidden_layers": 2,
+                                   "num_target_layers": 2, "dspark_head_type": "vanilla",
+                                   "quantization_config": None}
+
+
+def _without(mapping: dict, key: str) -> dict:
+    return {k: v for k, v in mapping.items() if k != key}
+
+
+REFUSED = {
+    "dsa_without_mla": _without(MISTRAL_LARGE4_PARAMS, "qk_nope_head_dim"),
+    "large_3_without_llama_4_scaling": _without(ADAPTER_CASES["large_3"][0], "llama_4_scaling"),
+    "unknown_quantization": _DENSE | {"quantization": {"qformat_weight": "int3"}},
+    "unparsed_dsa_key": MISTRAL_LARGE4_PARAMS | {"dsa": {**MISTRAL_LARGE4_PARAMS["dsa"], "window": 3}},
+    "dsa_without_topk": MISTRAL_LARGE4_PARAMS | {"dsa": _without(MISTRAL_LARGE4_PARAMS["dsa"], "topk")},
+    "kv_sharing_later_layer": MISTRAL_LARGE4_PARAMS | {"kv_sharing": {"source_layers_str": "0,2,2,3"}},
+    "index_sharing_not_full_first": MISTRAL_LARGE4_PARAMS | {"dsa": {**MISTRAL_LARGE4_PARAMS["dsa"],
+                                                                     "sharing": "shared,full"}},
+}
+
+
+def test_what_vllm_0_34s_adapter_refuses_the_report_refuses():
+    src = vllm_034() / "transformers_utils" / "configs" / "mistral.py"
+    cases = [[params, ["architectures"]] for params in REFUSED.values()]
+    done = subprocess.run([sys.executable, "-c", _RUN_VLLM_ADAPTER, str(src)], input=json.dumps(cases),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = json.loads(done.stdout.strip().splitlines()[-1])
+    for (name, params), theirs in zip(REFUSED.items(), answers):
+        assert "refused" in theirs, name  # the premise: vLLM 0.34.0 refuses it
+        with pytest.raises(ConfigError, match="."):
+            adapt_params(params)
 
 
 def _literal(source: str, name: str):

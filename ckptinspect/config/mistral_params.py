@@ -77,6 +77,7 @@ def adapt_params(params: Any, *, defaults: Mapping[str, Any] | None = None, sour
     for old, (new, default) in RENAMES_WITH_DEFAULT.items():
         cfg[new] = cfg.pop(old, default)
     cfg.setdefault("max_seq_len", cfg["max_position_embeddings"])
+    _sliding_window(cfg, source)
     if cfg.get("quantization"):
         cfg["quantization_config"] = _quantization(cfg.pop("quantization"), source)
     moe = cfg.get("moe")
@@ -104,10 +105,16 @@ def adapt_params(params: Any, *, defaults: Mapping[str, Any] | None = None, sour
         _mistral_large_4(cfg, source)
         cfg["model_type"], cfg["architectures"] = "mistral_large_4", ["MistralLarge4ForCausalLM"]
     elif shared_moe:
+        if "llama_4_scaling" not in cfg:
+            raise ConfigError("is a Mistral Large 3 layout (an MoE with shared experts) without llama_4_scaling; "
+                              "vLLM 0.34.0 refuses it", path=source)
         _moe(cfg)
         cfg["model_type"], cfg["architectures"] = "deepseek_v3", ["MistralLarge3ForCausalLM"]
     else:
         cfg["architectures"] = ["MixtralForCausalLM"] if is_moe else ["MistralForCausalLM"]
+    scaling = cfg.get("llama_4_scaling")
+    if scaling and (not isinstance(scaling, dict) or not {"original_max_position_embeddings", "beta"} <= set(scaling)):
+        raise ConfigError("'llama_4_scaling' must define original_max_position_embeddings and beta", path=source)
     multimodal = cfg.get("multimodal") if isinstance(cfg.get("multimodal"), dict) else {}
     vision = multimodal.get("vision_encoder_args") or cfg.get("vision_encoder")
     audio = isinstance(multimodal.get("whisper_model_args"), dict) and multimodal["whisper_model_args"].get(
@@ -151,6 +158,26 @@ def _quantization(quant: Any, source: str) -> dict[str, Any]:
         return {**quant, "quant_method": "compressed-tensors"}
     raise ConfigError(f"'quantization' is neither fp8_e4m3 nor compressed-tensors ({quant!r}); vLLM 0.34.0 refuses "
                       "it", path=source)
+
+
+def _sliding_window(cfg: dict[str, Any], source: str) -> None:
+    """A per-layer sliding_window list -> layer_types + one window (mistral.py:185-205)."""
+    window = cfg.get("sliding_window")
+    if not window:
+        return
+    layers = cfg.get("num_hidden_layers")
+    if isinstance(window, list):
+        if not isinstance(layers, int) or len({w for w in window if w is not None}) > 1:
+            raise ConfigError(f"'sliding_window' may list one window size (or null) per layer, got {window!r}",
+                              path=source)
+        cfg["layer_types"] = ["full_attention" if w is None else "sliding_attention"
+                              for w in window * (layers // len(window))]
+        cfg["sliding_window"] = next((w for w in window if w is not None), None)
+    elif isinstance(window, int) and not isinstance(window, bool):
+        if cfg.get("layer_types") is None and isinstance(layers, int):
+            cfg["layer_types"] = ["sliding_attention"] * layers
+    else:
+        raise ConfigError(f"'sliding_window' must be an integer or a list, got {window!r}", path=source)
 
 
 def _moe(cfg: dict[str, Any]) -> None:
@@ -206,19 +233,33 @@ def _mistral_large_4(cfg: dict[str, Any], source: str) -> None:
     if missing:
         raise ConfigError(f"'dsa' lacks {', '.join(missing)} (vLLM 0.34.0 requires them)", path=source)
     for key in DSA_REQUIRED:
-        cfg[key] = dsa[key]
-    sharing_pattern = dsa.get("index_sharing")
+        cfg[key] = dsa.pop(key)
+    if dsa.pop("index_rope_head_dim", None) not in (None, -1, cfg.get("qk_rope_head_dim")):
+        raise ConfigError("'dsa.rope_head_dim' must be the model's qk_rope_head_dim (vLLM 0.34.0 asserts it)",
+                          path=source)
+    if dsa.pop("index_nope", False) or not dsa.pop("fp8_indexer", True):
+        raise ConfigError("'dsa' asks for a NoPE indexer or a non-FP8 indexer cache, which vLLM 0.34.0 refuses",
+                          path=source)
+    cfg["indexer_nope_layer_flags"] = list(flags) if dsa.pop("indexer_match_nope", False) else [False] * layers
+    cfg["fp8_kv_cache"] = dsa.pop("fp8_kv_cache", False)
+    sharing_pattern = dsa.pop("index_sharing", None)
     cfg["index_sharing"] = _pattern(sharing_pattern, layers, "dsa.index_sharing", source) if sharing_pattern \
         else ["full"] * layers
     if set(cfg["index_sharing"]) - {"full", "shared"} or cfg["index_sharing"][0] != "full":
         raise ConfigError("'dsa.index_sharing' must be full / shared per layer, starting with full", path=source)
+    if dsa:
+        raise ConfigError(f"'dsa' has keys vLLM 0.34.0 does not parse ({', '.join(sorted(dsa))}) and refuses",
+                          path=source)
     mtp = cfg.pop("mtp", None)
     if mtp is not None:
         cfg["mtp_config"] = _dspark(mtp, source)
 
 
 def _dspark(mtp: Any, source: str) -> dict[str, Any]:
-    """The `mtp` block, checked as vLLM 0.34.0 checks it when it builds the DSpark draft (mistral.py:450-513)."""
+    """The `mtp` block, checked as vLLM 0.34.0 checks it when it builds the DSpark draft (mistral.py:450-513).
+
+    vLLM raises there only when speculative decoding is asked for (the target alone still loads); the report
+    refuses such a block at once, saying so, rather than judge a draft vLLM would not build."""
     if not isinstance(mtp, dict):
         raise ConfigError(f"'mtp' must be an object, got {mtp!r}", path=source)
     for key in ("n_layers", "depth"):
@@ -230,9 +271,11 @@ def _dspark(mtp: Any, source: str) -> dict[str, Any]:
         if not isinstance(dspark, dict):
             raise ConfigError(f"'mtp.dspark' must be an object, got {dspark!r}", path=source)
         if dspark.get("head_type", "vanilla") not in DSPARK_HEADS:
-            raise ConfigError(f"'mtp.dspark.head_type' must be one of {', '.join(DSPARK_HEADS)}", path=source)
+            raise ConfigError(f"'mtp.dspark.head_type' must be one of {', '.join(DSPARK_HEADS)} (vLLM 0.34.0 "
+                              "refuses the DSpark draft otherwise)", path=source)
         if dspark.get("draft_input", "shared_mask") not in DSPARK_INPUTS:
-            raise ConfigError(f"'mtp.dspark.draft_input' must be one of {', '.join(DSPARK_INPUTS)}", path=source)
+            raise ConfigError(f"'mtp.dspark.draft_input' must be one of {', '.join(DSPARK_INPUTS)} (vLLM 0.34.0 "
+                              "refuses the DSpark draft otherwise)", path=source)
         taps = str(mtp.get("target_activation_layers") or "")
         try:
             layers = [int(v) for v in taps.split(",") if v.strip()]
@@ -240,5 +283,6 @@ def _dspark(mtp: Any, source: str) -> dict[str, Any]:
             layers = []
         if not layers or any(v < 0 for v in layers) or layers != sorted(set(layers)):
             raise ConfigError("'mtp.target_activation_layers' must list unique, ascending, non-negative layer "
-                              f"numbers for DSpark, got {mtp.get('target_activation_layers')!r}", path=source)
+                              f"numbers for DSpark, got {mtp.get('target_activation_layers')!r} (vLLM 0.34.0 refuses "
+                              "the DSpark draft otherwise; the target alone would load)", path=source)
     return dict(mtp)
