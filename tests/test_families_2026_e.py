@@ -23,6 +23,7 @@ import pytest
 from ckptinspect.readiness import assess_mtp, load_rules
 from sglang_parser import ensure_sglang
 from test_families_2026_c import sglang_draft_rewrites, sglang_entry_classes
+from vllm_source import vllm_034_text
 
 def _at_vllm(report, name: str, version: str):
     r = report(name)
@@ -103,10 +104,7 @@ def test_transcribe_dropped_head_is_unusable(report):
 
 def test_vllm_0_34_copies_the_quant_config_into_the_transcribe_draft():
     """The rule's premise, read from the engine: hf_config_override keeps quantization_config for this draft."""
-    src = Path("/tmp/vllm034/src/vllm/config/speculative.py")
-    if not src.exists():
-        pytest.skip("vLLM 0.34.0 wheel not unpacked at /tmp/vllm034/src (pip download --no-deps vllm==0.34.0)")
-    text = src.read_text(encoding="utf-8")
+    text = vllm_034_text("config", "speculative.py")
     block = text[text.index('== "Nemotron3_5TranscribeForConditionalGeneration"'):]
     block = block[:block.index("Nemotron3_5TranscribeMTPModel")]
     assert "hf_config.quantization_config = copy.deepcopy(quantization_config)" in block
@@ -137,15 +135,9 @@ def test_minimax_dspark_without_markov_head_is_unusable(report):
 
 # ---- Kimi-K3.1 in vLLM 0.34.0 -------------------------------------------------------------------------------
 
-_VLLM = Path("/tmp/vllm034/src/vllm")
-
-
 def _vllm_src(*parts: str) -> str:
     """An engine source file, named by its path parts under vllm/ (never a path of this repository)."""
-    path = _VLLM.joinpath(*parts)
-    if not path.exists():
-        pytest.skip("vLLM 0.34.0 wheel not unpacked at /tmp/vllm034/src (pip download --no-deps vllm==0.34.0)")
-    return path.read_text(encoding="utf-8")
+    return vllm_034_text(*parts)
 
 
 def test_kimi_k31_target_is_kimi_k3_but_its_mtp_is_not_drafted(report, fixture_specs):

@@ -33,6 +33,7 @@ MTP_RE = {
     "interns2_mobius": r"^mtp\.",
     # issue 10 part B (fixtures/families_2026_b.py)
     "nemotron3_5_transcribe": r"^llm\.mtp\.", "minimax_m3_dspark": r"^language_model\.model\.dspark\.",
+    "mistral_large4": r"^mtp_dspark\.",
     "minimax_m3": r"^(language_model\.)?model\.mtp\.", "exaone_moe": r"^mtp\.", "exaone4_5": r"^mtp\.",
     "inkling": r"^model\.mtp\.", "mimo_v2_omni": r"^model\.mtp\.", "longcat_flash_ngram": r"^model\.mtp\.",
     "nemotron_h_omni": r"^language_model\.mtp\.",
@@ -110,7 +111,9 @@ def test_valid_fixture_headers_match_spec(built, name):
     assert len(tensors) == spec.expected_tensors
     assert sum(v["data_offsets"][1] - v["data_offsets"][0] for _, v in tensors.values()) == spec.expected_bytes
     assert logical_params(tensors) == spec.expected_params
-    config = json.loads((d / "config.json").read_text())
+    # Mistral's own format (params.json, consolidated*.safetensors and their index) or Hugging Face's
+    mistral = (d / "params.json").exists()
+    config = json.loads((d / ("params.json" if mistral else "config.json")).read_text())
     if spec.family in MTP_RE:
         assert sum(bool(re.match(MTP_RE[spec.family], k)) for k in tensors) == spec.mtp_tensors
     else:  # DeepSeek-style: layers with index >= num_hidden_layers
@@ -120,7 +123,7 @@ def test_valid_fixture_headers_match_spec(built, name):
                and int(m.group(1)) >= text["num_hidden_layers"]]
         extra = [k for k in tensors if spec.family in EXTRA_MTP_RE and re.match(EXTRA_MTP_RE[spec.family], k)]
         assert len(big) + len(extra) == spec.mtp_tensors
-    index = d / "model.safetensors.index.json"
+    index = d / ("consolidated.safetensors.index.json" if mistral else "model.safetensors.index.json")
     if index.exists():
         doc = json.loads(index.read_text())
         assert doc["metadata"]["total_size"] == spec.expected_bytes

@@ -85,7 +85,7 @@ BROKEN_QUANTS = (
     "deepseek_v4_flash_mtp_incomplete", "glm5_flash_nvfp4_mtp_fp4", "hy_v3_nomtp", "hy_v4_at_layer_l",
     "inkling_nomtp", "gigachat35_nomtp", "iquest_q1_mtp_nomtp", "deepseek_v4_hybrid_nvfp4_mtp_nvfp4",
     "step5_nomtp", "nemotron_parse35_nomtp", "step5_mtp_no_head", "nemotron3_5_transcribe_nomtp",
-    "minimax_m3_dspark_no_markov",
+    "minimax_m3_dspark_no_markov", "mistral_large4_no_mask", "mistral_large4_nodraft",
 )
 
 # Files a reader must refuse: the report itself is an error (exit 2), so any gate fails.
@@ -105,6 +105,8 @@ OTHER = {
     "minimax_m3_dspark": "released dspark/ layout from a public port's schema test, its ignored_layers modelled",
     # the config vLLM 0.34.0 reads with KimiK3Config: neither engine can draft it (tests/test_families_2026_e.py)
     "kimi_k31": "built from vLLM's config class (no public config.json)",
+    # params.json as vLLM 0.34.0's adapter reads it; SGLang has no model (tests/test_mistral_large4.py)
+    "mistral_large4": "built from vLLM's params.json adapter (no public params.json)",
 }
 
 

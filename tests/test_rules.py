@@ -39,7 +39,7 @@ FAMILIES |= {"gigachat35", "iquest_q1", "iquest_q1_mtp", "deepseek_v4_dspark", "
 # issue 20 §5, vLLM-only drafts (tests/test_families_2026_d.py)
 FAMILIES |= {"step5", "nemotron_parse35"}
 # issue 31 item 5, vLLM 0.34.0's new drafts (tests/test_families_2026_e.py, tests/test_draft_subfolders.py)
-FAMILIES |= {"nemotron3_5_transcribe", "minimax_m3_dspark", "kimi_k31"}
+FAMILIES |= {"nemotron3_5_transcribe", "minimax_m3_dspark", "kimi_k31", "mistral_large4"}
 MINIMAL = TOY_FAMILY_RULE
 
 

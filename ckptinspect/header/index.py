@@ -20,6 +20,35 @@ from ckptinspect.records import IndexSummary
 INDEX = "model.safetensors.index.json"
 HASH_MASK = 0xFFFFFFFFFFFFFFFF
 
+# Mistral's own ("consolidated") format: params.json instead of config.json, consolidated*.safetensors shards
+# and their index. vLLM 0.34.0 reads a checkpoint this way when both are there, ahead of config.json
+# (VL:transformers_utils/config.py:934-945 get_config, config_format "auto": is_mistral_model_repo, i.e. a
+# file whose base name matches consolidated*.safetensors anywhere in the repo, VL:transformers_utils/
+# repo_utils.py:196-206, 230-242, and a top-level params.json), and then loads only the top-level
+# consolidated*.safetensors files, filtered by consolidated.safetensors.index.json when it exists
+# (VL:model_executor/model_loader/default_loader.py:170-199 load_format "auto" -> "mistral",
+# 228-255; weight_utils.py:620-645 filter_duplicate_safetensors_files).
+PARAMS = "params.json"
+MISTRAL_INDEX = "consolidated.safetensors.index.json"
+
+
+def is_mistral_shard(name: str) -> bool:
+    """A file vLLM's Mistral format loads: base name consolidated*.safetensors (fnmatch, case as written)."""
+    base = name.rsplit("/", 1)[-1]
+    return base.startswith("consolidated") and base.endswith(".safetensors")
+
+
+def is_mistral_format(files: "Any") -> bool:
+    """vLLM's choice for a checkpoint whose relative file names are ``files``: params.json at the top and a
+    consolidated*.safetensors file anywhere (then params.json wins over any config.json)."""
+    names = set(files)
+    return PARAMS in names and any(is_mistral_shard(n) for n in names)
+
+
+def index_name(files: "Any") -> str:
+    """The index file the engines read for these files: Mistral's in its format, else the Hugging Face one."""
+    return MISTRAL_INDEX if is_mistral_format(files) else INDEX
+
 
 def shard_names_from_index(index: Any, *, source: str = INDEX) -> tuple[str, ...]:
     """The unique shard files named by an index's weight_map, in first-seen order, validated."""

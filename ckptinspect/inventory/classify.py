@@ -82,8 +82,11 @@ _COMPONENT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # DeepSeek-V4 routes in "ffn.gate" (bias in "ffn.gate.bias", hash-routed layers "ffn.gate.tid2eid").
     # A parameter of the MoE block itself is its routing bias (MiniMax-style
     # block_sparse_moe.e_score_correction_bias; DeepSeek keeps it under mlp.gate).
+    # Mistral's consolidated format keeps the router beside the experts, "layers.{}.gate" (vLLM renames it
+    # to mlp.gate: VL:models/mistral/mistral_large4/nvidia/model.py:313).
     ("router", re.compile(r"\.(mlp|block_sparse_moe|moe|feed_forward|ffn|mixer)\.(gate|router)$|\.router$|"
-                          r"\.gate\.(e_score_correction_bias|tid2eid)$|\.(block_sparse_moe|moe)$")),
+                          r"\.gate\.(e_score_correction_bias|tid2eid)$|\.(block_sparse_moe|moe)$|"
+                          r"^layers\.\{\}\.gate$")),
     ("attention", re.compile(r"\.(self_attn|attention|attn|linear_attn|mixer|cross_attn)(\.|$)")),
     ("mlp", re.compile(r"\.(mlp|feed_forward|ffn|transformer_layer\.mlp)(\.|$)")),
 )

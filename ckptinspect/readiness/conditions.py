@@ -191,6 +191,53 @@ def _error_findings(ctx: EngineContext, arg: Any) -> bool:
     return bool(hits) if arg is not False else not hits
 
 
+def _config_value(ctx: EngineContext, key: str) -> Any:
+    """A dotted key of the model config as the report read it (params.json as vLLM adapts it), or None."""
+    node: Any = ctx.facts.checkpoint.config.raw
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _config_is(ctx: EngineContext, arg: Mapping[str, list]) -> bool:
+    """Every key set, each to one of its listed values (as text: "rnn", "true", "3")."""
+    def text(value: Any) -> str:
+        return ("true" if value else "false") if isinstance(value, bool) else str(value)  # JSON's spelling
+
+    return all((value := _config_value(ctx, key)) is not None and text(value) in {str(v) for v in values}
+               for key, values in arg.items())
+
+
+def _config_items_at_least(ctx: EngineContext, arg: Mapping[str, int]) -> bool:
+    """Each key holds at least n items: a list's entries, a comma-separated string's (Mistral's per-layer
+    patterns and DSpark's target_activation_layers are such strings)."""
+    for key, n in arg.items():
+        value = _config_value(ctx, key)
+        if isinstance(value, str):
+            value = [item for item in value.split(",") if item.strip()]
+        if not isinstance(value, list) or len(value) < n:
+            return False
+    return True
+
+
+def _mtp_lacks(ctx: EngineContext, arg: list) -> bool:
+    """MTP tensors ship, but none of a listed module (relative to the rule's base, e.g. a DSpark head that
+    only some variants require): a requirement the config decides, where `required` cannot say it."""
+    f = ctx.facts
+    if not f.layers:
+        return False
+    base = f.rule.mtp.base if isinstance(f.rule.mtp.base, str) or f.rule.mtp.base is None else f.rule.mtp.base[0]
+    prefixes = {concrete_prefix(base or "", f.checkpoint.config.num_hidden_layers, k) for k in f.layers}
+    names = {g.pattern for g in f.mtp_groups()}  # tensor-name patterns: a bare parameter is its own module
+    lacking = [f"{sorted(prefixes)[0]}{name}" for name in arg
+               if not any(n == p + name or n.startswith(p + name + ".") for p in prefixes for n in names)]
+    if lacking:
+        ctx.details["lacking"] = ", ".join(lacking)
+    return bool(lacking)
+
+
 def _not(ctx: EngineContext, arg: Any) -> bool:
     return not holds(arg, ctx)
 
@@ -224,6 +271,9 @@ register_all(CONDITION_KIND, {
     "mtp_built_scheme_is": _built_scheme_is,
     "mtp_error_findings": _error_findings,
     "draft_quant_is": lambda ctx, arg: ctx.draft_quant in set(arg),
+    "config_is": _config_is,
+    "config_items_at_least": _config_items_at_least,
+    "mtp_lacks": _mtp_lacks,
     "not": _not,
     "any": _any,
 })

@@ -10,7 +10,9 @@ Cache layout (huggingface_hub ``file_download.py``, documented in ``hf_api.py`` 
 The cache directory is huggingface_hub's own (``constants.HF_HUB_CACHE``: HF_HUB_CACHE, else HF_HOME/hub,
 else XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub, as huggingface_hub read them), the
 directory ``hf_hub_download`` writes; this tool reads no environment below its edge (ckptinspect/settings.py). A repo counts as cached when its snapshot holds config.json and every shard
-(all ``weight_map`` values of the index, or ``model.safetensors``); headers are then read from those files.
+(all ``weight_map`` values of the index, or ``model.safetensors``); headers are then read from those files. In
+Mistral's format (header/index.py is_mistral_format) params.json stands for config.json and the shards are the
+consolidated ones (consolidated.safetensors.index.json's, else every consolidated*.safetensors file).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from ckptinspect.errors import NotFoundError, SourceError
+from ckptinspect.header.index import MISTRAL_INDEX, PARAMS, is_mistral_format, is_mistral_shard
 from ckptinspect.records import RawCheckpoint
 from ckptinspect.sources.offline import hub_offline
 from ckptinspect.sources.revisions import check_revision
@@ -144,9 +147,25 @@ def _safe_ref(revision: str | None) -> bool:
     return not revision.startswith(("/", "\\")) and all(p not in ("", ".", "..") and "\\" not in p for p in parts)
 
 
+def _mistral_snapshot(snapshot: Path) -> bool:
+    """The snapshot is in Mistral's format (params.json + consolidated*.safetensors: header/index.py)."""
+    try:
+        return is_mistral_format(os.listdir(snapshot))
+    except OSError:
+        return False
+
+
+def _config_name(snapshot: Path) -> str:
+    """The config file a cached snapshot needs: params.json in Mistral's format, else config.json."""
+    return PARAMS if _mistral_snapshot(snapshot) else "config.json"
+
+
 def _shards_wanted(snapshot: Path) -> tuple[list[str] | None, str | None]:
     """Shard names the snapshot must hold; (None, reason) when that cannot be known from the cache."""
-    index_path = snapshot / INDEX_FILE
+    mistral = _mistral_snapshot(snapshot)
+    index_path = snapshot / (MISTRAL_INDEX if mistral else INDEX_FILE)
+    if mistral and not index_path.is_file():  # the consolidated files themselves, as vLLM globs them
+        return sorted(n for n in os.listdir(snapshot) if is_mistral_shard(n)), None
     if index_path.is_file():
         # The same decoder and checks as every other index (depth, huge integers, non-name values).
         from ckptinspect.sources.interface import parse_json_bytes, read_file_bytes, shard_names_from_index
@@ -168,7 +187,8 @@ def describe_cache_gap(repo_id: str, revision: str | None = None) -> str:
     if commit is None:
         return f"revision {rev!r} of {repo_id} is not in the HF cache ({storage}/refs/{rev} missing)"
     snapshot = storage / "snapshots" / commit
-    missing = [] if (snapshot / "config.json").is_file() else ["config.json"]
+    config = _config_name(snapshot)
+    missing = [] if (snapshot / config).is_file() else [config]
     shards, reason = _shards_wanted(snapshot)
     if reason:
         missing.append(reason)
@@ -207,14 +227,14 @@ def open_hf_cache(repo_id: str, *, revision: str | None = None, required: bool |
         return gap(lambda: f"{repo_id} is not in the HF cache at {hub_cache_dir()}")
     commit = resolve_commit(repo_id, revision)
     snapshot = storage / "snapshots" / commit if commit is not None else None
-    if snapshot is None or not snapshot.is_dir() or not (snapshot / "config.json").is_file():
+    if snapshot is None or not snapshot.is_dir() or not (snapshot / _config_name(snapshot)).is_file():
         return gap(lambda: describe_cache_gap(repo_id, revision) or f"{repo_id} is not in the HF cache")
     from ckptinspect.sources.local import list_directory, read_checkpoint, read_metadata, shard_names, with_subfolders
 
     listing = list_directory(snapshot)
     if not any(name.endswith(".safetensors") for name in listing.files) and not required:
         return None  # nothing to read headers from: no need to parse a 41 MB index to learn it
-    if not (INDEX_FILE in listing.sizes or SINGLE_FILE in listing.sizes):
+    if not (INDEX_FILE in listing.sizes or SINGLE_FILE in listing.sizes or is_mistral_format(listing.files)):
         return gap(lambda: f"{repo_id}@{commit[:12]} in the HF cache lacks {INDEX_FILE} (or {SINGLE_FILE})")
     metadata = read_metadata(snapshot, listing)
     missing = [s for s in shard_names(listing, metadata) if s not in listing.files]

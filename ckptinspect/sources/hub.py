@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import quote
 
 from ckptinspect.errors import CkptInspectError, ConfigError, HeaderError, NotFoundError
-from ckptinspect.header.index import summarize_index
+from ckptinspect.header.index import index_name, is_mistral_format, is_mistral_shard, summarize_index
 from ckptinspect.header.parser import read_length_prefix
 from ckptinspect.progress import Progress, as_progress
 from ckptinspect.records import IndexSummary, RawCheckpoint
@@ -188,14 +188,14 @@ class _HubRead:
             return f"{self.endpoint}/{self.repo_id}/resolve/{quote(commit, safe='')}/{quote(prefix + filename)}"
 
         wanted = [name for name in JSON_FILES if name in siblings]
-        progress.phase("index" if INDEX_FILE in wanted else "config")
+        index = index_name(siblings)  # Mistral's consolidated index in its format (header/index.py)
+        progress.phase("index" if index in wanted else "config")
         answers = await asyncio.gather(*(self._json_file(hub, commit, prefix + name, siblings[name], url(name))
                                          for name in wanted))
         json_files = {name: value for name, (value, _) in zip(wanted, answers)}
         if t0 is not None:
             self.phases["json_s"] = time.perf_counter() - t0 - self.phases["info_s"]
-        summary = (summarize_index(json_files[INDEX_FILE], source=f"{where}/{INDEX_FILE}")
-                   if INDEX_FILE in json_files else None)
+        summary = (summarize_index(json_files[index], source=f"{where}/{index}") if index in json_files else None)
         shards = _shard_plan(where, summary, siblings)
         sizes = {shard: siblings[shard].size for shard in shards}
         header_bytes: dict[str, bytes] = {}
@@ -298,18 +298,22 @@ async def _read_header(hub: HubClient, sizer: RangeSizer, shard: str, url: str, 
 
 
 def _shard_plan(repo_id: str, summary: IndexSummary | None, siblings: Mapping[str, Any]) -> list[str]:
-    """Shard names from the index's weight_map values (never from a name regex), else top-level files."""
+    """Shard names from the index's weight_map values (never from a name regex), else top-level files: in
+    Mistral's format the consolidated*.safetensors ones only (the files vLLM loads, header/index.py)."""
+    index = index_name(siblings)
     if summary is None:
-        shards = sorted(n for n in siblings if n.endswith(".safetensors") and "/" not in n)
+        mistral = is_mistral_format(siblings)
+        shards = sorted(n for n in siblings if n.endswith(".safetensors") and "/" not in n
+                        and (not mistral or is_mistral_shard(n)))
         if not shards:
             raise NotFoundError("no model.safetensors.index.json and no top-level .safetensors file", path=repo_id)
         return shards
     if not summary.shards:
-        raise ConfigError("index has an empty weight_map", path=f"{repo_id}/{INDEX_FILE}")
+        raise ConfigError("index has an empty weight_map", path=f"{repo_id}/{index}")
     missing = sorted(s for s in summary.shards if s not in siblings)
     if missing:
         raise NotFoundError(f"the index names {len(missing)} shard(s) the repo does not have, e.g. {missing[0]}",
-                            path=f"{repo_id}/{INDEX_FILE}")
+                            path=f"{repo_id}/{index}")
     return list(summary.shards)  # first-seen order, like the local source
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
 from ckptinspect.gc_pause import gc_paused
-from ckptinspect.header.index import INDEX, check_relative_name, shard_names_from_index
+from ckptinspect.header.index import INDEX, MISTRAL_INDEX, PARAMS, check_relative_name, shard_names_from_index
 from ckptinspect.json_text import decode_json
 from ckptinspect.errors import ConfigError, HeaderError, NotFoundError, SourceError
 from ckptinspect.guarded_file import NotRegularFile, open_regular_file
@@ -26,7 +26,8 @@ SINGLE_FILE = "model.safetensors"
 # ModelSlim's per-tensor type map: SGLang reads it whenever the checkpoint has it, ahead of config.json's
 # quantization_config (SG:configs/model_config.py _find_quant_modelslim_config); read only when listed.
 QUANT_MODEL_DESCRIPTION = "quant_model_description.json"
-JSON_FILES = (CONFIG, HF_QUANT_CONFIG, GENERATION_CONFIG, INDEX, QUANT_MODEL_DESCRIPTION)
+# params.json and its index: Mistral's own format, read where vLLM reads it (header/index.py is_mistral_format)
+JSON_FILES = (CONFIG, HF_QUANT_CONFIG, GENERATION_CONFIG, INDEX, QUANT_MODEL_DESCRIPTION, PARAMS, MISTRAL_INDEX)
 
 # Files that deserialize through pickle: never loaded, only reported.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")

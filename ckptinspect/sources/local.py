@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ckptinspect.errors import NotFoundError, SourceError
-from ckptinspect.header.index import summarize_index
+from ckptinspect.header.index import index_name, is_mistral_format, is_mistral_shard, summarize_index
 from ckptinspect.records import IndexSummary, RawCheckpoint
 from ckptinspect.sources import interface
 from ckptinspect.sources.subfolders import SubfolderChooser, chosen
 from ckptinspect.sources.interface import (
-    CONFIG, INDEX, JSON_FILES, SINGLE_FILE, parse_json_bytes, read_file_bytes, read_header_file,
+    CONFIG, JSON_FILES, SINGLE_FILE, parse_json_bytes, read_file_bytes, read_header_file,
 )
 
 
@@ -78,18 +78,23 @@ def with_subfolders(raw: RawCheckpoint, directory: Path, listing: Listing, metad
 
 
 def read_metadata(directory: Path, listing: Listing) -> Metadata:
-    """Parse the JSON files present; summarize the index (its one parse and one summary per report)."""
+    """Parse the JSON files present; summarize the index (its one parse and one summary per report): Mistral's
+    consolidated.safetensors.index.json in that format (header/index.py is_mistral_format), else the Hugging
+    Face one."""
     json_files = {name: parse_json_bytes(read_file_bytes(directory / name), source=str(directory / name))
                   for name in JSON_FILES if name in listing.sizes}
-    summary = (summarize_index(json_files[INDEX], source=str(directory / INDEX)) if INDEX in json_files else None)
+    index = index_name(listing.files)
+    summary = summarize_index(json_files[index], source=str(directory / index)) if index in json_files else None
     return Metadata(json_files, summary)
 
 
 def shard_names(listing: Listing, metadata: Metadata) -> tuple[str, ...]:
-    """The shards engines load: the index's, else ``model.safetensors``, else every top-level safetensors
-    file (some exports use another name)."""
+    """The shards engines load: the index's, else (Mistral's format) every top-level consolidated*.safetensors
+    file, else ``model.safetensors``, else every top-level safetensors file (some exports use another name)."""
     if metadata.summary is not None:
         return metadata.summary.shards
+    if is_mistral_format(listing.files):
+        return tuple(sorted(f for f in listing.sizes if is_mistral_shard(f)))
     if SINGLE_FILE in listing.sizes:
         return (SINGLE_FILE,)
     return tuple(sorted(f for f in listing.sizes if f.endswith(".safetensors")))

@@ -122,6 +122,13 @@ def _request(ref: str, *, revision: str | None = None, token: str | None = None,
     if getattr(raw, "format", None) == "gguf":
         raise ConfigError("verify dry-loads safetensors checkpoints through SGLang / vLLM; this is GGUF",
                           path=raw.location)
+    from ckptinspect.header.index import PARAMS, is_mistral_format
+
+    if PARAMS in raw.json_files and is_mistral_format(raw.files):
+        # the dry-load hands the engine config.json and Hugging Face names; vLLM reads this checkpoint from
+        # params.json and consolidated*.safetensors instead (header/index.py), which it does not model yet
+        raise ConfigError("is in Mistral's format (params.json, consolidated*.safetensors), which verify's dry-load "
+                          "does not model yet; `ckptinspect report` reads it as vLLM does", path=raw.location)
     if "config.json" not in raw.json_files:
         raise ConfigError("no config.json in the checkpoint", path=raw.location)
     config = normalize_config(raw.json_files["config.json"], source=f"{raw.location}/config.json")
