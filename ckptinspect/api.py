@@ -18,7 +18,7 @@ import errno
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ckptinspect.errors import (CkptInspectError, GgufQuantChoice, NotFoundError, PlanError, PlanNotPossible,
                                 ProbeError, probe_install_hint)
@@ -27,8 +27,6 @@ from ckptinspect.lookups import (family_rule, find_gpu, gpus, list_rules, split_
 from ckptinspect.records import VERDICT_RANK
 from ckptinspect.refs import check_ref, looks_like_repo_id, normalize_ref
 from ckptinspect.probe.options import ProbeOptions  # torch-free: the CLI builds one before torch loads
-from ckptinspect.snapshot_output import refuse_probe_outputs as check_probe_outputs  # before a probe runs
-from ckptinspect.verify import verify_ref as verify  # noqa: F401  (docs/verify.md; the engine runs in its own Python)
 from ckptinspect.settings import Settings, or_environ
 
 if TYPE_CHECKING:  # the return types, named without importing their stages at import time
@@ -112,6 +110,7 @@ def inspect(ref: str | None = None, *, rules_dirs: Sequence[Path] = (), revision
         report = build_report(ref, rules_dirs=rules_dirs, revision=revision, token=token, progress=progress,
                               engine_versions=engine_versions, settings=settings)
     if verify_engine is not None:
+        from ckptinspect.verify import verify_ref as verify
         from ckptinspect.verify.decide import apply_to_report
 
         if report.checkpoint.format == "gguf":
@@ -514,3 +513,18 @@ def audit_gate(row: "AuditRow", fail_on: str, engine: str = "both") -> list[str]
     from ckptinspect.audit import gate as row_gate
 
     return row_gate(row, fail_on, engine)
+
+
+def __getattr__(name: str) -> Callable[..., object]:
+    """``verify`` (docs/verify.md; the engine runs in its own Python) and ``check_probe_outputs`` (where the
+    probe's outputs may go, checked before a probe runs), imported when first asked for: the commands that
+    use them ask, a ``report`` never loads them."""
+    if name == "verify":
+        from ckptinspect.verify import verify_ref
+
+        return verify_ref
+    if name == "check_probe_outputs":
+        from ckptinspect.snapshot_output import refuse_probe_outputs
+
+        return refuse_probe_outputs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
