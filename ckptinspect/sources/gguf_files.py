@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ckptinspect.errors import ConfigError, GgufQuantChoice, HeaderError, NotFoundError
-from ckptinspect.header.gguf import GgufHeader
+
+if TYPE_CHECKING:  # the parser is imported where a header is parsed, not by the source registry's claims
+    from ckptinspect.header.gguf import GgufHeader
 
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 _TOKENS = re.compile(r"[-_./ ]+")
