@@ -338,8 +338,9 @@ def corpus_table(results: dict) -> str:
         lines.append(f"| {engine} {INSTALLED[engine]} | {len(ran)} of {len(results[engine])} | "
                      f"{len(results[engine]) - len(ran)} | {reasons or '-'} |")
     disagreements = sorted(set(KNOWN_DISAGREEMENTS) | set(KNOWN_MODULE_DISAGREEMENTS))
+    listed = ", ".join(f"{e} `{n}`" for e, n in disagreements) if disagreements else "none"
     lines += ["", f"Open disagreements (strict xfail, engine code cited in KNOWN_DISAGREEMENTS): {len(disagreements)}: "
-              + ", ".join(f"{e} `{n}`" for e, n in disagreements) + "."]
+              f"{listed}."]
     return "\n".join(lines)
 
 
