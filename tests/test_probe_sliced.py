@@ -1,0 +1,105 @@
+"""Issue 33 follow-up: the MTP chain in slices of starts (chain.run_chain(start_slice=...)), CPU, fp32.
+(1) differential: the sliced chain (every depth of a slice before the next, stream 1's keys of the
+    earlier slices kept, the target's probabilities once per slice for all depths) gives the whole
+    chain's drafts, target argmax and sum(min(p, q)), through the fused CPU kernel and the math
+    fallback, for three MTP attention kinds;
+(2) its memory estimate (scoring.sliced_scoring_bytes) bounds the bytes it really holds;
+(3) layer-streamed: a document far longer than the slice the budget allows, at the floor the refusal
+    names (lower than the whole-chain floor), gives exactly the unbounded run's numbers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from probe_helpers import LiveBytes, fixture, load_main, torch
+
+from ckptinspect.probe.runner import run_probe
+from ckptinspect.render.probe_out import probe_json
+
+TEXT = ("First check the chain, then the gears; the cat sat on the mat and looked at the door. "
+        "Write a function that adds two numbers and returns the sum. Solve for x: 3x + 7 = 2x - 5. ")
+
+
+def _counts(doc: dict) -> list:
+    return [doc["overall"]["histogram"], doc["overall"]["sequences"]] + [
+        (d["scored"], d["reached"], d["accepted"]) for d in doc["overall"]["depths"]]
+
+
+def _head(kind):
+    from ckptinspect.probe.runner import build_head
+
+    main, spec = load_main(fixture(kind))
+    return main, build_head(spec, main, fixture(kind))
+
+
+@pytest.mark.parametrize("kind", ["qwen35moe", "deepseek", "mimo"])
+def test_sliced_chain_equals_the_whole_chain(kind, monkeypatch):
+    from ckptinspect.probe.chain import run_chain
+    from ckptinspect.probe.evaluate import target_hidden
+
+    main, head = _head(kind)
+    vocab = main.config.get_text_config().vocab_size
+    ids = torch.randint(0, vocab, (2, 45), generator=torch.Generator().manual_seed(3))
+    hidden = target_hidden(main, ids)
+    lm_head = main.get_output_embeddings()
+
+    def target(start, end):
+        return lm_head(hidden[:, start:end])
+
+    whole = run_chain(head, ids, hidden, 3, target_logits_fn=target)
+    assert whole.attention_kernels == ("cpu_flash",)
+
+    def same(got):
+        assert torch.equal(got.drafts, whole.drafts)
+        assert torch.equal(got.target_argmax, whole.target_argmax)
+        assert torch.equal(got.min_pq.isnan(), whole.min_pq.isnan())  # the starts past the document's end
+        assert torch.allclose(got.min_pq, whole.min_pq, atol=1e-5, equal_nan=True)
+
+    for width in (1, 7, 43):
+        got = run_chain(head, ids, hidden, 3, target_logits_fn=target, start_slice=width)
+        assert got.attention_kernels == ("cpu_flash",)
+        same(got)
+    # no target (greedy drafts only): the drafts alone
+    assert torch.equal(run_chain(head, ids, hidden, 3, start_slice=5).drafts, whole.drafts)
+    refuse = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("refused"))  # noqa: E731
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", refuse)
+    for width, block in ((6, 4), (20, None)):
+        got = run_chain(head, ids, hidden, 3, target_logits_fn=target, start_slice=width, attention_block=block)
+        assert got.attention_kernels == ("math",)
+        same(got)
+
+
+@pytest.mark.parametrize("kind", ["qwen35moe", "deepseek"])
+def test_sliced_chain_estimate_bounds_the_bytes_alive(kind):
+    """sliced_scoring_bytes (no main forward: streamed) against every storage the sliced chain holds,
+    target logits and probabilities included; and at one start per slice it is far below the whole
+    chain's estimate for the same document (the document's per-start terms only)."""
+    from ckptinspect.probe.chain import run_chain
+    from ckptinspect.probe.checkpoint import open_checkpoint
+    from ckptinspect.probe.evaluate import target_hidden
+    from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, attention_dims, forward_bytes_per_token,
+                                           scoring_bytes, sliced_scoring_bytes)
+
+    main, head = _head(kind)
+    cfg = open_checkpoint(fixture(kind)).checkpoint.config
+    fwd = forward_bytes_per_token(cfg, torch.float32)
+    lm_head = main.get_output_embeddings()
+    for rows, n, width in ((2, 300, 16), (1, 200, 1), (1, 1500, 64)):
+        ids = torch.randint(0, cfg.vocab_size, (rows, n), generator=torch.Generator().manual_seed(n))
+        hidden = target_hidden(main, ids)
+        with LiveBytes() as counted:
+            h = hidden.clone()  # the batch's hidden states, as the streamed run stacks them
+            run_chain(head, ids, h, 3, target_logits_fn=lambda a, b, h=h: lm_head(h[:, a:b]), start_slice=width)
+            del h
+        bound = sliced_scoring_bytes(rows, n, cfg.vocab_size, cfg.hidden_size, 3, torch.float32,
+                                     cfg.num_attention_heads, None, 0, width, fwd, head_dims=attention_dims(cfg))
+        assert counted.peak <= bound, (rows, n, width, counted.peak, bound)
+        assert counted.peak >= bound // 8, (rows, n, width, counted.peak, bound)
+    whole = min(scoring_bytes(1, 1500, cfg.vocab_size, cfg.hidden_size, 3, torch.float32, cfg.num_attention_heads,
+                              block, 0, 16, fwd, head_dims=attention_dims(cfg)) for block in (None, ATTENTION_MIN_BLOCK))
+    least = sliced_scoring_bytes(1, 1500, cfg.vocab_size, cfg.hidden_size, 3, torch.float32, cfg.num_attention_heads,
+                                 ATTENTION_MIN_BLOCK, 0, 1, fwd, head_dims=attention_dims(cfg))
+    assert least * 4 < whole, (least, whole)
