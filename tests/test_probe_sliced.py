@@ -103,3 +103,54 @@ def test_sliced_chain_estimate_bounds_the_bytes_alive(kind):
     least = sliced_scoring_bytes(1, 1500, cfg.vocab_size, cfg.hidden_size, 3, torch.float32, cfg.num_attention_heads,
                                  ATTENTION_MIN_BLOCK, 0, 1, fwd, head_dims=attention_dims(cfg))
     assert least * 4 < whole, (least, whole)
+
+
+def test_streamed_long_documents_in_pieces_at_the_new_floor(tmp_path):
+    """Issue 33: documents 8x the model's positions and far longer than the piece / slice the budget
+    allows, beside short ones, at the smallest budget the streamed run accepts: exactly the unbounded
+    run's numbers. The refusal names every part of its floor, and the floor is below the one that held
+    the longest document whole in the layer phase (one chunk) and its chain whole in the scoring phase."""
+    from ckptinspect.probe.checkpoint import open_checkpoint
+    from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, attention_dims,
+                                           forward_bytes_per_token, linear_attention_bytes_per_token, scoring_bytes)
+    from ckptinspect.probe.stream import chunk_bytes
+    from ckptinspect.probe.streamed_run import StreamFloorError
+
+    kind = "qwen35moe"
+    cfg = open_checkpoint(fixture(kind)).checkpoint.config
+    positions = cfg.raw["max_position_embeddings"]
+    docs = [(TEXT * 60)[i * 11:][:8 * positions + 40 * i] for i in range(2)] + [TEXT[i:i + 90] for i in range(0, 60, 20)]
+    corpus = tmp_path / "long.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": d, "category": "ab"[i % 2]}) for i, d in enumerate(docs)) + "\n")
+    kw = dict(corpus=str(corpus), steps=3, mode="teacher", progress=False)
+    with pytest.raises(StreamFloorError) as refused:
+        run_probe(fixture(kind), max_gpu_memory=1e-4, **kw)
+    floor, parts, text = refused.value.floor_bytes, refused.value.parts, str(refused.value)
+    longest = max(len(d) for d in docs) + 2  # byte-level: a token a byte (+ 2 as a margin)
+    for name in ("resident", "MTP layer", "one layer", "read ahead", "dequantization transient",
+                 f"({longest - 2} tokens) through a layer in pieces of 64 tokens", "in slices of 1 start"):
+        assert name in text, name
+    fwd = forward_bytes_per_token(cfg, torch.float32)
+    whole_chunk = chunk_bytes(longest, fwd, cfg.hidden_size, 4, linear_attention_bytes_per_token(cfg, 4))
+    whole_chain = min(scoring_bytes(1, longest, cfg.vocab_size, cfg.hidden_size, 3, torch.float32,
+                                    cfg.num_attention_heads, block, 0, 16, fwd, head_dims=attention_dims(cfg))
+                      for block in (None, ATTENTION_MIN_BLOCK))
+    bare = sum(parts[k] for k in ("resident", "mtp", "layer", "next_layer", "transient"))
+    old_floor = max(bare + whole_chunk, (parts["resident"] + parts["mtp"] + whole_chain) / AUTO_FRACTION)
+    assert parts["chunk"] < whole_chunk and floor < old_floor / 2, (floor, old_floor)
+    assert floor >= bare + parts["chunk"] and floor >= (parts["resident"] + parts["mtp"] + parts["scoring"]) / AUTO_FRACTION
+    with pytest.raises(StreamFloorError):  # one byte less than the floor is refused
+        run_probe(fixture(kind), max_gpu_memory=(floor - 1) / 2**30, **kw)
+    bounded = probe_json(run_probe(fixture(kind), max_gpu_memory=(floor + 1) / 2**30, **kw))
+    info = bounded["streaming"]
+    assert bounded["main_model"]["source"] == "layer-streamed transformers"
+    assert info["piece_tokens"] * 8 <= longest and info["chunk_tokens"] < longest  # the long ones in pieces
+    assert bounded["attention"]["sliced_batches"] >= 1 and bounded["attention"]["start_slice"] * 8 <= longest
+    assert info["estimate_bytes"]["total"] <= info["limit_bytes"]
+    unbounded = probe_json(run_probe(fixture(kind), **kw))
+    assert unbounded["main_model"]["source"] == "in-process transformers"
+    assert unbounded["overall"]["depths"][0]["accepted"] > 0
+    assert _counts(unbounded) == _counts(bounded)
+    for da, db in zip(unbounded["overall"]["depths"], bounded["overall"]["depths"], strict=True):
+        assert da["sampled_acceptance"] == pytest.approx(db["sampled_acceptance"], abs=1e-5)
+    assert set(unbounded["categories"]) == set(bounded["categories"])

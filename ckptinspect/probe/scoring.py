@@ -17,6 +17,11 @@ from ckptinspect.probe.metrics import Tally
 # The chain's slices of starts where a whole document's chain does not fit (plan_batches, chain.run_chain):
 # a slice of 1 start is the floor; larger slices cost fewer MTP-layer calls.
 SLICE_STARTS = tuple(4096 >> i for i in range(13))  # 4096 .. 1
+# The streamed run takes a document longer than this in slices when a slice this large fits: the chain's
+# comparison then computes the target's logits and float32 softmax once per position instead of once per
+# depth (K times; on an H100, chain_compare was 10.4 of the chain's 20 s at K = 3, issue 33's run at
+# 60 GiB), while each MTP-layer call still has thousands of positions (its MLP runs 8,192 at a time anyway).
+PREFERRED_SLICE = 1024
 AUTO_FRACTION = 0.9  # of the free (or allowed) memory a default plan fills; in-memory peaks ran 0.98-1.02x the estimate (BENCHMARKS.md 6, run 6)
 LOGITS_TOKENS = 2048  # batch rows x positions whose logits exist at once (chain.py, evaluate.py)
 ATTENTION_MIN_BLOCK = 16  # starts per block of the long-document attention (stream_attention.py)
@@ -156,7 +161,13 @@ def sliced_scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: i
     prefix = batch * heads * seq * (qk + v) * (2 * per + 4)
     logits = batch * (w + steps) * vocab * (2 * per + 12) + 4 * batch * w * hidden * (steps + 1) * per
     document = batch * seq * (hidden * (per + 1) + 12 * steps + 16)
-    return document + prefix + max(logits, chain + scores + merge, batch * seq * forward_per_token)
+    # + the fused kernels' own per-call buffers (CPU flash: per thread a query block x key block of
+    # float32 scores), which do not shrink with the slice: measured ~100 KB over the terms above at one
+    # start per slice on the test fixtures (tests/test_probe_sliced.py)
+    return document + prefix + max(logits, chain + scores + merge + FUSED_SCRATCH, batch * seq * forward_per_token)
+
+
+FUSED_SCRATCH = 1 << 20
 
 
 def attention_dims(cfg) -> tuple[int, int]:
@@ -258,7 +269,8 @@ class Batch:
 def plan_batches(lengths: list[int], max_rows: int, budget: int,
                  scratch_at: Callable[[int, int, int | None, int], int], *, heads: int = 1,
                  source: str = "", max_tokens: int | None = None,
-                 sliced_at: Callable[[int, int, int | None, int], int] | None = None) -> list[Batch]:
+                 sliced_at: Callable[[int, int, int | None, int], int] | None = None,
+                 prefer_sliced_from: int | None = None) -> list[Batch]:
     """Batches over sequences sorted by length (least padding): each takes the next sequences while it
     has at most ``max_rows`` and its scratch ``scratch_at(rows, width, block, logits_tokens)`` fits
     ``budget`` bytes: the dense stream mask where that fits, else the blocked attention (the largest
@@ -268,20 +280,30 @@ def plan_batches(lengths: list[int], max_rows: int, budget: int,
     several sequences holds at most this many padded tokens (a longer sequence is a batch alone).
     ``sliced_at(rows, width, block, start_slice)``: where even the smallest blocks and chunks do not
     fit, the chain is taken in slices of starts (``sliced_scoring_bytes``): the largest slice of
-    SLICE_STARTS that fits, whole-slice attention where that fits, else ATTENTION_MIN_BLOCK."""
+    SLICE_STARTS that fits, whole-slice attention where that fits, else ATTENTION_MIN_BLOCK.
+    ``prefer_sliced_from``: a document longer than this takes the sliced chain first, in slices of at
+    least this many starts where they fit (each position's target probabilities then serve every depth
+    instead of being recomputed per depth)."""
     chunks = [LOGITS_TOKENS >> i for i in range(8)]  # 2048 .. 16
 
-    def how(rows: int, width: int) -> tuple | None:
-        plan = how_whole(rows, width)
-        if plan is not None or sliced_at is None:
-            return plan
+    def sliced(rows: int, width: int, least: int) -> tuple | None:
         for starts in SLICE_STARTS:
-            if starts >= width and starts != SLICE_STARTS[-1]:
+            if starts < least or starts >= width and starts != SLICE_STARTS[-1]:
                 continue
             for block in (None, ATTENTION_MIN_BLOCK):
                 if sliced_at(rows, width, block, starts) <= budget:
                     return block, rows * starts, starts
         return None
+
+    def how(rows: int, width: int) -> tuple | None:
+        if sliced_at is not None and prefer_sliced_from is not None and width > prefer_sliced_from:
+            plan = sliced(rows, width, prefer_sliced_from)
+            if plan is not None:
+                return plan
+        plan = how_whole(rows, width)
+        if plan is not None or sliced_at is None:
+            return plan
+        return sliced(rows, width, 1)
 
     def how_whole(rows: int, width: int) -> tuple[int | None, int] | None:
         for lt in chunks:

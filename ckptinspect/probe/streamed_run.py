@@ -74,7 +74,8 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     from ckptinspect.probe.heads.build import build_head
     from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, Batch, attention_dims,
                                            forward_bytes_per_token, linear_attention_bytes_per_token, plan_batches,
-                                           score_all, scoring_bytes, sliced_scoring_bytes, SLICE_STARTS)
+                                           score_all, scoring_bytes, sliced_scoring_bytes, PREFERRED_SLICE,
+                                           SLICE_STARTS)
     from ckptinspect.probe.stream import (PIECE_ALIGN, StreamedMain, chunk_bytes, chunk_room, chunk_rows, piece_room,
                                           piece_sequence_bytes, stream_estimate)
 
@@ -144,9 +145,10 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
             f"sequence ({longest} tokens) through a layer in pieces of {floor_piece} tokens with its keys and "
             f"residual stream {_gib(longest_bytes)}, and in the scoring phase the same resident parts and MTP layer "
             f"with that sequence's scoring scratch (its MTP chain in slices of {SLICE_STARTS[-1]} start) "
-            f"{_gib(least_scratch)} in {AUTO_FRACTION:.0%} of the budget; the corpus size and the documents' length "
-            "do not matter beyond that (the corpus is streamed in chunks, a long document in pieces, sized to the "
-            "budget): allow at least that much with --max-gpu-memory, use --main-url, or a GPU with more memory",
+            f"{_gib(least_scratch)} in {AUTO_FRACTION:.0%} of the budget; the corpus size does not matter (it is "
+            "streamed in chunks sized to the budget), nor a document's length beyond these per-token terms (it runs "
+            "in pieces and slices sized to the budget): allow at least that much with --max-gpu-memory, use "
+            "--main-url, or a GPU with more memory",
             floor_bytes=floor, path=model_dir,
             parts={"resident": bare["resident"], "mtp": bare["mtp"], "layer": bare["layer"],
                    "next_layer": bare["next_layer"], "transient": bare["transient"], "chunk": longest_bytes,
@@ -179,7 +181,7 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
     # scoring batches fit what the layer phase leaves (the two phases do not overlap)
     budget = int(limit * AUTO_FRACTION) - fixed - store_tokens * row_bytes
     batches_all = plan_batches(lengths, max_rows, budget, scratch_at, heads=cfg.num_attention_heads or 1,
-                               source=model_dir, sliced_at=sliced_at)
+                               source=model_dir, sliced_at=sliced_at, prefer_sliced_from=PREFERRED_SLICE)
     scoring_peak = max(batch_scratch(b) for b in batches_all)
     long_bytes = pieces_at(piece) if piece else 0
     estimate = estimate_at(store_tokens, chunk_peak, scoring_peak, pieces=long_bytes)
@@ -241,7 +243,8 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
 
         mine = [i for rows in chunks for i in rows]
         local = plan_batches([lengths[i] for i in mine], max_rows, budget, scratch_at,
-                             heads=cfg.num_attention_heads or 1, source=model_dir, sliced_at=sliced_at)
+                             heads=cfg.num_attention_heads or 1, source=model_dir, sliced_at=sliced_at,
+                             prefer_sliced_from=PREFERRED_SLICE)
         local = [Batch(tuple(mine[k] for k in b.indices), b.width, b.attention_block, b.logits_tokens, b.start_slice)
                  for b in local]
         for cat, t in score_all(main, head, sequences, common["steps"], mode=mode, temperature=common["temperature"],
