@@ -154,3 +154,39 @@ def test_streamed_long_documents_in_pieces_at_the_new_floor(tmp_path):
     for da, db in zip(unbounded["overall"]["depths"], bounded["overall"]["depths"], strict=True):
         assert da["sampled_acceptance"] == pytest.approx(db["sampled_acceptance"], abs=1e-5)
     assert set(unbounded["categories"]) == set(bounded["categories"])
+
+
+@pytest.mark.parametrize("kind", ["qwen35moe", "mimo"])
+def test_layer_pieces_estimate_bounds_the_bytes_alive(kind):
+    """The layer phase of one long sequence in pieces (StreamedMain._layer_in_pieces, its keys / states
+    in transformers' cache) holds no more than the streamed estimate's layer-phase terms: the layer, the
+    next one read ahead, a tensor's transient, the pieces' bytes (chunk_bytes of a piece +
+    piece_sequence_bytes), and the sequence's residual stream in the store (in, out, final); and it
+    gives the whole sequence's hidden states. Not DeepSeek: see test_probe_long's chunk-estimate test."""
+    from ckptinspect.probe.checkpoint import open_checkpoint
+    from ckptinspect.probe.evaluate import target_hidden
+    from ckptinspect.probe.heads import find_spec
+    from ckptinspect.probe.scoring import forward_bytes_per_token, linear_attention_bytes_per_token
+    from ckptinspect.probe.stream import (StreamedMain, chunk_bytes, largest_layer_bytes, largest_stored_layer_bytes,
+                                          piece_sequence_bytes, tensor_transient_bytes)
+    from ckptinspect.probe.streamed_run import hf_config
+
+    pc = open_checkpoint(fixture(kind))
+    cfg = pc.checkpoint.config
+    spec = find_spec(dict(cfg.raw))
+    n, piece = 1500, 128
+    ids = torch.randint(0, cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(7))
+    streamed = StreamedMain(fixture(kind), pc, hf_config(fixture(kind), dict(cfg.raw), spec, False),
+                            dtype=torch.float32, device="cpu", chunk_tokens=piece, piece_tokens=piece)
+    with torch.no_grad(), LiveBytes() as counted:
+        finals = streamed.hidden_chunks([ids])
+    fwd = forward_bytes_per_token(cfg, torch.float32)
+    pieces = (chunk_bytes(piece, fwd, cfg.hidden_size, 4, linear_attention_bytes_per_token(cfg, 4))
+              + piece_sequence_bytes(cfg, n, piece, 4))
+    bound = (largest_layer_bytes(pc, torch.float32) + largest_stored_layer_bytes(pc) + tensor_transient_bytes(pc)
+             + pieces + 3 * n * cfg.hidden_size * 4)
+    assert counted.peak <= bound, (counted.peak, bound)
+    assert counted.peak >= bound // 4, (counted.peak, bound)  # an estimate of this, not of something else
+    main, _ = load_main(fixture(kind))
+    whole = target_hidden(main, ids)
+    assert torch.allclose(finals[0], whole, atol=1e-4), (finals[0] - whole).abs().max()

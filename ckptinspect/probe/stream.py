@@ -10,9 +10,11 @@ through it, and it goes back to ``meta`` (freed) before the next layer is read. 
 arguments (masks, position embeddings) come from transformers' own decoder forward run on the chunk
 with the layers replaced by a capture (``_capture``). Between layers each chunk's residual stream
 waits in the *store*: on the device when the corpus's fits the budget, else in pinned host memory
-(copied in and out per chunk and layer). Device memory is therefore bounded by one layer + the
-resident parts + one chunk's activations, whatever the corpus size (streamed_run.py takes the corpus
-in rounds when even the host cannot hold its activations).
+(copied in and out per chunk and layer). A sequence longer than the chunk runs through each layer in
+pieces, its attention keys / linear-attention states carried in transformers' own cache
+(``_layer_in_pieces``). Device memory is therefore bounded by one layer + the resident parts + one
+chunk's or piece's activations (+ a long sequence's per-token keys and residual stream), whatever the
+corpus size (streamed_run.py takes the corpus in rounds when even the host cannot hold its activations).
 """
 
 from __future__ import annotations

@@ -68,8 +68,11 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
                  host_limit: int | None = None):
     """``chunk_tokens``: the layer phase's padded tokens per chunk at most (None: DEFAULT_CHUNK_TOKENS);
     the run takes the largest chunk that fits ``limit`` beside the resident parts, the MTP layer, the
-    layer computing and the next one read ahead. The floor (refused below, naming it): those parts, one
-    chunk of the longest sequence, and the scoring scratch of the longest sequence alone."""
+    layer computing and the next one read ahead; a sequence longer than the chunk runs through each
+    layer in pieces (``stream.StreamedMain._layer_in_pieces``) and its chain in slices of starts where its
+    whole chain does not fit (``chain.run_chain(start_slice=...)``). The floor (refused below, naming its
+    parts): those parts, the longest sequence in pieces of ``stream.PIECE_ALIGN`` tokens with its per-token
+    terms (its keys, its residual stream), and its scoring scratch with the chain in slices of one start."""
     from ckptinspect.probe.result import Streaming, build_result
     from ckptinspect.probe.heads.build import build_head
     from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, Batch, attention_dims,
