@@ -510,8 +510,8 @@ def stream_estimate(probe_ckpt, dtype: torch.dtype, *, chunk_tokens: int, forwar
     hidden = probe_ckpt.checkpoint.config.hidden_size
     parts = {"resident": resident_bytes(probe_ckpt, dtype), "layer": largest_layer_bytes(probe_ckpt, dtype),
              "next_layer": largest_stored_layer_bytes(probe_ckpt), "transient": tensor_transient_bytes(probe_ckpt),
-             "mtp": mtp_bytes, "chunk": max(chunk_bytes(chunk_tokens, forward_per_token, hidden, per, sequence_per_token),
-                                            pieces),
+             "mtp": mtp_bytes,
+             "chunk": max(chunk_bytes(chunk_tokens, forward_per_token, hidden, per, sequence_per_token), pieces),
              "store": store_tokens * hidden * per, "scoring": scoring}
     parts["layer_ahead"] = parts["layer"] + parts["next_layer"] if load_ahead else 0
     parts["total"] = (parts["resident"] + parts["mtp"] + parts["store"]

@@ -280,8 +280,8 @@ def attention_counts(batches, kernels: set[str] | None = None) -> dict:
     """How many scoring batches were planned with whole-sequence attention scratch and how many with
     the blocked long-document attention, and which causal kernels the chain's attention ran
     (stream_attention.causal_attention_lse: a fused one, or "math" where none took the shape); where
-    a document's whole chain did not fit, how many batches took it in slices of starts and the smallest
-    slice (scoring.plan_batches)."""
+    some batch took the chain in slices of starts (scoring.plan_batches: a document over
+    PREFERRED_SLICE starts, or one whose whole chain does not fit), how many and the smallest slice."""
     blocked = sum(b.attention_block is not None for b in batches)
     out = {"dense_batches": len(batches) - blocked, "blocked_batches": blocked, "causal_kernels": sorted(kernels or ())}
     sliced = [b.start_slice for b in batches if getattr(b, "start_slice", None) is not None]
