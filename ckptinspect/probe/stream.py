@@ -20,6 +20,7 @@ corpus size (streamed_run.py takes the corpus in rounds when even the host canno
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -223,8 +224,11 @@ class StreamedMain:
             if cache is None:
                 return self.model.get_decoder()(input_ids=ids.to(self.device), use_cache=False).last_hidden_state
             positions = torch.arange(start, start + ids.shape[1], device=self.device)[None].expand(ids.shape[0], -1)
-            return self.model.get_decoder()(input_ids=ids.to(self.device), cache=cache, use_cache=True,
-                                            position_ids=positions).last_hidden_state
+            decoder = self.model.get_decoder()
+            # transformers 5.25 names the decoder's cache argument ``cache``; earlier releases ``past_key_values``
+            name = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+            return decoder(input_ids=ids.to(self.device), use_cache=True, position_ids=positions,
+                           **{name: cache}).last_hidden_state
         finally:
             self._mode = None
 
@@ -236,7 +240,13 @@ class StreamedMain:
         the layer that runs (positions are passed explicitly)."""
         from transformers import DynamicCache
 
-        from transformers.cache_utils import CacheLayerMixin
+        try:
+            from transformers.cache_utils import CacheLayerMixin
+        except ImportError as exc:  # fail closed: a release without per-layer cache objects
+            raise ProbeError("a sequence longer than the layer phase's chunk runs through each layer in pieces "
+                             "with transformers' per-layer cache (transformers 5.25's cache_utils), which this "
+                             "transformers lacks: allow more memory with --max-gpu-memory or upgrade transformers",
+                             path=self.model_dir) from exc
 
         cache = DynamicCache(config=self.model.config.get_text_config())
         own = cache.layers
