@@ -17,11 +17,11 @@ from ckptinspect.probe.metrics import Tally
 # The chain's slices of starts where a whole document's chain does not fit (plan_batches, chain.run_chain):
 # a slice of 1 start is the floor; larger slices cost fewer MTP-layer calls.
 SLICE_STARTS = tuple(4096 >> i for i in range(13))  # 4096 .. 1
-# The streamed run takes a document longer than this in slices when a slice this large fits: the chain's
-# comparison then computes the target's logits and float32 softmax once per position instead of once per
-# depth (K times; on an H100, chain_compare was 10.4 of the chain's 20 s at K = 3, issue 33's run at
-# 60 GiB), while each MTP-layer call still has thousands of positions (its MLP runs 8,192 at a time anyway).
-PREFERRED_SLICE = 1024
+# None: the streamed run slices a document's chain only where its whole chain does not fit. Preferring
+# slices of 1,024 starts (to compute the target's softmax once per position, not once per depth) was
+# measured slower on an H100 (BENCHMARKS.md, "fourth device run": the MTP-layer calls took 146.6 s against
+# 5.8 s for the whole chain at 60 GiB), so it stays off; ``prefer_sliced_from`` keeps the option testable.
+PREFERRED_SLICE: int | None = None
 AUTO_FRACTION = 0.9  # of the free (or allowed) memory a default plan fills; in-memory peaks ran 0.98-1.02x the estimate (BENCHMARKS.md 6, run 6)
 LOGITS_TOKENS = 2048  # batch rows x positions whose logits exist at once (chain.py, evaluate.py)
 ATTENTION_MIN_BLOCK = 16  # starts per block of the long-document attention (stream_attention.py)
