@@ -213,9 +213,13 @@ def table(r: dict) -> list[str]:
         st, ex = q["streaming"], q["extrapolation"]
         ov = st.get("overlap", {})
         peak = st.get("peak_bytes", 0) / 2**30
-        rows.append((name, f"{q['tokens_scored']} tokens in {q['elapsed_s']:.0f} s; chunk {st.get('chunk_tokens')}, "
-                     f"store {st['store']}; wall/read {ov.get('wall_over_read_median')}; 60 layers ~{ex['seconds']:.0f} s; "
-                     f"peak {peak:.1f} GiB", f"wall/read <= {TARGETS['wall_over_read']}, 60 layers <= "
+        pieces = f" (longer documents in pieces of {st['piece_tokens']})" if st.get("piece_tokens") else ""
+        att = q.get("attention") or {}
+        sliced = f", chain in slices of {att['start_slice']}+ starts" if att.get("sliced_batches") else ""
+        est = (st.get("estimate_bytes") or {}).get("total", 0) / 2**30
+        rows.append((name, f"{q['tokens_scored']} tokens in {q['elapsed_s']:.0f} s; chunk {st.get('chunk_tokens')}"
+                     f"{pieces}{sliced}, store {st['store']}; wall/read {ov.get('wall_over_read_median')}; 60 layers ~{ex['seconds']:.0f} s; "
+                     f"peak {peak:.1f} GiB (estimate {est:.1f})", f"wall/read <= {TARGETS['wall_over_read']}, 60 layers <= "
                      f"{TARGETS['extrapolated_60_layers_s']:.0f} s, peak <= {gib} GiB",
                      "yes" if (ov.get("wall_over_read_median") or 9) <= TARGETS["wall_over_read"]
                      and ex["seconds"] <= TARGETS["extrapolated_60_layers_s"] and peak <= gib else "no"))

@@ -190,6 +190,25 @@ def test_plan_batches_bounds_every_batch_by_the_budget():
                 assert scratch(len(b.indices), b.width, None, 16) > budget
 
 
+def test_plan_batches_slices_only_a_sequence_alone():
+    """The chain in slices of starts is the fallback of one sequence whose whole chain does not fit, never
+    a way to put more rows in a batch: where two long sequences' whole chains do not fit together, they
+    are two batches with whole chains (the H100 run where they were batched in slices of 4 starts spent
+    146 s in the MTP layer against 5.8 s; BENCHMARKS.md, fourth and fifth device runs)."""
+    from ckptinspect.probe.scoring import plan_batches
+
+    def scratch(rows, width, block, logits=2048):  # whole chain: per row and position
+        return rows * width * 1000
+
+    def sliced(rows, width, block, starts):  # slices: per row, small
+        return rows * (width * 10 + starts * 1000)
+
+    budget = 1000 * 1000  # one 1000-token sequence whole, not two; a 1500-token one only in slices
+    batches = plan_batches([1000, 1000, 1500], 30, budget, scratch, heads=1, sliced_at=sliced)
+    assert [(len(b.indices), b.start_slice) for b in batches] == [(1, None), (1, None), (1, batches[2].start_slice)]
+    assert batches[2].start_slice is not None and sliced(1, 1500, batches[2].attention_block, batches[2].start_slice) <= budget
+
+
 def test_probe_text_and_json_come_from_one_layout(tmp_path):
     """render/probe_out.py owns both formats: the JSON text is probe_json's document, and every depth
     row, the batch and the experts line of the text show the JSON's values; the module is torch-free."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ckptinspect.probe.heads.base import MtpHead
-from ckptinspect.probe.stream_attention import streams_layout
+from ckptinspect.probe.stream_attention import StartPrefix, streams_layout
 
 
 @dataclass
@@ -153,7 +153,8 @@ def mlp_in_pieces(head: torch.nn.Module, tokens: int = MLP_PIECE_TOKENS, keep: i
 @torch.no_grad()
 def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: int, *,
               target_logits_fn=None, temperature: float = 1.0, attention_block: int | None = None,
-              logits_tokens: int = 2048, parts: dict[str, float] | None = None) -> ChainOutput:
+              logits_tokens: int = 2048, parts: dict[str, float] | None = None,
+              start_slice: int | None = None) -> ChainOutput:
     """``tokens`` [B, N], ``hidden`` [B, N, H] (target, post-final-norm). Right padding is harmless:
     every query only attends earlier positions. ``attention_block``: where no fused kernel runs, the
     streams' attention (``stream_attention.streams_attention``) takes this many starts at a time (long
@@ -161,7 +162,12 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
     ``logits_tokens`` (batch rows x positions) at a time, so no batch x S x vocab tensor exists. The
     target's argmax at every position comes from depth 1's target logits (no pass of its own).
     ``parts``: seconds of the MTP layer, the draft logits + argmax and the comparison with the target
-    (``PartClock``) are added to it."""
+    (``PartClock``) are added to it. ``start_slice``: the starts are taken this many at a time, every
+    depth of a slice before the next slice (``_run_sliced``): the chain's memory is then bounded by the
+    slice, not the document, and each position's target probabilities serve every depth."""
+    if start_slice is not None and start_slice < tokens.shape[1] - 1:
+        return _run_sliced(head, tokens, hidden, steps, target_logits_fn=target_logits_fn, temperature=temperature,
+                           attention_block=attention_block, width=max(1, start_slice), parts=parts)
     bsz, n = tokens.shape
     seq = n - 1
     origin = hidden.device
@@ -207,6 +213,77 @@ def run_chain(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: 
         clock.add_to(parts)
     return ChainOutput(torch.stack(drafts).to(origin),
                        torch.stack([m.to(origin) for m in min_pq]) if min_pq else None,
+                       None if target_argmax is None else target_argmax.to(origin), tuple(sorted(kernels)))
+
+
+@torch.no_grad()
+def _run_sliced(head: MtpHead, tokens: torch.Tensor, hidden: torch.Tensor, steps: int, *, target_logits_fn,
+                temperature: float, attention_block: int | None, width: int,
+                parts: dict[str, float] | None) -> ChainOutput:
+    """``run_chain`` over ``width`` starts at a time. Depth j of starts t in [a, b) needs only: stream
+    1's keys of starts <= t (the earlier slices' kept in a ``StartPrefix``, the buffer of one key row per
+    start), and the same starts' streams 2..j, i.e. this slice's own earlier depths. So a slice runs
+    all its depths before the next slice starts, and what exists at once is the slice's streams, its
+    logits, and the document's stream-1 keys; the numbers are the whole-document chain's (the same
+    keys, the same softmax, merged exactly: stream_attention.causal_attention_lse). The target's
+    probabilities at positions a+1 .. b+K-1 are computed once per slice for all K depths (depth j
+    compares starts a..b-1 with positions a+j..b+j-1), not once per depth."""
+    bsz, n = tokens.shape
+    seq = n - 1
+    origin = hidden.device
+    device = head.device
+    tokens = tokens.to(device)
+    drafts = torch.empty(steps, bsz, seq, dtype=torch.long, device=device)
+    with_target = target_logits_fn is not None
+    min_pq = torch.full((steps, bsz, seq), float("nan"), device=device) if with_target else None
+    target_argmax = torch.zeros(bsz, n, dtype=torch.long, device=device) if with_target else None
+    clock = PartClock(device) if parts is not None else None
+    kernels: set[str] = set()
+    prefix = StartPrefix(seq)
+    for a in range(0, seq, width):
+        b = min(seq, a + width)
+        w = b - a
+        at = clock.mark() if clock else None
+        q = None
+        if with_target:  # target positions a+1 .. min(n, b+K)-1: every depth's comparison of this slice
+            q_logits = target_logits_fn(a + 1, min(n, b + steps))
+            own = min(b + 1, n) - (a + 1)  # positions a+1 .. b: this slice's share of the argmax (depth 1's)
+            target_argmax[:, a + 1:a + 1 + own] = q_logits[:, :own].argmax(dim=-1).to(device)
+            q = _probs(q_logits.to(device), temperature)
+            del q_logits
+            at = clock.part("chain_compare", at) if clock else None
+        first = hidden[:, a:b].to(device)
+        embs = [head.embed(tokens[:, a + 1:b + 1]).to(first.dtype)]
+        hids = [first]
+        base_pos = torch.arange(a + 1, b + 1, device=device)[None].expand(bsz, w)
+        for depth in range(1, steps + 1):
+            emb = torch.cat(embs, dim=1)
+            hid = torch.cat(hids, dim=1)
+            pos = torch.cat([base_pos + i for i in range(depth)], dim=1)
+            with streams_layout(head, depth, w, attention_block or w, kernels, prefix), mlp_in_pieces(head, keep=w):
+                out = head.step(emb, hid, pos, None)[:, -w:]
+            del emb, hid, pos
+            at = clock.part("chain_mtp_layer", at) if clock else None
+            logits = head.logits(out)
+            d = logits.argmax(dim=-1).to(device)
+            drafts[depth - 1, :, a:b] = d
+            at = clock.part("chain_draft_logits", at) if clock else None
+            valid = min(b, n - depth) - a  # starts t < b with t + depth <= n - 1
+            if q is not None and valid > 0:
+                p = _probs(logits[:, :valid], temperature)
+                # q's row r is position a+1+r: depth j's starts a.. compare with positions a+j..
+                min_pq[depth - 1, :, a:a + valid] = torch.minimum(
+                    p, q[:, depth - 1:depth - 1 + valid], out=p).sum(dim=-1).to(device)
+                del p
+                at = clock.part("chain_compare", at) if clock else None
+            del logits
+            embs.append(head.embed(d).to(first.dtype))
+            hids.append(out.to(first.dtype))
+        del q, embs, hids, out
+        prefix.offset = b
+    if clock:
+        clock.add_to(parts)
+    return ChainOutput(drafts.to(origin), None if min_pq is None else min_pq.to(origin),
                        None if target_argmax is None else target_argmax.to(origin), tuple(sorted(kernels)))
 
 

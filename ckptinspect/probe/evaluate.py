@@ -33,7 +33,7 @@ def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode:
                 pad_id: int, device, hidden: torch.Tensor | None = None, with_target: bool = True,
                 timings: dict[str, float] | None = None, peaks: dict[str, int] | None = None,
                 attention_block: int | None = None, logits_tokens: int = 2048,
-                kernels: set[str] | None = None) -> dict[str, Tally]:
+                kernels: set[str] | None = None, start_slice: int | None = None) -> dict[str, Tally]:
     """Counts per category for one batch of sequences (tallies are merged by the caller).
 
     ``hidden``: target hidden states supplied from outside (``--main-url``, streamed layers);
@@ -42,6 +42,7 @@ def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode:
     mtp_chain, walk), the device synchronized at each boundary; ``peaks`` the highest device memory
     allocated in each phase (CUDA only). ``attention_block`` / ``logits_tokens``: see ``chain.run_chain``.
     ``kernels``: the names of the causal attention kernels the chain ran are added to it.
+    ``start_slice``: the chain in slices of this many starts (``chain.run_chain``).
     """
     clock = _Clock(timings, device, peaks)
     n = max(len(s.tokens) for s in batch)
@@ -62,7 +63,7 @@ def score_batch(main, head: MtpHead, batch: list[Sequence], steps: int, *, mode:
 
     chain = run_chain(head, ids, hidden, steps, target_logits_fn=target_logits if with_target else None,
                       temperature=temperature, attention_block=attention_block, logits_tokens=logits_tokens,
-                      parts=timings)
+                      parts=timings, start_slice=start_slice)
     if kernels is not None:
         kernels.update(chain.attention_kernels)
     drafts = chain.drafts.cpu().numpy()  # [K, B, S]

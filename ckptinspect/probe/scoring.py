@@ -14,6 +14,14 @@ from ckptinspect.probe.evaluate import Sequence, score_batch
 from ckptinspect.probe.metrics import Tally
 
 
+# The chain's slices of starts where a whole document's chain does not fit (plan_batches, chain.run_chain):
+# a slice of 1 start is the floor; larger slices cost fewer MTP-layer calls.
+SLICE_STARTS = tuple(4096 >> i for i in range(13))  # 4096 .. 1
+# None: the streamed run slices a document's chain only where its whole chain does not fit. Preferring
+# slices of 1,024 starts (to compute the target's softmax once per position, not once per depth) was
+# measured slower on an H100 (BENCHMARKS.md, "fourth device run": the MTP-layer calls took 146.6 s against
+# 5.8 s for the whole chain at 60 GiB), so it stays off; ``prefer_sliced_from`` keeps the option testable.
+PREFERRED_SLICE: int | None = None
 AUTO_FRACTION = 0.9  # of the free (or allowed) memory a default plan fills; in-memory peaks ran 0.98-1.02x the estimate (BENCHMARKS.md 6, run 6)
 LOGITS_TOKENS = 2048  # batch rows x positions whose logits exist at once (chain.py, evaluate.py)
 ATTENTION_MIN_BLOCK = 16  # starts per block of the long-document attention (stream_attention.py)
@@ -121,6 +129,47 @@ def scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dty
     return max(logits, attention + chain, forward) + 4 * batch * seq * hidden * (steps + 1) * per
 
 
+def sliced_scoring_bytes(batch: int, seq: int, vocab: int, hidden: int, steps: int, dtype: torch.dtype,
+                         heads: int = 0, block: int | None = None, forward_per_token: int = 0,
+                         start_slice: int = 1, chain_per_token: int | None = None,
+                         head_dims: tuple[int, int] | None = None) -> int:
+    """Peak scratch of scoring one batch with the chain taken ``start_slice`` starts at a time
+    (``chain.run_chain(start_slice=...)``): the slice's chain (``scoring_bytes``' chain and stream
+    terms for ``start_slice`` starts) or its logits, beside what exists for the whole document:
+    - per start of the document: the batch's target hidden states and their finiteness check (one
+      byte each), the token ids, the drafts, sum(min(p, q)) and the target's argmax;
+    - stream 1's keys and values of every start (``stream_attention.StartPrefix``, counted at the
+      query heads, at least its key heads) and one call's GQA-expanded copy of them, plus the math
+      path's float32 copy;
+    - the slice's attention over those keys: the math path's float32 scores of ``block`` (None: the
+      slice's) queries x every key, and the float32 merge of the causal part with the earlier slices'
+      part (a handful of [batch, heads, slice, head size] tensors);
+    - the slice's logits: draft logits and float32 probabilities of its starts, the target's logits and
+      float32 probabilities of its starts + K positions (2 x dtype + 12 bytes per row and vocab entry,
+      as ``scoring_bytes`` counts them);
+    - or the main model's forward over the whole batch (``forward_per_token`` each, 0 when the hidden
+      states come from elsewhere, as when streaming), before the chain."""
+    per = torch.tensor([], dtype=dtype).element_size()
+    w = max(1, min(seq, start_slice))
+    qk, v = head_dims or ((hidden // heads, hidden // heads) if heads else (0, 0))
+    per_position = forward_per_token if chain_per_token is None else chain_per_token
+    # the slice's chain and its K + 1 hidden streams (no logits: vocab 0; scores counted below)
+    chain = scoring_bytes(batch, w, 0, hidden, steps, dtype, heads, 1, 0, 1, chain_per_token=per_position,
+                          head_dims=(qk, v))
+    scores = batch * heads * min(block or w, w) * seq * 8
+    merge = 6 * batch * heads * w * (max(qk, v) + 1) * 4
+    prefix = batch * heads * seq * (qk + v) * (2 * per + 4)
+    logits = batch * (w + steps) * vocab * (2 * per + 12) + 4 * batch * w * hidden * (steps + 1) * per
+    document = batch * seq * (hidden * (per + 1) + 12 * steps + 16)
+    # + the fused kernels' own per-call buffers (CPU flash: per thread a query block x key block of
+    # float32 scores), which do not shrink with the slice: measured ~100 KB over the terms above at one
+    # start per slice on the test fixtures (tests/test_probe_sliced.py)
+    return document + prefix + max(logits, chain + scores + merge + FUSED_SCRATCH, batch * seq * forward_per_token)
+
+
+FUSED_SCRATCH = 1 << 20
+
+
 def attention_dims(cfg) -> tuple[int, int]:
     """(query/key, value) head sizes of the model's (and its MTP layer's) attention: MLA's
     nope + rope and v_head_dim, else head_dim (hidden / heads when the config names none)."""
@@ -214,21 +263,49 @@ class Batch:
     width: int
     attention_block: int | None  # None: the dense stream mask; else starts per block (stream_attention.py)
     logits_tokens: int = 2048  # rows x positions whose logits exist at once
+    start_slice: int | None = None  # the chain in slices of this many starts (chain.run_chain), None: whole
 
 
 def plan_batches(lengths: list[int], max_rows: int, budget: int,
                  scratch_at: Callable[[int, int, int | None, int], int], *, heads: int = 1,
-                 source: str = "", max_tokens: int | None = None) -> list[Batch]:
+                 source: str = "", max_tokens: int | None = None,
+                 sliced_at: Callable[[int, int, int | None, int], int] | None = None,
+                 prefer_sliced_from: int | None = None) -> list[Batch]:
     """Batches over sequences sorted by length (least padding): each takes the next sequences while it
     has at most ``max_rows`` and its scratch ``scratch_at(rows, width, block, logits_tokens)`` fits
     ``budget`` bytes: the dense stream mask where that fits, else the blocked attention (the largest
     block that fits, its scores at most ATTENTION_BLOCK_BYTES over ``heads`` heads), and the logits in chunks of LOGITS_TOKENS, halved while they do not fit. Device
     memory is bounded by the budget whatever the corpus size; a single sequence that does not fit even
     with the smallest blocks and chunks is an error naming its length. ``max_tokens``: a batch of
-    several sequences holds at most this many padded tokens (a longer sequence is a batch alone)."""
+    several sequences holds at most this many padded tokens (a longer sequence is a batch alone).
+    ``sliced_at(rows, width, block, start_slice)``: where even the smallest blocks and chunks do not
+    fit, the chain is taken in slices of starts (``sliced_scoring_bytes``): the largest slice of
+    SLICE_STARTS that fits, whole-slice attention where that fits, else ATTENTION_MIN_BLOCK.
+    ``prefer_sliced_from``: a document longer than this takes the sliced chain first, in slices of at
+    least this many starts where they fit (each position's target probabilities then serve every depth
+    instead of being recomputed per depth)."""
     chunks = [LOGITS_TOKENS >> i for i in range(8)]  # 2048 .. 16
 
-    def how(rows: int, width: int) -> tuple[int | None, int] | None:
+    def sliced(rows: int, width: int, least: int) -> tuple | None:
+        for starts in SLICE_STARTS:
+            if starts < least or starts >= width and starts != SLICE_STARTS[-1]:
+                continue
+            for block in (None, ATTENTION_MIN_BLOCK):
+                if sliced_at(rows, width, block, starts) <= budget:
+                    return block, rows * starts, starts
+        return None
+
+    def how(rows: int, width: int) -> tuple | None:
+        if sliced_at is not None and prefer_sliced_from is not None and width > prefer_sliced_from:
+            plan = sliced(rows, width, prefer_sliced_from)
+            if plan is not None:
+                return plan
+        plan = how_whole(rows, width)
+        if plan is not None or sliced_at is None:
+            return plan
+        return sliced(rows, width, 1)
+
+    def how_whole(rows: int, width: int) -> tuple[int | None, int] | None:
         for lt in chunks:
             if scratch_at(rows, width, None, lt) <= budget:
                 return None, lt
@@ -251,14 +328,25 @@ def plan_batches(lengths: list[int], max_rows: int, budget: int,
         plan = how(len(current), width)
         if plan is None:
             least = scratch_at(1, width, ATTENTION_MIN_BLOCK, chunks[-1])
+            if sliced_at is not None:
+                least = min(least, sliced_at(1, width, ATTENTION_MIN_BLOCK, SLICE_STARTS[-1]))
             raise ProbeError(f"a {width}-token sequence needs about {least / 2**30:.2f} GiB of scoring scratch even with "
                              f"blocked attention, over the {max(budget, 0) / 2**30:.2f} GiB left beside the weights; "
                              "split the document or allow more memory", path=source or None)
         batches.append(Batch(tuple(current), width, *plan))
 
+    def takes(rows: int, width: int) -> bool:
+        """Whether a batch of ``rows`` grows to this width: only with the whole chain (or the preferred
+        slices). Slices of fewer starts are the fallback of a sequence alone, never a reason to batch more
+        rows: a batch grown on them runs its MTP layer a few starts at a time (25x slower on an H100)."""
+        if sliced_at is not None and prefer_sliced_from is not None and width > prefer_sliced_from:
+            if sliced(rows, width, prefer_sliced_from) is not None:
+                return True
+        return how_whole(rows, width) is not None
+
     for i in order:
         full = max_tokens is not None and (len(current) + 1) * lengths[i] > max_tokens
-        if current and (len(current) + 1 > max_rows or full or how(len(current) + 1, lengths[i]) is None):
+        if current and (len(current) + 1 > max_rows or full or not takes(len(current) + 1, lengths[i])):
             close()
             current = []
         current.append(i)
@@ -283,6 +371,7 @@ def score_all(main, head, sequences: list[Sequence], steps: int, *, mode: str, t
         for cat, t in score_batch(main, head, batch, steps, mode=mode, temperature=temperature,
                                   pad_id=pad_id, device=device, hidden=hidden, timings=timings,
                                   peaks=peaks, attention_block=plan.attention_block,
-                                  logits_tokens=plan.logits_tokens, kernels=kernels).items():
+                                  logits_tokens=plan.logits_tokens, kernels=kernels,
+                                  start_slice=plan.start_slice).items():
             tallies.setdefault(cat, Tally(steps)).merge(t)
     return tallies

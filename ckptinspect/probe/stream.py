@@ -10,14 +10,17 @@ through it, and it goes back to ``meta`` (freed) before the next layer is read. 
 arguments (masks, position embeddings) come from transformers' own decoder forward run on the chunk
 with the layers replaced by a capture (``_capture``). Between layers each chunk's residual stream
 waits in the *store*: on the device when the corpus's fits the budget, else in pinned host memory
-(copied in and out per chunk and layer). Device memory is therefore bounded by one layer + the
-resident parts + one chunk's activations, whatever the corpus size (streamed_run.py takes the corpus
-in rounds when even the host cannot hold its activations).
+(copied in and out per chunk and layer). A sequence longer than the chunk runs through each layer in
+pieces, its attention keys / linear-attention states carried in transformers' own cache
+(``_layer_in_pieces``). Device memory is therefore bounded by one layer + the resident parts + one
+chunk's or piece's activations (+ a long sequence's per-token keys and residual stream), whatever the
+corpus size (streamed_run.py takes the corpus in rounds when even the host cannot hold its activations).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -45,6 +48,7 @@ class StreamStats:
     store_bytes_moved: int = 0  # host <-> device copies of the residual stream (store "host")
     rounds: int = 1  # passes over the layers (the corpus taken in rounds when the host cannot hold it)
     chunk_tokens: int = 0  # padded tokens per chunk (sized to the budget unless given)
+    piece_tokens: int | None = None  # a sequence longer than the chunk: tokens per piece through a layer
     overlapped: bool = False  # whether layer i+1 was read while layer i computed
     load_ahead: bool = False  # whether layer i+1 was dequantized (side stream) while layer i computed
 
@@ -67,10 +71,12 @@ class StreamedMain:
     """The main model with streamed decoder layers; ``model`` is a transformers CausalLM."""
 
     def __init__(self, model_dir: str, probe_ckpt, hf_config, *, dtype: torch.dtype, device: str,
-                 chunk_tokens: int = 32768, store: str = "device", load_ahead: bool = False) -> None:
+                 chunk_tokens: int = 32768, store: str = "device", load_ahead: bool = False,
+                 piece_tokens: int | None = None) -> None:
         """``load_ahead``: dequantize layer i+1 while layer i computes (``hidden_chunks``); the caller
         allows it only where the memory estimate holds a second dequantized layer and a second read
-        ahead (``stream_estimate(load_ahead=True)``)."""
+        ahead (``stream_estimate(load_ahead=True)``). ``piece_tokens``: a sequence longer than this
+        runs through each layer this many tokens at a time (``_layer_in_pieces``); None: whole."""
         from transformers import AutoModelForCausalLM
 
         self.model_dir, self.metas, self.inventory = model_dir, probe_ckpt.metas, probe_ckpt.inventory
@@ -79,6 +85,7 @@ class StreamedMain:
         # reading at the same precision keeps the two paths' numbers identical.
         self.read_dtype = (torch.bfloat16 if dtype == torch.float32 and loader.needs_dequant(self.metas) else dtype)
         self.stats = StreamStats(store=store, load_ahead=load_ahead)
+        self.piece_tokens = piece_tokens
         self.load_ahead = load_ahead
         self.store = torch.device("cpu") if store == "host" else self.device
         self._mode: tuple | None = None  # ("capture", layer index, box) or ("replay", final hidden)
@@ -209,12 +216,80 @@ class StreamedMain:
             return mode[1] if index == len(self.layers) - 1 else hidden_states
         return forward
 
-    def _decoder(self, ids: torch.Tensor, mode: tuple):
+    def _decoder(self, ids: torch.Tensor, mode: tuple, cache=None, start: int = 0):
+        """The decoder's forward over ``ids`` with the layers' stand-ins; ``cache`` / ``start``: a piece
+        of a longer sequence from position ``start``, its earlier pieces in ``cache`` (``_layer_in_pieces``)."""
         self._mode = mode
         try:
-            return self.model.get_decoder()(input_ids=ids.to(self.device), use_cache=False).last_hidden_state
+            if cache is None:
+                return self.model.get_decoder()(input_ids=ids.to(self.device), use_cache=False).last_hidden_state
+            positions = torch.arange(start, start + ids.shape[1], device=self.device)[None].expand(ids.shape[0], -1)
+            decoder = self.model.get_decoder()
+            # transformers 5.25 names the decoder's cache argument ``cache``; earlier releases ``past_key_values``
+            name = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+            return decoder(input_ids=ids.to(self.device), use_cache=True, position_ids=positions,
+                           **{name: cache}).last_hidden_state
         finally:
             self._mode = None
+
+    def _piece_cache(self, index: int):
+        """transformers' own cache for one sequence's pieces through layer ``index``: its KV (attention)
+        or its conv and recurrent states (linear attention), which the layer reads and extends itself.
+        Every layer slot is that one layer's: the decoder sizes its masks from the first
+        full-attention slot (transformers' create_causal_mask), which in a layer-at-a-time pass must be
+        the layer that runs (positions are passed explicitly)."""
+        from transformers import DynamicCache
+
+        try:
+            from transformers.cache_utils import CacheLayerMixin
+        except ImportError as exc:  # fail closed: a release without per-layer cache objects
+            raise ProbeError("a sequence longer than the layer phase's chunk runs through each layer in pieces "
+                             "with transformers' per-layer cache (transformers 5.25's cache_utils), which this "
+                             "transformers lacks: allow more memory with --max-gpu-memory or upgrade transformers",
+                             path=self.model_dir) from exc
+
+        cache = DynamicCache(config=self.model.config.get_text_config())
+        own = cache.layers
+        cache.layers = [own[index]] * len(own)
+        if not isinstance(own[index], CacheLayerMixin):
+            # a linear-attention layer: the decoder still builds the full-attention mask (unused by this
+            # layer), sized against the first attention slot, which stays an empty attention layer
+            first = next((k for k, layer in enumerate(own) if isinstance(layer, CacheLayerMixin)), None)
+            if first is not None:
+                cache.layers[first] = own[first]
+        return cache
+
+    def _layer_in_pieces(self, index: int, layer, ids: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+        """Layer ``index`` over one long sequence ``ids`` [1, n], ``piece_tokens`` at a time, its
+        attention's keys / its recurrence's state carried in transformers' cache (``_piece_cache``):
+        what exists at once is one piece's activations, the sequence's KV of this layer, and the
+        sequence's residual stream in and out (the output filled piece by piece in the store)."""
+        n, step = ids.shape[1], max(1, self.piece_tokens or ids.shape[1])
+        cache = self._piece_cache(index)
+        out_store = None
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            box: list = []
+            self._decoder(ids[:, a:b], ("capture", index, box), cache=cache, start=a)
+            if len(box) != 1:
+                raise ProbeError(f"the decoder called layer {index} {len(box)} times for one forward")
+            first, args, kwargs = box[0]
+            hidden = first if index == 0 else self._fetch(previous[:, a:b])
+            with mlp_in_pieces(layer):
+                out = self._originals[index](hidden, *args, **kwargs)
+            out = out[0] if isinstance(out, tuple) else out
+            if out_store is None:
+                out_store = torch.empty((ids.shape[0], n, out.shape[-1]), dtype=out.dtype, device=self.store,
+                                        pin_memory=self.store.type == "cpu" and out.device.type == "cuda")
+            out_store[:, a:b].copy_(out, non_blocking=True)
+            if self.store != out.device:
+                self.stats.store_bytes_moved += out.numel() * out.element_size()
+            del box, first, args, kwargs, hidden, out
+        del cache
+        return out_store
+
+    def _long(self, ids: torch.Tensor) -> bool:
+        return self.piece_tokens is not None and ids.shape[1] > self.piece_tokens
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` in the store: itself on the device, else a pinned host copy (asynchronous; the
@@ -276,6 +351,11 @@ class StreamedMain:
                     del stored
                 layer_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
                 for c, ids in enumerate(chunks):
+                    if self._long(ids):
+                        states[c] = self._layer_in_pieces(index, layer, ids, states[c])
+                        if ahead is not None:
+                            ahead.pump()
+                        continue
                     box: list = []
                     self._decoder(ids, ("capture", index, box))
                     if len(box) != 1:
@@ -309,7 +389,19 @@ class StreamedMain:
             reader.close()
         finals = []
         for c, ids in enumerate(chunks):
-            finals.append(self._keep(self._decoder(ids, ("replay", self._fetch(states[c])))))
+            if self._long(ids):  # the final norm is per token: piece by piece too
+                final = None
+                for a in range(0, ids.shape[1], self.piece_tokens):
+                    b = min(ids.shape[1], a + self.piece_tokens)
+                    part = self._decoder(ids[:, a:b], ("replay", self._fetch(states[c][:, a:b])))
+                    if final is None:
+                        final = torch.empty((ids.shape[0], ids.shape[1], part.shape[-1]), dtype=part.dtype,
+                                            device=self.store,
+                                            pin_memory=self.store.type == "cpu" and part.device.type == "cuda")
+                    final[:, a:b].copy_(part, non_blocking=True)
+                finals.append(final)
+            else:
+                finals.append(self._keep(self._decoder(ids, ("replay", self._fetch(states[c])))))
             states[c] = None
         _sync(self.device)
         return finals
@@ -413,7 +505,7 @@ def largest_stored_layer_bytes(probe_ckpt) -> int:
 
 def stream_estimate(probe_ckpt, dtype: torch.dtype, *, chunk_tokens: int, forward_per_token: int, store_tokens: int,
                     mtp_bytes: int, scoring: int, load_ahead: bool = False,
-                    sequence_per_token: int = 0) -> Mapping[str, int]:
+                    sequence_per_token: int = 0, pieces: int = 0) -> Mapping[str, int]:
     """Peak device bytes of a streamed run: resident parts + the MTP layer + the store's device share
     (``store_tokens`` x hidden: the corpus's residual stream when it waits on the device, 0 when it
     waits in host memory) + the larger of the layer phase and the scoring phase (``scoring`` of the
@@ -421,12 +513,15 @@ def stream_estimate(probe_ckpt, dtype: torch.dtype, *, chunk_tokens: int, forwar
     their fused stack), the next layer's stored bytes read ahead onto the device, one tensor's
     dequantization transient, and one chunk's layer activations (``scoring.forward_bytes_per_token``
     each, plus its residual stream in and out, ``chunk_bytes``). ``load_ahead``: the layer phase also
-    holds the next layer dequantized and the one after it read ahead (``layer_ahead``)."""
+    holds the next layer dequantized and the one after it read ahead (``layer_ahead``). ``pieces``:
+    the bytes of the longest sequence run in pieces (``chunk_bytes`` of a piece +
+    ``piece_sequence_bytes``), where it exceeds the chunk's they are the layer phase's activations."""
     per = torch.tensor([], dtype=dtype).element_size()
     hidden = probe_ckpt.checkpoint.config.hidden_size
     parts = {"resident": resident_bytes(probe_ckpt, dtype), "layer": largest_layer_bytes(probe_ckpt, dtype),
              "next_layer": largest_stored_layer_bytes(probe_ckpt), "transient": tensor_transient_bytes(probe_ckpt),
-             "mtp": mtp_bytes, "chunk": chunk_bytes(chunk_tokens, forward_per_token, hidden, per, sequence_per_token),
+             "mtp": mtp_bytes,
+             "chunk": max(chunk_bytes(chunk_tokens, forward_per_token, hidden, per, sequence_per_token), pieces),
              "store": store_tokens * hidden * per, "scoring": scoring}
     parts["layer_ahead"] = parts["layer"] + parts["next_layer"] if load_ahead else 0
     parts["total"] = (parts["resident"] + parts["mtp"] + parts["store"]
@@ -461,6 +556,56 @@ def chunk_room(available: int, forward_per_token: int, hidden: int, per: int, se
     if available <= MLP_PIECE_TOKENS * (small + big):
         return available // (small + big)
     return MLP_PIECE_TOKENS + (available - MLP_PIECE_TOKENS * (small + big)) // small
+
+
+# Pieces of a long sequence are a multiple of this where they can be: the linear-attention recurrence's
+# chunk of tokens (transformers' and flash-linear-attention's chunk_size), so a piece boundary is a chunk
+# boundary of the whole sequence's recurrence; also the floor's piece.
+PIECE_ALIGN = 64
+
+
+def piece_sequence_bytes(cfg, length: int, piece: int, per: int) -> int:
+    """Device bytes, beyond one piece's activations (``chunk_bytes(piece)``), of a ``length``-token
+    sequence run through a layer ``piece`` tokens at a time (``StreamedMain._layer_in_pieces``):
+    - per token of the sequence: the layer's keys and values in transformers' cache (MLA: the
+      decompressed per-head ones) twice (the cache's concatenation holds the old and the new at
+      once), the GQA-expanded copy transformers' SDPA path makes, and the layer's output filled in the
+      store;
+    - per piece token and key: the piece's mask over all keys (float32 at most) and the float32
+      scores and weights of SDPA's math path where no fused kernel takes the mask;
+    - a linear-attention layer's recurrent state (float32, three copies: cached, initial, final) and
+      its conv state with the piece appended."""
+    from ckptinspect.probe.scoring import attention_dims
+
+    heads = cfg.num_attention_heads or 1
+    qk, v = attention_dims(cfg)
+    kv_heads = heads if cfg.kv_lora_rank else (cfg.num_key_value_heads or heads)
+    per_token = per * (2 * kv_heads * (qk + v) + heads * (qk + v) + cfg.hidden_size)
+    scores = piece * length * (8 * heads + 4)
+    text = cfg.text if isinstance(getattr(cfg, "text", None), dict) else {}
+    v_heads = text.get("linear_num_value_heads") or 0
+    state = 0
+    if v_heads:
+        k_heads = text.get("linear_num_key_heads") or v_heads
+        k_dim, v_dim = text.get("linear_key_head_dim") or 0, text.get("linear_value_head_dim") or 0
+        kernel = text.get("linear_conv_kernel_dim") or 4
+        state = 3 * 4 * v_heads * k_dim * v_dim + 2 * per * (2 * k_heads * k_dim + v_heads * v_dim) * (piece + kernel)
+    return length * per_token + scores + state
+
+
+def piece_room(available: int, length: int, cfg, forward_per_token: int, per: int,
+               sequence_per_token: int = 0) -> int:
+    """The largest piece (a multiple of PIECE_ALIGN where that fits) whose activations and the
+    sequence's terms (``piece_sequence_bytes``) fit ``available`` bytes; 0 when not even one token."""
+    def need(p: int) -> int:
+        return (chunk_bytes(p, forward_per_token, cfg.hidden_size, per, sequence_per_token)
+                + piece_sequence_bytes(cfg, length, p, per))
+
+    lo, hi = 0, length
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(mid) <= available else (lo, mid - 1)
+    return lo - lo % PIECE_ALIGN if lo >= PIECE_ALIGN else lo
 
 
 def tensor_transient_bytes(probe_ckpt) -> int:

@@ -33,7 +33,7 @@ import torch
 from ckptinspect.errors import ProbeError
 
 NAME = "ckptinspect_draft_streams"
-_LAYOUT: contextvars.ContextVar[tuple[int, int, int, set] | None] = contextvars.ContextVar("draft_streams", default=None)
+_LAYOUT: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("draft_streams", default=None)
 _REGISTERED = False
 
 
@@ -46,11 +46,40 @@ def _register() -> None:
         _REGISTERED = True
 
 
+class StartPrefix:
+    """Stream 1's keys and values of a document's starts, filled slice by slice (``chain.run_chain``
+    with ``start_slice``): a slice's kept-stream queries see stream 1's keys of every start up to their
+    own, the earlier slices' from here. Stream 1's input (target hidden, next token) is the same at every
+    depth, so its keys are taken at depth 1 and reused by the deeper ones. One buffer per attention
+    module, [B, h_kv, starts, D] at the keys' dtype, allocated at the first slice."""
+
+    def __init__(self, starts: int) -> None:
+        self.starts = starts
+        self.offset = 0  # starts before the current slice
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def take(self, module, k: torch.Tensor, v: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stream 1's keys / values of starts 0 .. offset + slice (views of the buffer); at depth 1 the
+        slice's own ``k`` / ``v`` are written into it first."""
+        end = self.offset + k.shape[2]
+        if depth == 1:
+            if id(module) not in self.kv:
+                self.kv[id(module)] = (k.new_empty(k.shape[0], k.shape[1], self.starts, k.shape[3]),
+                                       v.new_empty(v.shape[0], v.shape[1], self.starts, v.shape[3]))
+            bk, bv = self.kv[id(module)]
+            bk[:, :, self.offset:end] = k
+            bv[:, :, self.offset:end] = v
+        bk, bv = self.kv[id(module)]
+        return bk[:, :, :end], bv[:, :, :end]
+
+
 @contextlib.contextmanager
-def streams_layout(head: torch.nn.Module, depth: int, seq: int, block: int, kernels: set | None = None):
+def streams_layout(head: torch.nn.Module, depth: int, seq: int, block: int, kernels: set | None = None,
+                   prefix: StartPrefix | None = None):
     """Inside: the head's attention modules compute ``streams_attention`` for ``depth`` streams of
     ``seq`` starts (``block`` starts at a time where no fused kernel runs); the names of the causal
-    kernels that ran are added to ``kernels``."""
+    kernels that ran are added to ``kernels``. ``prefix``: the streams are one slice of a longer
+    document's starts, whose earlier starts' stream-1 keys are in ``prefix`` (``StartPrefix``)."""
     _register()
     configs = {}
     for module in head.modules():
@@ -58,7 +87,7 @@ def streams_layout(head: torch.nn.Module, depth: int, seq: int, block: int, kern
         if cfg is not None and hasattr(cfg, "_attn_implementation_internal"):
             configs[id(cfg)] = cfg
     saved = {k: c._attn_implementation_internal for k, c in configs.items()}
-    token = _LAYOUT.set((depth, seq, max(1, block), kernels if kernels is not None else set()))
+    token = _LAYOUT.set((depth, seq, max(1, block), kernels if kernels is not None else set(), prefix))
     try:
         for cfg in configs.values():  # the internal field: the property's setter would recurse into sub-configs
             cfg._attn_implementation_internal = NAME
@@ -84,7 +113,7 @@ def streams_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
                              "not implement")
     if attention_mask is not None:
         raise ProbeError("draft-stream attention got a mask (internal error: the chain passes none)")
-    depth, seq, block, kernels = layout
+    depth, seq, block, kernels, prefix = layout
     bsz, heads, length, _ = query.shape
     if length != depth * seq or key.shape[2] != length:
         raise ProbeError(f"draft-stream attention: {length} queries / {key.shape[2]} keys for {depth} streams of "
@@ -94,14 +123,21 @@ def streams_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     last = (depth - 1) * seq
     q = query[:, :, last:]  # the kept stream's queries only
 
-    def kv(j, a=0, b=seq):  # stream j's keys / values of starts a..b-1 (GQA groups expanded for this slice only)
-        k, v = key[:, :, j * seq + a:j * seq + b], value[:, :, j * seq + a:j * seq + b]
+    def expand(k, v):  # GQA groups expanded (for this call's keys only)
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         return k, v
 
-    k1, v1 = kv(0)
-    o1, lse1, kernel = causal_attention_lse(q, k1, v1, scale, block)
+    def kv(j, a=0, b=seq):  # stream j's keys / values of starts a..b-1
+        return expand(key[:, :, j * seq + a:j * seq + b], value[:, :, j * seq + a:j * seq + b])
+
+    if prefix is None:
+        k1, v1 = kv(0)
+        offset = 0
+    else:  # a slice of the document's starts: stream 1's keys of the earlier slices come first
+        k1, v1 = expand(*prefix.take(module, key[:, :, :seq], value[:, :, :seq], depth))
+        offset = prefix.offset
+    o1, lse1, kernel = causal_attention_lse(q, k1, v1, scale, block, offset)
     del k1, v1
     kernels.add(kernel)
     # Written straight in transformers' [B, L, h, Dv] layout (no transposed copy); the earlier streams'
@@ -145,9 +181,13 @@ PIECE_ELEMENTS = 1 << 28
 
 
 def causal_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                         block: int) -> tuple[torch.Tensor, torch.Tensor, str]:
+                         block: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Causal attention of q [B, h, S, D] over k [B, h, S, D], v [B, h, S, Dv] (query t sees keys
     u <= t) and its log-sum-exp [B, h, S] (float32) of the scaled scores, plus the kernel's name.
+    ``offset``: the keys are ``offset`` longer than the queries, query t being key offset + t's
+    position (a slice of a longer document): the ``offset`` earlier keys, seen by every query, are
+    attended without a mask and merged with the causal part through the log-sum-exp (the fused
+    kernels' causal mask is aligned to the first key, not the last).
 
     A fused kernel that returns the log-sum-exp does it in O(S) memory: on CUDA flash attention
     (half precision, equal head sizes after zero-padding v, head size <= 256) else the memory-efficient
@@ -155,6 +195,8 @@ def causal_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     aten ops, because the public ``scaled_dot_product_attention`` does not return the log-sum-exp the
     merge with the same-start keys needs. Where none runs (a shape or dtype it refuses) the float32
     math below computes the same numbers ``block`` queries at a time."""
+    if offset:
+        return _with_prefix(q, k, v, scale, block, offset)
     s, dv = q.shape[2], v.shape[-1]
     d = q.shape[-1]
     vp = v if dv == d else torch.nn.functional.pad(v, (0, d - dv))  # zero columns: sliced off the output
@@ -180,22 +222,54 @@ def causal_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     return (*_causal_math(q, k, v, scale, block), "math")
 
 
-def _causal_math(q, k, v, scale, block):
+def _with_prefix(q, k, v, scale, block, offset):
+    """``causal_attention_lse`` with ``offset`` earlier keys: the fused kernels' causal part over the
+    slice's own keys merged exactly with an unmasked part over the earlier ones (float32, the row
+    maximum subtracted); the math path takes all keys with the offset mask."""
+    o2, l2, kernel = causal_attention_lse(q, k[:, :, offset:], v[:, :, offset:], scale, block)
+    if kernel == "math":
+        del o2, l2
+        return (*_causal_math(q, k, v, scale, block, offset), "math")
+    o1, l1 = _full_lse(q, k[:, :, :offset], v[:, :, :offset], scale, kernel)
+    top = torch.maximum(l1, l2)
+    w1, w2 = (l1 - top).exp(), (l2 - top).exp()
+    total = w1 + w2
+    out = (o1.float() * w1[..., None] + o2.float() * w2[..., None]) / total[..., None]
+    return out, top + total.log(), kernel
+
+
+def _full_lse(q, k, v, scale, kernel):
+    """Unmasked attention (every query sees every key) and its float32 log-sum-exp, through the same
+    fused kernel the causal part took."""
+    s, dv, d = q.shape[2], v.shape[-1], q.shape[-1]
+    vp = v if dv == d else torch.nn.functional.pad(v, (0, d - dv))
+    if kernel == "flash":
+        out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, vp, 0.0, False, False, scale=scale)
+        return out[0][..., :dv], out[1][..., :s].float()
+    if kernel == "efficient":
+        out = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, False, scale=scale)
+        return out[0], out[1][..., :s].float()
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, vp, 0.0, False, scale=scale)
+    return out[0][..., :dv], out[1][..., :s].float()
+
+
+def _causal_math(q, k, v, scale, block, offset=0):
     """float32 causal attention and log-sum-exp, ``block`` queries at a time: one [B, h, W, b] float32
     buffer of scores at a time (exponentiated in place), as SDPA's math path computes it."""
     bsz, heads, s, _ = q.shape
     out = torch.empty(bsz, heads, s, v.shape[-1], dtype=torch.float32, device=q.device)
     lse = torch.empty(bsz, heads, s, dtype=torch.float32, device=q.device)
-    starts = torch.arange(s, device=q.device)
+    starts = torch.arange(offset + s, device=q.device)
     block = max(1, block)
     for a in range(0, s, block):
         b = min(s, a + block)
-        scores = (q[:, :, a:b].float() * scale) @ k[:, :, :b].float().transpose(-1, -2)
-        scores.masked_fill_(starts[None, :b] > starts[a:b, None], float("-inf"))
+        end = offset + b  # query offset + t sees keys u <= offset + t
+        scores = (q[:, :, a:b].float() * scale) @ k[:, :, :end].float().transpose(-1, -2)
+        scores.masked_fill_(starts[None, :end] > starts[offset + a:end, None], float("-inf"))
         top = scores.amax(-1, keepdim=True)
         scores.sub_(top).exp_()
         total = scores.sum(-1, keepdim=True)
-        out[:, :, a:b] = (scores @ v[:, :, :b].float()) / total
+        out[:, :, a:b] = (scores @ v[:, :, :end].float()) / total
         lse[:, :, a:b] = (total.log() + top)[..., 0]
         del scores
     return out, lse

@@ -39,11 +39,14 @@ def host_budget(override: int | None = None) -> int:
 
 
 class StreamFloorError(ProbeError):
-    """The budget is under what a streamed run needs at its smallest (``floor_bytes``)."""
+    """The budget is under what a streamed run needs at its smallest (``floor_bytes``); ``parts``: the
+    bytes of each part the message names (resident, mtp, layer, next_layer, transient, chunk, scoring)."""
 
-    def __init__(self, message: str, *, floor_bytes: int, path: str | None = None) -> None:
+    def __init__(self, message: str, *, floor_bytes: int, path: str | None = None,
+                 parts: dict[str, int] | None = None) -> None:
         super().__init__(message, path=path)
         self.floor_bytes = floor_bytes
+        self.parts = dict(parts or {})
 
 
 # The layer phase's chunk when the budget allows more: on an H200 (BENCHMARKS.md section 11) chunks of
@@ -65,14 +68,19 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
                  host_limit: int | None = None):
     """``chunk_tokens``: the layer phase's padded tokens per chunk at most (None: DEFAULT_CHUNK_TOKENS);
     the run takes the largest chunk that fits ``limit`` beside the resident parts, the MTP layer, the
-    layer computing and the next one read ahead. The floor (refused below, naming it): those parts, one
-    chunk of the longest sequence, and the scoring scratch of the longest sequence alone."""
+    layer computing and the next one read ahead; a sequence longer than the chunk runs through each
+    layer in pieces (``stream.StreamedMain._layer_in_pieces``) and its chain in slices of starts where its
+    whole chain does not fit (``chain.run_chain(start_slice=...)``). The floor (refused below, naming its
+    parts): those parts, the longest sequence in pieces of ``stream.PIECE_ALIGN`` tokens with its per-token
+    terms (its keys, its residual stream), and its scoring scratch with the chain in slices of one start."""
     from ckptinspect.probe.result import Streaming, build_result
     from ckptinspect.probe.heads.build import build_head
     from ckptinspect.probe.scoring import (ATTENTION_MIN_BLOCK, AUTO_FRACTION, LOGITS_TOKENS, Batch, attention_dims,
                                            forward_bytes_per_token, linear_attention_bytes_per_token, plan_batches,
-                                           score_all, scoring_bytes)
-    from ckptinspect.probe.stream import StreamedMain, chunk_bytes, chunk_room, chunk_rows, stream_estimate
+                                           score_all, scoring_bytes, sliced_scoring_bytes, PREFERRED_SLICE,
+                                           SLICE_STARTS)
+    from ckptinspect.probe.stream import (PIECE_ALIGN, StreamedMain, chunk_bytes, chunk_room, chunk_rows, piece_room,
+                                          piece_sequence_bytes, stream_estimate)
 
     if store not in STORES:
         raise ProbeError(f"unknown stream store {store!r} ({', '.join(STORES)})")
@@ -93,33 +101,61 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
         return scoring_bytes(rows, width, cfg.vocab_size or 0, cfg.hidden_size, common["steps"], dtype,
                              cfg.num_attention_heads or 0, block, 0, logits_tokens, fwd, head_dims=attention_dims(cfg))
 
-    def estimate_at(store_tokens, chunk_peak, scoring=0, load_ahead=False):
+    def sliced_at(rows, width, block, starts):
+        return sliced_scoring_bytes(rows, width, cfg.vocab_size or 0, cfg.hidden_size, common["steps"], dtype,
+                                    cfg.num_attention_heads or 0, block, 0, starts, fwd, head_dims=attention_dims(cfg))
+
+    def batch_scratch(b: Batch) -> int:
+        if b.start_slice is not None:
+            return sliced_at(len(b.indices), b.width, b.attention_block, b.start_slice)
+        return scratch_at(len(b.indices), b.width, b.attention_block, b.logits_tokens)
+
+    def estimate_at(store_tokens, chunk_peak, scoring=0, load_ahead=False, pieces=0):
         return dict(stream_estimate(probe_ckpt, dtype, chunk_tokens=chunk_peak, forward_per_token=fwd,
                                     store_tokens=store_tokens, mtp_bytes=mtp_bytes, scoring=scoring,
-                                    load_ahead=load_ahead, sequence_per_token=linear))
+                                    load_ahead=load_ahead, sequence_per_token=linear, pieces=pieces))
 
-    def padded_at(chunk: int) -> tuple[int, int]:  # (padded tokens of the corpus, the largest chunk's)
+    def padded_at(chunk: int) -> tuple[int, int]:
+        """(padded tokens of the corpus, the largest chunk's that runs whole): a sequence longer than
+        the chunk runs in pieces (``pieces_at``), its bytes counted there."""
         rows = chunk_rows(lengths, chunk)
         return (sum(len(c) * max(lengths[i] for i in c) for c in rows),
-                max(len(c) * max(lengths[i] for i in c) for c in rows))
+                max((len(c) * max(lengths[i] for i in c) for c in rows if len(c) > 1 or lengths[c[0]] <= chunk),
+                    default=0))
+
+    def pieces_at(piece: int) -> int:  # the longest sequence through a layer in pieces of ``piece`` tokens
+        return chunk_bytes(piece, fwd, cfg.hidden_size, per, linear) + piece_sequence_bytes(cfg, longest, piece, per)
 
     bare = estimate_at(0, 0)
     fixed = bare["resident"] + bare["mtp"]
-    longest_bytes = chunk_bytes(longest, fwd, cfg.hidden_size, per, linear)
+    # the longest sequence through a layer: whole, or in pieces of PIECE_ALIGN tokens with its keys /
+    # states in transformers' cache (stream.StreamedMain._layer_in_pieces), whichever is smaller
+    floor_piece = min(longest, PIECE_ALIGN)
+    longest_bytes = min(chunk_bytes(longest, fwd, cfg.hidden_size, per, linear), pieces_at(floor_piece))
     layer_floor = bare["total"] + longest_bytes
+    # the chain of the longest sequence at its smallest: whole with the smallest blocks and logits chunks,
+    # or in slices of one start (what stays per start of the document: its hidden state and stream-1 keys)
     least_scratch = min(scratch_at(1, longest, None, LOGITS_TOKENS >> 7),
-                        scratch_at(1, longest, ATTENTION_MIN_BLOCK, LOGITS_TOKENS >> 7))
+                        scratch_at(1, longest, ATTENTION_MIN_BLOCK, LOGITS_TOKENS >> 7),
+                        sliced_at(1, longest, ATTENTION_MIN_BLOCK, SLICE_STARTS[-1]))
     scoring_floor = -(-(fixed + least_scratch) // AUTO_FRACTION)
     floor = int(max(layer_floor, scoring_floor)) + 64  # + rounding of the budget's fraction
     if limit < floor:
         raise StreamFloorError(
             f"even layer-streamed the probe needs at least {_gib(floor)} and {_gib(limit)} is available: resident "
             f"{_gib(bare['resident'])}, MTP layer {_gib(bare['mtp'])}, one layer {_gib(bare['layer'])} and the next "
-            f"read ahead {_gib(bare['next_layer'])}, one chunk of the longest sequence ({longest} tokens) "
-            f"{_gib(longest_bytes)}, and in the scoring phase the same resident parts and MTP layer with that "
-            f"sequence's scoring scratch {_gib(least_scratch)} in {AUTO_FRACTION:.0%} of the budget; the corpus size does not matter (it is "
-            "streamed in chunks sized to the budget): allow at least that much with --max-gpu-memory, use "
-            "--main-url, or a GPU with more memory", floor_bytes=floor, path=model_dir)
+            f"read ahead {_gib(bare['next_layer'])}, a dequantization transient {_gib(bare['transient'])}, the longest "
+            f"sequence ({longest} tokens) through a layer in pieces of {floor_piece} tokens with its keys and "
+            f"residual stream {_gib(longest_bytes)}, and in the scoring phase the same resident parts and MTP layer "
+            f"with that sequence's scoring scratch (its MTP chain in slices of {SLICE_STARTS[-1]} start) "
+            f"{_gib(least_scratch)} in {AUTO_FRACTION:.0%} of the budget; the corpus size does not matter (it is "
+            "streamed in chunks sized to the budget), nor a document's length beyond these per-token terms (it runs "
+            "in pieces and slices sized to the budget): allow at least that much with --max-gpu-memory, use "
+            "--main-url, or a GPU with more memory",
+            floor_bytes=floor, path=model_dir,
+            parts={"resident": bare["resident"], "mtp": bare["mtp"], "layer": bare["layer"],
+                   "next_layer": bare["next_layer"], "transient": bare["transient"], "chunk": longest_bytes,
+                   "scoring": least_scratch})
     cap = max(chunk_tokens or DEFAULT_CHUNK_TOKENS, 1)
 
     def room(store_tokens: int) -> int:  # padded tokens a chunk may hold beside the store
@@ -137,18 +173,24 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
         if store == "device" or (scoring_fits and dev_room >= max(longest, min(cap, DEVICE_STORE_MIN_CHUNK))):
             chosen, chunk = "device", max(1, min(cap, dev_room))
     padded, chunk_peak = padded_at(chunk)
+    # a sequence longer than the chunk runs through each layer in pieces, the largest that fit beside the store
+    piece = None
+    if longest > chunk:
+        available = limit - bare["total"] - (padded * row_bytes if chosen == "device" else 0)
+        piece = max(1, min(chunk, piece_room(available, longest, cfg, fwd, per, linear)))
     if chosen == "host":
         rounds = max(1, -(-padded * row_bytes // max(host_budget(host_limit), 1)))
     store_tokens = padded if chosen == "device" else 0
     # scoring batches fit what the layer phase leaves (the two phases do not overlap)
     budget = int(limit * AUTO_FRACTION) - fixed - store_tokens * row_bytes
     batches_all = plan_batches(lengths, max_rows, budget, scratch_at, heads=cfg.num_attention_heads or 1,
-                               source=model_dir)
-    scoring_peak = max(scratch_at(len(b.indices), b.width, b.attention_block, b.logits_tokens) for b in batches_all)
-    estimate = estimate_at(store_tokens, chunk_peak, scoring_peak)
+                               source=model_dir, sliced_at=sliced_at, prefer_sliced_from=PREFERRED_SLICE)
+    scoring_peak = max(batch_scratch(b) for b in batches_all)
+    long_bytes = pieces_at(piece) if piece else 0
+    estimate = estimate_at(store_tokens, chunk_peak, scoring_peak, pieces=long_bytes)
     # The next layer's load runs beside this layer's compute only where the budget holds it as it is
     # (the chunk and the batches are not shrunk for it: a smaller chunk costs more than the load saves)
-    ahead = estimate_at(store_tokens, chunk_peak, scoring_peak, load_ahead=True)
+    ahead = estimate_at(store_tokens, chunk_peak, scoring_peak, load_ahead=True, pieces=long_bytes)
     load_ahead = load_ahead_allowed(device, ahead["total"], limit)
     if load_ahead:
         estimate = ahead
@@ -156,8 +198,9 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
         torch.cuda.reset_peak_memory_stats(device)
     config = hf_config(model_dir, dict(cfg.raw), spec, trust_remote_code)
     streamed = StreamedMain(model_dir, probe_ckpt, config, dtype=dtype, device=device, chunk_tokens=chunk,
-                            store=chosen, load_ahead=load_ahead)
+                            store=chosen, load_ahead=load_ahead, piece_tokens=piece)
     streamed.stats.chunk_tokens = chunk
+    streamed.stats.piece_tokens = piece
     main = streamed.model
     experts = loader.set_experts_implementation(main, experts_implementation, decode_on_gpu=False)
     head = build_head(spec, main, model_dir, model_dir, probe_ckpt.metas)
@@ -203,8 +246,10 @@ def run_streamed(model_dir: str, probe_ckpt, spec, sequences: list[Sequence], to
 
         mine = [i for rows in chunks for i in rows]
         local = plan_batches([lengths[i] for i in mine], max_rows, budget, scratch_at,
-                             heads=cfg.num_attention_heads or 1, source=model_dir)
-        local = [Batch(tuple(mine[k] for k in b.indices), b.width, b.attention_block, b.logits_tokens) for b in local]
+                             heads=cfg.num_attention_heads or 1, source=model_dir, sliced_at=sliced_at,
+                             prefer_sliced_from=PREFERRED_SLICE)
+        local = [Batch(tuple(mine[k] for k in b.indices), b.width, b.attention_block, b.logits_tokens, b.start_slice)
+                 for b in local]
         for cat, t in score_all(main, head, sequences, common["steps"], mode=mode, temperature=common["temperature"],
                                 batches=local, pad_id=pad, device=first_device, progress=progress,
                                 timings=timings, hidden_for=hidden_for, kernels=kernels).items():
@@ -234,7 +279,12 @@ def load_ahead_allowed(device: str, ahead_total: int, limit: int) -> bool:
 def attention_counts(batches, kernels: set[str] | None = None) -> dict:
     """How many scoring batches were planned with whole-sequence attention scratch and how many with
     the blocked long-document attention, and which causal kernels the chain's attention ran
-    (stream_attention.causal_attention_lse: a fused one, or "math" where none took the shape)."""
+    (stream_attention.causal_attention_lse: a fused one, or "math" where none took the shape); where
+    some batch took the chain in slices of starts (scoring.plan_batches: a document over
+    PREFERRED_SLICE starts, or one whose whole chain does not fit), how many and the smallest slice."""
     blocked = sum(b.attention_block is not None for b in batches)
-    return {"dense_batches": len(batches) - blocked, "blocked_batches": blocked,
-            "causal_kernels": sorted(kernels or ())}
+    out = {"dense_batches": len(batches) - blocked, "blocked_batches": blocked, "causal_kernels": sorted(kernels or ())}
+    sliced = [b.start_slice for b in batches if getattr(b, "start_slice", None) is not None]
+    if sliced:
+        out.update(sliced_batches=len(sliced), start_slice=min(sliced))
+    return out

@@ -92,7 +92,9 @@ def stream_json(streaming: Any) -> dict[str, Any]:
     st = streaming.stats
     out = {"layers": st.layers, "bytes_read": st.bytes_read, "read_s": round(st.read_s, 3),
            "load_s": round(st.load_s, 3), "compute_s": round(st.compute_s, 3), "wall_s": round(st.wall_s, 3),
-           "chunk_tokens": st.chunk_tokens, "read_ahead": st.overlapped,
+           "chunk_tokens": st.chunk_tokens,
+           **({"piece_tokens": st.piece_tokens} if getattr(st, "piece_tokens", None) else {}),
+           "read_ahead": st.overlapped,
            "load_ahead": getattr(st, "load_ahead", False), "overlap": _overlap(st.per_layer),
            "max_layer_bytes": st.max_layer_bytes,
            "read_bandwidth_gb_s": round(st.bytes_read / st.read_s / 1e9, 3) if st.read_s else None,
