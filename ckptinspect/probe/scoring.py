@@ -19,7 +19,7 @@ from ckptinspect.probe.metrics import Tally
 SLICE_STARTS = tuple(4096 >> i for i in range(13))  # 4096 .. 1
 # None: the streamed run slices a document's chain only where its whole chain does not fit. Preferring
 # slices of 1,024 starts (to compute the target's softmax once per position, not once per depth) was
-# measured slower on an H100 (BENCHMARKS.md, "fourth device run": the MTP-layer calls took 146.6 s against
+# measured slower on an H100 (BENCHMARKS.md, "Fourth to sixth device runs": the MTP-layer calls took 146.6 s against
 # 5.8 s for the whole chain at 60 GiB), so it stays off; ``prefer_sliced_from`` keeps the option testable.
 PREFERRED_SLICE: int | None = None
 AUTO_FRACTION = 0.9  # of the free (or allowed) memory a default plan fills; in-memory peaks ran 0.98-1.02x the estimate (BENCHMARKS.md 6, run 6)
