@@ -18,9 +18,9 @@ from ckptinspect.probe.metrics import Tally
 # a slice of 1 start is the floor; larger slices cost fewer MTP-layer calls.
 SLICE_STARTS = tuple(4096 >> i for i in range(13))  # 4096 .. 1
 # None: the streamed run slices a document's chain only where its whole chain does not fit. Preferring
-# slices of 1,024 starts (to compute the target's softmax once per position, not once per depth) was
-# measured slower on an H100 (BENCHMARKS.md, "Fourth to sixth device runs": the MTP-layer calls took 146.6 s against
-# 5.8 s for the whole chain at 60 GiB), so it stays off; ``prefer_sliced_from`` keeps the option testable.
+# slices of 1,024 starts (the target's softmax once per position, not once per depth) has no measurement
+# in its favour: the one H100 run that preferred them also batched long documents in tiny slices (BENCHMARKS.md,
+# "Fourth to sixth device runs"), and the whole chain then ran 62 s end to end; ``prefer_sliced_from`` keeps it testable.
 PREFERRED_SLICE: int | None = None
 AUTO_FRACTION = 0.9  # of the free (or allowed) memory a default plan fills; in-memory peaks ran 0.98-1.02x the estimate (BENCHMARKS.md 6, run 6)
 LOGITS_TOKENS = 2048  # batch rows x positions whose logits exist at once (chain.py, evaluate.py)
