@@ -77,7 +77,7 @@ def test_vllm_0_34_drafts_it_bf16_with_dspark_and_sglang_has_no_model(report):
     # repeated beside it)
     assert (s.verdict, s.draft_architecture, s.reasons) == ("unusable", None, ("arch-unknown-to-engine",))
     found = [f for f in report(NAME).mtp.findings if f.engine == "sglang"]
-    assert [(f.code, f.severity) for f in found] == [("arch-unknown-to-engine", "warning")]
+    assert [(f.code, f.severity) for f in found] == [("arch-unknown-to-engine", "error")]
     assert "registers no model class for MistralLarge4ForCausalLM" in found[0].message
 
 

@@ -131,12 +131,13 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
     arch = arch_support(engine.engine, version, facts.checkpoint.config)
     if arch is not None and arch.status == "refused":
         # The engine has no model class for the target at all: it cannot draft for it either (same
-        # answer as the plan's missing launch command, ckptinspect/plan/launch.py).
+        # answer as the plan's missing launch command, ckptinspect/plan/launch.py). An error like
+        # engine-has-no-draft-model, which it replaces: a release gate (--fail-on error) still fails.
         return EngineVerdict(engine=engine.engine, verdict="unusable", engine_version=version,
                              draft_architecture=engine.draft_architecture, method=engine.method,
                              draft_quantization=None, layers_used=0, reasons=(ARCH_UNKNOWN,),
                              module_quantization=()), [Finding(
-            ARCH_UNKNOWN, "warning", arch.message, engine=engine.engine, reference=arch.source,
+            ARCH_UNKNOWN, "error", arch.message, engine=engine.engine, reference=arch.source,
             hint=f"serve it with an engine version that registers {arch.architecture}")], ctx
     if arch is not None and arch.code is not None:
         # Served by another class (the Transformers backend) or not decided: said once, verdict unchanged.

@@ -100,9 +100,13 @@ def arch_support(engine: str, version: str, config: ModelConfig) -> ArchSupport 
     label = f"{ENGINE_LABEL.get(engine, engine)} {version}"
     cite = f"{DATA} {engine} {version}: {entry['source'].split(' ', 2)[-1]}"
     arch = archs[0]
-    hit = next((a for a in archs if a in names), None)
-    if hit is not None:
-        return ArchSupport(engine, version, hit, "registered", hit, "", cite)
+    renames = {r["from"]: r for r in entry.get("renames", ())}
+    for a in archs:
+        # the engine's config class renames it before the registry is asked
+        to = renames[a]["to"] if a in renames else a
+        if to in names:
+            source = cite if to == a else f"{cite}; {renames[a]['source']}"
+            return ArchSupport(engine, version, a, "registered", to, "", source)
     if engine == "vllm":
         # _normalize_arch runs after the Transformers fallback, but a registered base of the same model
         # makes the answer "it loads" either way.
