@@ -52,12 +52,12 @@ def module_table(facts: "Facts", contexts: Mapping[str, "EngineContext"],
                 built[name], reasons[name], causes[name], matches[name] = "not buildable", "method_unknown", \
                     refused[name], False
                 continue
-            if name in no_class:
-                built[name], reasons[name], causes[name], matches[name] = "not buildable", "arch_unknown", \
-                    no_class[name], False
-                continue
             if m is None:
                 built[name], reasons[name], causes[name], matches[name] = "no draft model", "-", "", True
+                continue
+            if name in no_class:  # a draft class exists, but the engine cannot load the target it drafts for
+                built[name], reasons[name], causes[name], matches[name] = "not buildable", "arch_unknown", \
+                    no_class[name], False
                 continue
             built[name], reasons[name], causes[name], matches[name] = _engine_cell(m)
             undecided = _not_decided(contexts[name], m)
