@@ -127,7 +127,7 @@ def test_validate_rules_takes_a_directory_of_engine_files_and_reports_a_bad_fami
     from ckptinspect.rules.documents import rules_root
 
     engines = [c for c in api.validate_rules([rules_root() / "engines"])]
-    assert sorted(Path(c.path).name for c in engines) == ["common.yaml", "llamacpp.yaml", "sglang.yaml", "vllm.yaml"]
+    assert sorted(Path(c.path).name for c in engines) == ["architectures.yaml", "common.yaml", "llamacpp.yaml", "sglang.yaml", "vllm.yaml"]
     assert all(c.error is None for c in engines)
     broken = tmp_path / "fams"
     broken.mkdir()

@@ -43,9 +43,9 @@ EXPECTED = {
     "glm_moe_dsa": ("glm_moe_dsa", ("ready", "GlmMoeDsaForCausalLMNextN"), ("ready", "DeepseekV32MTPModel")),
     "longcat_flash_ngram": ("longcat_flash_ngram", ("unusable", None), ("ready", "LongCatFlashMTPModel")),
     # unknown architecture: generic scan
-    "unknown_mtp_top": (None, ("degraded", None), ("degraded", None)),
-    "unknown_model_mtp": (None, ("degraded", None), ("degraded", None)),
-    "unknown_layers_l": (None, ("degraded", None), ("degraded", None)),
+    "unknown_mtp_top": (None, ("unusable", None), ("degraded", None)),
+    "unknown_model_mtp": (None, ("unusable", None), ("degraded", None)),
+    "unknown_layers_l": (None, ("unusable", None), ("degraded", None)),
 }
 # Where each engine's loader finds the MTP layer (the rule files are not consulted for these).
 PREFIX = {
@@ -97,7 +97,9 @@ def test_no_error_findings_on_complete_layouts(report):
         mtp = r.mtp
         assert all(not layer.missing for layer in mtp.layers), (name, [l.missing for l in mtp.layers])
         errors = {(f.code, f.engine) for f in (*r.checkpoint.findings, *mtp.findings) if f.severity == "error"}
-        assert errors <= {("engine-has-no-draft-model", "sglang")} | expected_errors.get(name, set()), (name, errors)
+        # arch-unknown-to-engine: SGLang 0.5.23 registers no model class for the target (rules/engines/architectures.yaml)
+    allowed = {("engine-has-no-draft-model", "sglang"), ("arch-unknown-to-engine", "sglang")}
+    assert errors <= allowed | expected_errors.get(name, set()), (name, errors)
 
 
 def test_declared_but_absent_is_unusable_for_both(report):
@@ -271,14 +273,17 @@ def test_generic_prefixes_assign_the_mtp_index(name, tensor):
 
 def test_unknown_architecture_layouts_are_scanned_alike(report):
     """The three generic layouts on an unknown architecture: family null, one MTP layer found, the same
-    tensor count, and a degraded (not ready, not unusable) verdict naming unknown-family-mtp."""
+    tensor count, and for vLLM a degraded (not ready, not unusable) verdict naming unknown-family-mtp. SGLang
+    0.5.23 registers no AcmeMoeForCausalLM and pins a transformers that has none: it cannot load the target,
+    which is its one answer; vLLM's Transformers fallback is not decided (an info finding says so)."""
     mtps = [report(n).mtp for n in ("unknown_mtp_top", "unknown_model_mtp", "unknown_layers_l")]
     assert len({(m.tensors, m.params, m.bytes) for m in mtps}) == 1
     for m in mtps:
         assert m.family is None and m.present_layers == 1 and m.declared_layers == 1
         assert {c for f in m.findings for c in [f.code]} >= {"unknown-family", "unknown-family-mtp"}
-        for engine in ("sglang", "vllm"):
-            assert reasons(m, engine) == {"unknown-family-mtp"}
+        assert reasons(m, "vllm") == {"unknown-family-mtp"}
+        assert reasons(m, "sglang") == {"arch-unknown-to-engine"}
+        assert {f.code for f in m.findings if f.engine == "vllm" and f.severity == "info"} >= {"arch-support-not-decided"}
 
 
 def _rule_documents() -> dict[str, dict]:

@@ -48,15 +48,17 @@ PASSES = (
 )
 
 # Official releases one or both engines cannot draft: engine -> the error codes that engine's findings carry.
+# arch-unknown-to-engine: the engine version registers no model class for the target at all
+# (rules/engines/architectures.yaml, read from the engine's registry; ckptinspect/readiness/engine_archs.py).
 ENGINE_CANNOT = {
     "qwen3_5_moe_gptq_int4_bf16_mtp": {"sglang": {"mtp-bf16-not-excluded"}},  # fused MoE built gptq in SGLang
     "kimi_k3": {"sglang": {"engine-has-no-draft-model"}},
     "minimax_m3_vl": {"sglang": {"engine-has-no-draft-model"}},
     "minimax_m3_text": {"sglang": {"engine-has-no-draft-model"}},
     "exaone4_5": {"sglang": {"engine-has-no-draft-model"}},
-    "pangu_ultra_moe": {"sglang": {"engine-has-no-draft-model"}},
+    "pangu_ultra_moe": {"sglang": {"arch-unknown-to-engine"}},
     "mimo_v2_omni": {"sglang": {"engine-has-no-draft-model"}},
-    "longcat_flash_ngram": {"sglang": {"engine-has-no-draft-model"}},
+    "longcat_flash_ngram": {"sglang": {"arch-unknown-to-engine"}},
     # hybrid FP8 + NVFP4 export keeping the MTP experts MXFP4: SGLang's dedicated loader path reads them,
     # vLLM 0.33 builds them NVFP4 (rules/families/deepseek_v4.yaml)
     "deepseek_v4_hybrid_nvfp4": {"vllm": {"mtp-hybrid-mxfp4-experts-built-nvfp4"}},
@@ -67,12 +69,12 @@ ENGINE_CANNOT = {
     "qwen3_5_dense_modelslim_w8a8_mtp_float": {"vllm": {"quant-method-unknown-to-engine"}},
     "deepseek_v41": {e: {"mtp-missing-tensors", "engine-has-no-draft-model"} for e in ("sglang", "vllm")},
     # vLLM-only drafts (fixtures/families_2026_d.py): SGLang 0.5.23 has no Step-5 model
-    "step5": {"sglang": {"engine-has-no-draft-model"}},
-    "nemotron_parse35": {"sglang": {"engine-has-no-draft-model"}},
+    "step5": {"sglang": {"arch-unknown-to-engine"}},
+    "nemotron_parse35": {"sglang": {"arch-unknown-to-engine"}},
     # vLLM 0.34.0's Nemotron-3.5-Transcribe MTP head (fixtures/families_2026_e.py): SGLang 0.5.23 has no such model
-    "nemotron3_5_transcribe": {"sglang": {"engine-has-no-draft-model"}},
-    "nemotron3_5_transcribe_fp8": {"sglang": {"engine-has-no-draft-model"}},
-    "nemotron3_5_transcribe_nvfp4": {"sglang": {"engine-has-no-draft-model"}},
+    "nemotron3_5_transcribe": {"sglang": {"arch-unknown-to-engine"}},
+    "nemotron3_5_transcribe_fp8": {"sglang": {"arch-unknown-to-engine"}},
+    "nemotron3_5_transcribe_nvfp4": {"sglang": {"arch-unknown-to-engine"}},
 }
 
 # Quants and exports that dropped, re-keyed, truncated or mis-declared the MTP layer: the gate fails.

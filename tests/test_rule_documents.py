@@ -27,7 +27,7 @@ def test_every_builtin_rule_file_passes_its_schema():
         assert load_rule_document(path, schema) == doc  # the validating load answers the same
         schemas[schema] = schemas.get(schema, 0) + 1
     assert set(schemas) == {FAMILY_SCHEMA, "engine.schema.json", "gguf_engine.schema.json",
-                            "module_quant.schema.json", "gpus.schema.json"}
+                            "module_quant.schema.json", "gpus.schema.json", "engine_architectures.schema.json"}
     assert schemas[FAMILY_SCHEMA] > 40
 
 
@@ -37,6 +37,9 @@ def test_every_builtin_rule_file_passes_its_schema():
     ("llamacpp.yaml", "gguf_engine.schema.json", "kind: gguf_engine\n", "$"),
     ("vllm.yaml", "module_quant.schema.json", "kind: module_quant\nschema_version: 1\nengine: vllm\n", "$"),
     ("gpus.yaml", "gpus.schema.json", "gpus: [{name: x}]\n", "$"),
+    ("architectures.yaml", "engine_architectures.schema.json",
+     "kind: engine_architectures\nschema_version: 1\ngenerated_by: x\nregistries: [{engine: vllm, version: '1', "
+     "source: x, architectures: [Bad-Name]}]\n", "$.registries[0].architectures[0]"),
 ])
 def test_a_user_file_of_every_kind_is_validated_with_one_error_form(tmp_path, name, schema, text, where):
     path = tmp_path / name

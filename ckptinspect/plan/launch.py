@@ -16,6 +16,7 @@ from ckptinspect.plan.sglang import sglang_command
 from ckptinspect.plan.solver import ContextSolution
 from ckptinspect.plan.speculative import draft_moe_flags, spec_values, tree_draft_attention
 from ckptinspect.plan.vllm import vllm_command
+from ckptinspect.readiness.engine_archs import arch_support
 from ckptinspect.records import Checkpoint, MtpAssessment
 
 SPEC_VERDICTS = ("ready", "degraded")
@@ -84,6 +85,16 @@ def build_commands(ck: Checkpoint, mtp: MtpAssessment | None, facts: PlanFacts, 
     commands: dict[str, Command] = {}
     notes: list[Note] = []
     for name in engines:
+        arch = arch_support(name, engine_rules(name)["version"], cfg)
+        if arch is not None and arch.status == "refused":
+            # A command for an engine with no model class for the target fails after the download: none is
+            # printed (the report's finding and the MTP verdict say the same, readiness/assess.py).
+            notes.append(Note("warning", f"{name}: no launch command: {arch.message} (finding {arch.code})",
+                              arch.source))
+            continue
+        if arch is not None and arch.code is not None:
+            notes.append(Note("warning" if arch.status == "undecided" else "info", f"{name}: {arch.message}",
+                              arch.source))
         declined = _spec_on(mtp, name) and probe_declines(probe_report)
         on = _spec_on(mtp, name) and not draft_off and not declined
         efacts = PlanFacts(**{**facts.__dict__, "spec": on})

@@ -25,6 +25,7 @@ from ckptinspect.plan.payoff import payoff_note, probe_gpu_mismatch
 from ckptinspect.plan.result import Note, Plan, PlanFailure
 from ckptinspect.plan.rules import PlanFacts, engine_rule_file, engine_rules, holds
 from ckptinspect.plan.solver import ContextSolution, solve_max_context
+from ckptinspect.readiness.engine_archs import arch_support
 from ckptinspect.records import Checkpoint, MtpAssessment
 
 GOALS = ("latency", "throughput")
@@ -92,7 +93,16 @@ def plan_or_failure(checkpoint: Checkpoint, mtp: MtpAssessment | None, *, gpu: s
     if not requested:
         raise PlanError("config.json has no max_position_embeddings; pass --context TOKENS", path=ck.location)
     engines = ("sglang", "vllm") if engine == "both" else (engine,)
-    lead = engines[0]
+    refused = [a for a in (arch_support(e, engine_rules(e)["version"], cfg) for e in engines)
+               if a is not None and a.status == "refused"]
+    if len(refused) == len(engines):
+        # No engine asked for has a model class for the target: no command, the reason instead.
+        others = [e for e in ("sglang", "vllm") if e not in engines]
+        return PlanFailure(ck.ref, spec_gpu, gpus, requested or 0, "; ".join(a.message for a in refused),
+                           (f"try --engine {others[0]}" if others else
+                            "serve it with an engine version that registers " + refused[0].architecture),
+                           (), None, gib)
+    lead = next(e for e in engines if e not in {a.engine for a in refused})
     moe = bool(cfg.routed_experts)
     facts = PlanFacts(arch=spec_gpu.arch, quant=quant_kind_of(ck), attention=cfg.attention_kind, moe=moe,
                   interconnect=spec_gpu.interconnect,

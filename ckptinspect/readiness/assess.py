@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from ckptinspect.readiness import conditions as _registers  # noqa: F401  (fills the condition registry)
 from ckptinspect.readiness.context import EngineContext, Facts, holds
 from ckptinspect.readiness.draft_build import build_plan, summary as draft_summary
+from ckptinspect.readiness.engine_archs import ARCH_UNKNOWN, arch_support
 from ckptinspect.readiness.engine_methods import METHOD_UNKNOWN, support_for
 from ckptinspect.readiness.layout import scan_layers
 from ckptinspect.readiness.module_table import module_table
@@ -127,6 +128,20 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
             engine=engine.engine, reference=support.source,
             hint=f"serve it with an engine that knows {support.method}, or use a quant in a method "
                  f"{label} {version} lists")], ctx
+    arch = arch_support(engine.engine, version, facts.checkpoint.config)
+    if arch is not None and arch.status == "refused":
+        # The engine has no model class for the target at all: it cannot draft for it either (same
+        # answer as the plan's missing launch command, ckptinspect/plan/launch.py). An error like
+        # engine-has-no-draft-model, which it replaces: a release gate (--fail-on error) still fails.
+        return EngineVerdict(engine=engine.engine, verdict="unusable", engine_version=version,
+                             draft_architecture=engine.draft_architecture, method=engine.method,
+                             draft_quantization=None, layers_used=0, reasons=(ARCH_UNKNOWN,),
+                             module_quantization=()), [Finding(
+            ARCH_UNKNOWN, "error", arch.message, engine=engine.engine, reference=arch.source,
+            hint=f"serve it with an engine version that registers {arch.architecture}")], ctx
+    if arch is not None and arch.code is not None:
+        # Served by another class (the Transformers backend) or not decided: said once, verdict unchanged.
+        findings.append(Finding(arch.code, "info", arch.message, engine=engine.engine, reference=arch.source))
     # Modules a firing defect found built with the declared scheme under stricter naming than the
     # plan's default (runtime names: bf16_mtp_not_excluded {names: runtime}).
     built_quantized: set[str] = set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping
 
 from ckptinspect.readiness.draft_build import ModuleBuild, build_plan, rule_at
+from ckptinspect.readiness.engine_archs import arch_support
 from ckptinspect.readiness.engine_methods import support_for
 from ckptinspect.readiness.module_quant import module_quant_rules
 from ckptinspect.records import EngineVerdict, MtpModuleQuant
@@ -38,6 +39,10 @@ def module_table(facts: "Facts", contexts: Mapping[str, "EngineContext"],
     # An engine that does not know the declared method refuses the checkpoint: it builds no module.
     refused = {name: support.message for name, ctx in contexts.items()
                if (support := support_for(ctx)) is not None and not support.known}
+    # An engine with no model class for the target (readiness/engine_archs.py) builds none either.
+    no_class = {name: arch.message for name, ctx in contexts.items() if name not in refused
+                and (arch := arch_support(ctx.engine.engine, ctx.version, ctx.facts.checkpoint.config)) is not None
+                and arch.status == "refused"}
     rows = []
     for module, first in order.items():
         built, reasons, causes, matches = {}, {}, {}, {}
@@ -49,6 +54,10 @@ def module_table(facts: "Facts", contexts: Mapping[str, "EngineContext"],
                 continue
             if m is None:
                 built[name], reasons[name], causes[name], matches[name] = "no draft model", "-", "", True
+                continue
+            if name in no_class:  # a draft class exists, but the engine cannot load the target it drafts for
+                built[name], reasons[name], causes[name], matches[name] = "not buildable", "arch_unknown", \
+                    no_class[name], False
                 continue
             built[name], reasons[name], causes[name], matches[name] = _engine_cell(m)
             undecided = _not_decided(contexts[name], m)

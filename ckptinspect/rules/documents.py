@@ -90,7 +90,8 @@ def parse_rule_document(data: bytes, where: str, schema: str) -> Any:
 
 def plan_rule_schema(path: Path) -> str | None:
     """The schema of a plan rule file (``kind: engine`` / ``kind: common`` -> engine.schema.json, the GPU
-    catalog -> gpus.schema.json, an engine's quantization decisions -> module_quant.schema.json), or None
+    catalog -> gpus.schema.json, an engine's quantization decisions -> module_quant.schema.json, the engines'
+    model registries -> engine_architectures.schema.json), or None
     for a family rule file (validated by the family loader)."""
     doc = load_rule_yaml(read_rule_bytes(path), path)
     if isinstance(doc, dict) and doc.get("kind") in ("engine", "common"):
@@ -99,6 +100,8 @@ def plan_rule_schema(path: Path) -> str | None:
         return "gguf_engine.schema.json"
     if isinstance(doc, dict) and doc.get("kind") == "module_quant":  # rules/quant/<engine>.yaml
         return "module_quant.schema.json"
+    if isinstance(doc, dict) and doc.get("kind") == "engine_architectures":  # rules/engines/architectures.yaml
+        return "engine_architectures.schema.json"
     if isinstance(doc, dict) and "gpus" in doc and "id" not in doc:
         return "gpus.schema.json"
     return None
