@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from ckptinspect.errors import ConfigError, GgufQuantChoice, HeaderError, NotFoundError
-
-if TYPE_CHECKING:  # the parser is imported where a header is parsed, not by the source registry's claims
-    from ckptinspect.header.gguf import GgufHeader
+from ckptinspect.header.gguf import GgufHeader
 
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 _TOKENS = re.compile(r"[-_./ ]+")

@@ -17,23 +17,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ckptinspect.errors import NotFoundError, SourceError
+from ckptinspect.header.gguf import ByteWindow, GgufHeader, parse_gguf
 from ckptinspect.sources.gguf_files import (TAGGED_REF, RawGguf, check_split, companions_for, is_gguf,
                                             model_sets, select_set, set_name)
 from ckptinspect.sources.interface import open_regular
-
-if TYPE_CHECKING:  # every safetensors report asks this module's claims: the parser loads only to parse
-    from ckptinspect.header.gguf import GgufHeader
 
 MAX_LISTED_FILES = 100_000  # a directory walk stops here (a model directory holds tens of files)
 
 
 def read_gguf_header(path: Path, *, source: str) -> GgufHeader:
     """Parse one local GGUF file's header (regular files only; one-line errors naming ``source``)."""
-    from ckptinspect.header.gguf import ByteWindow, parse_gguf
-
     fd, size = open_regular(path, source=source, what="GGUF file")
     try:
         def extend(start: int, stop: int) -> bytes:
