@@ -133,7 +133,11 @@ def _judge(facts: Facts, engine: EngineRule, version: str,
         # The engine has no model class for the target at all: it cannot draft for it either (same
         # answer as the plan's missing launch command, ckptinspect/plan/launch.py). An error like
         # engine-has-no-draft-model, which it replaces: a release gate (--fail-on error) still fails.
-        return EngineVerdict(engine=engine.engine, verdict="unusable", engine_version=version,
+        # ``absent`` where the checkpoint neither declares nor ships an MTP layer: there is no draft to call
+        # unusable, and the error finding says the engine cannot load the target.
+        no_mtp = not facts.present and not facts.declared_layers
+        return EngineVerdict(engine=engine.engine, verdict="absent" if no_mtp else "unusable",
+                             engine_version=version,
                              draft_architecture=engine.draft_architecture, method=engine.method,
                              draft_quantization=None, layers_used=0, reasons=(ARCH_UNKNOWN,),
                              module_quantization=()), [Finding(
