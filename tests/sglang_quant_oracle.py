@@ -40,8 +40,11 @@ from tests.sglang_parser import announce, ensure_sglang
 STUBBED = ("tvm_ffi", "torchvision", "sentencepiece", "gguf", "loguru",
            "sglang.srt.multimodal.internvl_utils")
 
-_ORACLE = r"""
-import importlib.abc, importlib.machinery, json, sys, types, warnings
+# The start of every script the tests run in SGLang's environment (this oracle, the registry check of
+# tests/test_engine_architectures.py): stand-in modules for the packages named in sys.argv[1] that the
+# environment lacks, and for named SGLang submodules, before SGLang is imported.
+SGLANG_STUB_PRELUDE = r"""
+import importlib.abc, importlib.machinery, json, logging, sys, types, warnings
 warnings.simplefilter("ignore")
 import transformers.utils.import_utils as iu
 iu.is_torchvision_available()
@@ -61,6 +64,8 @@ class _Any(types.ModuleType):
         return a[0] if len(a) == 1 and callable(a[0]) and not k else _Any("call")
     def __mro_entries__(self, bases):
         return (object,)
+    def __getitem__(self, key):
+        return _Any(f"{self.__name__}[]")
     def __iter__(self):
         return iter(())
     def __bool__(self):
@@ -76,6 +81,9 @@ class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 sys.meta_path.insert(0, _Stubs())
+"""
+
+_ORACLE = SGLANG_STUB_PRELUDE + r"""
 import torch
 torch.cuda.get_device_capability = lambda *a, **k: (10, 0)  # scheme checks ask it; no decision does
 import sglang.srt.layers.quantization as q

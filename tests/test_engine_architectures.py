@@ -20,6 +20,7 @@ import pytest
 
 from ckptinspect.pipeline import build_report
 from ckptinspect.readiness.engine_archs import ARCH_UNKNOWN, arch_support, registry
+from tests.sglang_quant_oracle import SGLANG_STUB_PRELUDE
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "engine_architectures.py"
@@ -102,41 +103,7 @@ def test_transformers_fallback_list_equals_transformers_5_19():
 SGLANG_STUBBED = ("tvm_ffi", "torchvision", "torchaudio", "sentencepiece", "gguf", "loguru", "uvicorn", "fastapi",
                   "cutlass", "setproctitle", "quack")
 SGLANG_CUDA_ONLY = {"sglang.srt.models.mamba", "sglang.srt.models.falcon_mamba", "sglang.srt.models.inkling"}
-_SGLANG_REGISTRY = r"""
-import importlib.abc, importlib.machinery, json, logging, sys, types, warnings
-warnings.simplefilter("ignore")
-import transformers.utils.import_utils as iu
-iu.is_torchvision_available()
-import transformers.models.auto.image_processing_auto  # noqa: F401  (caches "no torchvision")
-STUBBED = {n for n in sys.argv[1].split(",") if importlib.machinery.PathFinder.find_spec(n) is None}
-
-class _Any(types.ModuleType):
-    __path__ = []
-    def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return _Any(f"{self.__name__}.{name}")
-    def __call__(self, *a, **k):
-        return a[0] if len(a) == 1 and callable(a[0]) and not k else _Any("call")
-    def __mro_entries__(self, bases):
-        return (object,)
-    def __getitem__(self, key):
-        return _Any(f"{self.__name__}[]")
-    def __iter__(self):
-        return iter(())
-    def __bool__(self):
-        return False
-
-class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in STUBBED:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-    def create_module(self, spec):
-        return _Any(spec.name)
-    def exec_module(self, module):
-        pass
-
-sys.meta_path.insert(0, _Stubs())
+_SGLANG_REGISTRY = SGLANG_STUB_PRELUDE + r"""
 failed = []
 class _Failed(logging.Handler):
     def emit(self, record):

@@ -60,9 +60,10 @@ INSTALL = textwrap.dedent('''
 ''')
 
 
-def _race(cache: Path, n: int = 3) -> list[str]:
-    env = dict(os.environ, CKPTINSPECT_TEST_CACHE=str(cache))
-    procs = [subprocess.Popen([sys.executable, "-c", INSTALL, str(ROOT / "tests")], env=env,
+def _race(cache: Path, n: int = 3, script: str = INSTALL, **extra: str) -> list[str]:
+    """``n`` processes running ``script`` at once against one test cache; what each printed."""
+    env = dict(os.environ, CKPTINSPECT_TEST_CACHE=str(cache), **extra)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(ROOT / "tests")], env=env,
                               stdout=subprocess.PIPE, text=True) for _ in range(n)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
@@ -114,17 +115,8 @@ SOURCE_INSTALL = textwrap.dedent('''
 ''')
 
 
-def _source_race(cache: Path, n: int, **extra: str) -> list[str]:
-    env = dict(os.environ, CKPTINSPECT_TEST_CACHE=str(cache), **extra)
-    procs = [subprocess.Popen([sys.executable, "-c", SOURCE_INSTALL, str(ROOT / "tests")], env=env,
-                              stdout=subprocess.PIPE, text=True) for _ in range(n)]
-    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
-    assert all(p.returncode == 0 for p in procs)
-    return outs
-
-
 def test_the_vllm_source_env_downloads_its_locked_wheel_once_and_keeps_only_python(tmp_path):
-    outs = _source_race(tmp_path, 3)
+    outs = _race(tmp_path, 3, SOURCE_INSTALL)
     assert len(set(outs)) == 1
     downloads = (tmp_path / "downloads").read_text().splitlines()
     assert len(downloads) == 1  # three workers, one download (the flock)
@@ -135,17 +127,17 @@ def test_the_vllm_source_env_downloads_its_locked_wheel_once_and_keeps_only_pyth
     kept = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
     assert kept == ["vllm/config/speculative.py"]  # no kernel, no metadata, no wheel left behind
     assert not list((tmp_path / "vllm-0.34.0-src").rglob("*.whl"))
-    _source_race(tmp_path, 1)  # installed: nothing downloaded again
+    _race(tmp_path, 1, SOURCE_INSTALL)  # installed: nothing downloaded again
     assert len((tmp_path / "downloads").read_text().splitlines()) == 1
 
 
 def test_an_unreachable_index_is_one_clear_reason_and_no_marker(tmp_path):
-    out = _source_race(tmp_path, 1, FAKE_PIP_FAILS="1")[0]
+    out = _race(tmp_path, 1, SOURCE_INSTALL, FAKE_PIP_FAILS="1")[0]
     assert out.startswith("UNAVAILABLE pip download of tests/locks/vllm-0.34.0-src.lock failed (exit 1): "
                           "ERROR: No matching distribution found for vllm==0.34.0"), out
     assert not (tmp_path / "vllm-0.34.0-src" / ".ckptinspect-complete").exists()
     # the index back: the next run installs (a failed attempt is not remembered across processes)
-    assert _source_race(tmp_path, 1)[0].endswith("vllm-0.34.0-src")
+    assert _race(tmp_path, 1, SOURCE_INSTALL)[0].endswith("vllm-0.34.0-src")
 
 
 def test_the_source_lock_pins_the_one_wheel_the_tests_read():
