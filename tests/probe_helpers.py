@@ -31,6 +31,26 @@ def load_main(path: str):
     return main, spec
 
 
+def chain_inputs(kind: str):
+    """(MTP head, ids, hidden, target) of fixture ``kind``: 2 x 45 random token ids (seed 3), the main
+    model's hidden states for them and the target-logits function ``run_chain`` takes; the one input
+    the chain tests compare their paths on."""
+    from ckptinspect.probe.evaluate import target_hidden
+    from ckptinspect.probe.runner import build_head
+
+    main, spec = load_main(fixture(kind))
+    head = build_head(spec, main, fixture(kind))
+    vocab = main.config.get_text_config().vocab_size
+    ids = torch.randint(0, vocab, (2, 45), generator=torch.Generator().manual_seed(3))
+    hidden = target_hidden(main, ids)
+    lm_head = main.get_output_embeddings()
+
+    def target(start, end):
+        return lm_head(hidden[:, start:end])
+
+    return head, ids, hidden, target
+
+
 def write_prompts(tmp_path, texts):
     import json
 

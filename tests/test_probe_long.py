@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from probe_helpers import LiveBytes, fixture, load_main, torch, write_prompts
+from probe_helpers import LiveBytes, chain_inputs, fixture, load_main, torch, write_prompts
 
 from ckptinspect.probe.runner import run_probe
 from ckptinspect.render.probe_out import probe_json, render_probe
@@ -72,19 +72,8 @@ def test_chain_equals_the_full_stream_dense_mask_reference(kind, monkeypatch):
     fallback in uneven blocks."""
     from ckptinspect.probe import stream_attention
     from ckptinspect.probe.chain import run_chain
-    from ckptinspect.probe.evaluate import target_hidden
-    from ckptinspect.probe.runner import build_head
 
-    main, spec = load_main(fixture(kind))
-    head = build_head(spec, main, fixture(kind))
-    vocab = main.config.get_text_config().vocab_size
-    ids = torch.randint(0, vocab, (2, 45), generator=torch.Generator().manual_seed(3))
-    hidden = target_hidden(main, ids)
-    lm_head = main.get_output_embeddings()
-
-    def target(start, end):
-        return lm_head(hidden[:, start:end])
-
+    head, ids, hidden, target = chain_inputs(kind)
     with torch.no_grad():
         ref_drafts, ref_pq = reference_chain(head, ids, hidden, 3, target)
     fast = run_chain(head, ids, hidden, 3, target_logits_fn=target)

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from probe_helpers import LiveBytes, fixture, load_main, torch
+from probe_helpers import LiveBytes, chain_inputs, fixture, load_main, torch
 
 from ckptinspect.probe.runner import run_probe
 from ckptinspect.render.probe_out import probe_json
@@ -38,17 +38,8 @@ def _head(kind):
 @pytest.mark.parametrize("kind", ["qwen35moe", "deepseek", "mimo"])
 def test_sliced_chain_equals_the_whole_chain(kind, monkeypatch):
     from ckptinspect.probe.chain import run_chain
-    from ckptinspect.probe.evaluate import target_hidden
 
-    main, head = _head(kind)
-    vocab = main.config.get_text_config().vocab_size
-    ids = torch.randint(0, vocab, (2, 45), generator=torch.Generator().manual_seed(3))
-    hidden = target_hidden(main, ids)
-    lm_head = main.get_output_embeddings()
-
-    def target(start, end):
-        return lm_head(hidden[:, start:end])
-
+    head, ids, hidden, target = chain_inputs(kind)
     whole = run_chain(head, ids, hidden, 3, target_logits_fn=target)
     assert whole.attention_kernels == ("cpu_flash",)
 
