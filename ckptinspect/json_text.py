@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Iterable, Literal
 
 from ckptinspect.errors import CkptInspectError, ConfigError
 
@@ -40,16 +40,13 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 # last value, floats round alike. What it refuses (NaN, Infinity, 1e400, lone surrogate escapes,
 # invalid UTF-8, deep nesting, long integers) goes to json, so the errors and answers stay json's
 # (tests/test_json_decoders.py compares it with json). Without msgspec, json alone gives the same answers.
-def _compiled_decoder() -> Any:
-    """msgspec's decode function, or None."""
-    try:
-        from msgspec.json import Decoder
-    except ImportError:  # pragma: no cover - msgspec is a dependency
-        return None
-    return Decoder().decode
+try:
+    import msgspec
+except ImportError:  # pragma: no cover - a core dependency; json alone then gives the same answers
+    msgspec = None
 
 
-_compiled_loads = _compiled_decoder()
+_compiled_loads = msgspec.json.Decoder().decode if msgspec is not None else None
 
 
 def _bounded_int(literal: str) -> int:
@@ -91,6 +88,58 @@ def decode_json(data: bytes | str, *, source: str, error: type[CkptInspectError]
     escapes = "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None  # C-speed find first
     check_structure(obj, source=source, error=error, strings=escapes)
     return obj
+
+
+# An index (model.safetensors.index.json, Mistral's consolidated one) as its writers make it: the object
+# ``{"metadata": {...}, "weight_map": {tensor: shard}}`` in either order, ``metadata`` optional. Its first key
+# is read from the bytes to rebuild the members in document order (an escaped key goes to decode_json).
+_INDEX_FIRST_KEY = re.compile(rb'[ \t\n\r]*\{[ \t\n\r]*"(metadata|weight_map)"')
+
+
+def decode_index_json(data: bytes, *, source: str, shard_files: Iterable[str] = (),
+                      max_items: int = MAX_JSON_ITEMS) -> Any:
+    """decode_json's answer for an index document, built by one typed decode where the document is an
+    index as written (``weight_map`` an object of strings, ``metadata`` optional, no other member): the
+    371k-entry map then needs no structure walk, and a shard name that is one of ``shard_files`` (the files
+    the caller lists) is decoded as that one string object, not once per tensor (BENCHMARKS.md). Every other
+    document, and every one the typed decode refuses (a shard not listed, a non-string value, an escaped
+    key, NaN, deep nesting, invalid UTF-8), is decode_json's, so the answer and the errors are always
+    decode_json's (tests/test_json_decoders.py compares the two).
+
+    Raises:
+        ConfigError: as decode_json.
+    """
+    items = _value_bound(data, max_items)
+    first = _INDEX_FIRST_KEY.match(data) if isinstance(data, bytes) and items <= max_items else None
+    decoded = _typed_index(data, shard_files) if first is not None else None
+    if decoded is None:
+        return decode_json(data, source=source, max_items=max_items)
+    weight_map, metadata = decoded.weight_map, decoded.metadata
+    if metadata is msgspec.UNSET:
+        return {"weight_map": weight_map}
+    if isinstance(metadata, (dict, list)):  # one level below the document: its depth is one less
+        try:
+            check_structure(metadata, source=source, strings=False, max_depth=MAX_JSON_DEPTH - 1)
+        except ConfigError:
+            return decode_json(data, source=source, max_items=max_items)  # which words the error
+    if first.group(1) == b"metadata":
+        return {"metadata": metadata, "weight_map": weight_map}
+    return {"weight_map": weight_map, "metadata": metadata}
+
+
+def _typed_index(data: bytes, shard_files: Iterable[str]) -> Any:
+    """The typed decode of an index (``weight_map`` values drawn from ``shard_files`` when any), or None."""
+    if msgspec is None:  # pragma: no cover - a core dependency
+        return None
+    shards = tuple(sorted(set(shard_files)))
+
+    value = Literal[shards] if shards else str  # a listed name decodes as the Literal's own string object
+    document = msgspec.defstruct("IndexDocument", [("weight_map", dict[str, value]), ("metadata", Any, msgspec.UNSET)],
+                                 forbid_unknown_fields=True, gc=False)
+    try:
+        return msgspec.json.Decoder(document).decode(data)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
 
 
 def _text(data: bytes | str, source: str, error: Any) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import importlib
 import shutil
 import ssl
 import subprocess
@@ -276,3 +277,40 @@ def test_a_dead_proxy_is_named_as_the_cause_and_its_password_never_shown(served,
         assert "Connect" in type(theirs.value).__name__ or "Proxy" in type(theirs.value).__name__
     finally:
         close_session()
+
+
+def test_reads_take_up_to_a_mebibyte_per_socket_read_and_keep_every_byte():
+    """make_client raises httpcore's per-read size (hub_client.READ_BYTES); the locked httpcore must still
+    have the attribute it reads, and a range larger than one read arrives byte for byte."""
+    import hashlib
+
+    from ckptinspect.sources import hub_client
+
+    body = b"".join(hashlib.sha256(i.to_bytes(4, "little")).digest() for i in range(160_000))  # 5 MB
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            first, last = (int(v) for v in self.headers["Range"].split("=", 1)[1].split("-"))
+            part = body[first:last + 1]
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {first}-{first + len(part) - 1}/{len(body)}")
+            self.send_header("Content-Length", str(len(part)))
+            self.end_headers()
+            self.wfile.write(part)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/blob"
+        assert _ours(url, 7, len(body) - 3) == body[7:len(body) - 2]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    core = importlib.import_module({"httpx2": "httpcore2"}.get(hub_client.httpx_module().__name__, "httpcore"))
+    assert core.AsyncHTTP11Connection.READ_NUM_BYTES == hub_client.READ_BYTES > 64 * 1024

@@ -188,3 +188,56 @@ def test_header_names_of_arbitrary_bytes_parse_the_same(raw):
     data = b'{"' + raw + b'":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b-0":{"dtype":"U8","shape":[1],' \
         b'"data_offsets":[2,3]}}'
     _assert_same_outcome(_header(data, parser.parse_header), _header(data, parser.parse_header_exact))
+
+
+# decode_index_json (json_text.py): the typed decode of an index gives decode_json's answer (json alone as the
+# reference), with the members in document order, or hands the document to decode_json.
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+INDEXES = [
+    '{"metadata": {"total_size": 10}, "weight_map": {"a.weight": "model-00001-of-00002.safetensors", '
+    '"b.weight": "model-00002-of-00002.safetensors"}}',
+    '{"weight_map": {"a": "model-00001-of-00002.safetensors"}, "metadata": {"total_size": 1.5e3}}',
+    '{"weight_map": {"a": "model-00001-of-00002.safetensors"}}', '{"weight_map": {}}', ' \n{ "weight_map" : {} } ',
+    '{"metadata": null, "weight_map": {"a": "other.safetensors"}}',  # a shard the listing lacks
+    '{"weight_map": {"a": "model-00001-of-00002.safetensors"}, "weight_map": {"b": "x"}}',  # repeated: the last
+    '{"metadata": 1, "weight_map": {}, "metadata": 2}', '{"metadata": [1, 2], "weight_map": {"\\u0061": "y"}}',
+    '{"weight_map": {"a": 1}}', '{"weight_map": {"a": "s"}, "extra": 1}', '{"weight_map": []}', '{"metadata": {}}',
+    '{"\\u0077eight_map": {"a": "s"}}', '{"weight_map": {"a": "\\ud800"}}', '{"weight_map": {"\\udfff": "s"}}',
+    '{"metadata": NaN, "weight_map": {}}', '{"metadata": 1e400, "weight_map": {}}',
+    '{"metadata": ' + "9" * 5000 + ', "weight_map": {}}', '{"weight_map": {"a": "s"},}', '{"weight_map": {"a": "s"}} x',
+    '{"metadata": ' + "[" * 126 + "]" * 126 + ', "weight_map": {}}',  # the document 127 deep: accepted
+    '{"metadata": ' + "[" * 127 + "]" * 127 + ', "weight_map": {}}',  # 128 deep: refused
+    '{"metadata": ' + "[" * 3000 + "]" * 3000 + ', "weight_map": {}}', "[]", "{}", "",
+]
+
+
+@pytest.mark.parametrize("files", [(), SHARDS, ("config.json", *SHARDS, "sub/other.safetensors")])
+@pytest.mark.parametrize("text", INDEXES)
+def test_index_documents_decode_as_decode_json_does(text, files):
+    data = text.encode()
+    got = _outcome(json_text.decode_index_json, data, source="f.json", shard_files=files)
+    _assert_same_outcome(got, _reference_decode(data))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=12), st.sampled_from([b'{"weight_map": {"%s": "model-00001-of-00002.safetensors"}}',
+                                                 b'{"weight_map": {"a": "%s"}}', b'{"metadata": "%s", "weight_map": {}}']))
+def test_index_documents_of_arbitrary_bytes_decode_the_same(raw, frame):
+    data = frame.replace(b"%s", raw)
+    got = _outcome(json_text.decode_index_json, data, source="f.json", shard_files=SHARDS)
+    _assert_same_outcome(got, _reference_decode(data))
+
+
+def test_an_index_refused_by_the_value_cap_is_refused_alike():
+    data = b'{"weight_map": {' + b",".join(b'"t%d": "s"' % i for i in range(40)) + b"}}"
+    got = _outcome(json_text.decode_index_json, data, source="f.json", max_items=30)
+    assert got == _reference_decode(data, max_items=30) and got[0] == "error"
+
+
+def test_listed_shard_names_come_back_as_one_object_each():
+    """What makes the typed decode cheaper: a listed shard name is one string object for all its tensors."""
+    data = b'{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors"}}'
+    listed = json_text.decode_index_json(data, source="f.json", shard_files=SHARDS)["weight_map"]
+    assert listed["a"] is listed["b"]
+    unlisted = json_text.decode_index_json(data, source="f.json")["weight_map"]
+    assert unlisted == listed and unlisted["a"] is not unlisted["b"]

@@ -31,7 +31,9 @@ from ckptinspect.sources.header_ranges import MAX_HEADER_LENGTH, RangeSizer
 from ckptinspect.sources.hf_cache import cache_store, cached_file, describe_cache_gap
 from ckptinspect.sources.hub_client import HubClient
 from ckptinspect.sources.hub_session import HubSession, hub_endpoint, hub_session
-from ckptinspect.sources.interface import CONFIG, JSON_FILES, json_file_cap, parse_json_bytes, read_file_bytes
+from ckptinspect.sources.interface import (
+    CONFIG, JSON_FILES, is_index_file, json_file_cap, parse_json_bytes, read_file_bytes,
+)
 from ckptinspect.sources.net_edge import run_sync
 from ckptinspect.sources.offline import hub_offline
 from ckptinspect.sources.redact import redact_url
@@ -190,7 +192,8 @@ class _HubRead:
         wanted = [name for name in JSON_FILES if name in siblings]
         index = index_name(siblings)  # Mistral's consolidated index in its format (header/index.py)
         progress.phase("index" if index in wanted else "config")
-        answers = await asyncio.gather(*(self._json_file(hub, commit, prefix + name, siblings[name], url(name))
+        answers = await asyncio.gather(*(self._json_file(hub, commit, prefix + name, siblings[name], url(name),
+                                                         tuple(siblings) if is_index_file(name) else None)
                                          for name in wanted))
         json_files = {name: value for name, (value, _) in zip(wanted, answers)}
         if t0 is not None:
@@ -232,13 +235,15 @@ class _HubRead:
         return _Tree(files=tuple(siblings), json_files=json_files, shards=tuple(shards), sizes=sizes,
                      headers=header_bytes, summary=summary, json_from_cache=sum(c for _, c in answers))
 
-    async def _json_file(self, hub: HubClient, commit: str, name: str, sibling: RepoFile, url: str) -> tuple[Any, int]:
+    async def _json_file(self, hub: HubClient, commit: str, name: str, sibling: RepoFile, url: str,
+                         files: tuple[str, ...] | None) -> tuple[Any, int]:
+        """(parsed, 1 when it came from the HF cache); ``files``: the listing an index is decoded against."""
         local = cached_file(self.repo_id, commit, name)
         cap = json_file_cap(name.rsplit("/", 1)[-1])  # the local files' caps (16 MiB, 256 MiB for the index): sources/interface.py
         where = f"{self.repo_id}/{name}"
         if local is not None:
             data = read_file_bytes(local)
-            return parse_json_bytes(data, source=where), 1
+            return parse_json_bytes(data, source=where, files=files), 1
         size = sibling.size
         if size is not None and size > cap:
             raise ConfigError(f"is {size:,} bytes, over the {cap:,}-byte cap for this file", path=where)
@@ -251,7 +256,7 @@ class _HubRead:
         # parse, and the other files' requests go on meanwhile.
         _, parsed = await asyncio.gather(
             asyncio.to_thread(cache_store, self.repo_id, commit, self.revision or "main", name, data, etag),
-            asyncio.to_thread(parse_json_bytes, data, source=where))
+            asyncio.to_thread(parse_json_bytes, data, source=where, files=files))
         return parsed, 0
 
 

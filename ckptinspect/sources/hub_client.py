@@ -29,6 +29,7 @@ decoded by sources/net_json.py (depth, size, NaN / Infinity refused).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import random
 import re
 from dataclasses import dataclass
@@ -84,10 +85,32 @@ def httpx_module() -> Any:
     return httpx
 
 
+# Bytes one socket read of an HTTP/1.1 answer may take. httpcore reads 64 KiB at a time
+# (``AsyncHTTP11Connection.READ_NUM_BYTES``, a class attribute its connections read through ``self``), and
+# every read is a round trip through anyio and h11 on the event loop: a report receives ~90 MB (the 41 MB
+# index and 51 MB of headers of the 397B replica), ~1,500 such reads. Allowing 1 MiB lets a read take what
+# the socket holds (asyncio's transport hands over up to 256 KiB at once); BENCHMARKS.md has the paired run.
+READ_BYTES = 1 << 20
+
+
+def _read_in_larger_pieces(httpx: Any) -> None:
+    """Raise httpcore's per-read size to READ_BYTES (for every connection of the process: the only other
+    HTTP client in it is huggingface_hub's, on the same library). Nothing is changed when the installed
+    httpcore has no such attribute (tests/test_hub_client.py checks that the locked one has it)."""
+    core = {"httpx2": "httpcore2"}.get(httpx.__name__, "httpcore")
+    try:
+        connection = importlib.import_module(core).AsyncHTTP11Connection
+    except (ImportError, AttributeError):  # pragma: no cover - another httpcore: its own read size
+        return
+    if isinstance(getattr(connection, "READ_NUM_BYTES", None), int) and connection.READ_NUM_BYTES < READ_BYTES:
+        connection.READ_NUM_BYTES = READ_BYTES
+
+
 def make_client(budget: Budget, *, hub: bool = True) -> Any:
     """An ``AsyncClient`` with this command's connect / read timeouts: from huggingface_hub's factory for
     the Hub, else a plain one (an inference server must not get the Hub's hooks or headers)."""
     httpx = httpx_module()
+    _read_in_larger_pieces(httpx)
     if hub:
         from huggingface_hub import get_async_session
 

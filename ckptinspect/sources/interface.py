@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Union, runtime_checkable
 
 from ckptinspect.gc_pause import gc_paused
 from ckptinspect.header.index import INDEX, MISTRAL_INDEX, PARAMS, check_relative_name, shard_names_from_index
-from ckptinspect.json_text import decode_json
+from ckptinspect.json_text import decode_index_json, decode_json
 from ckptinspect.errors import ConfigError, HeaderError, NotFoundError, SourceError
 from ckptinspect.guarded_file import NotRegularFile, open_regular_file
 from ckptinspect.header.parser import PREFIX_BYTES, read_length_prefix
@@ -52,10 +52,19 @@ def json_file_cap(name: str) -> int:
     return MAX_INDEX_FILE_BYTES if per_tensor else MAX_JSON_FILE_BYTES
 
 
-def parse_json_bytes(data: bytes, *, source: str) -> Any:
-    """Decode a JSON metadata file (config.json decoding: json_text.py), one-line ConfigError on failure."""
+def parse_json_bytes(data: bytes, *, source: str, files: Iterable[str] | None = None) -> Any:
+    """Decode a JSON metadata file (config.json decoding: json_text.py), one-line ConfigError on failure.
+    ``files``: for an index, the names the checkpoint lists (its safetensors files are the shard names the
+    index may give: json_text.decode_index_json; the answer is decode_json's either way)."""
     with gc_paused():
+        if files is not None:
+            return decode_index_json(data, source=source, shard_files=(f for f in files if f.endswith(".safetensors")))
         return decode_json(data, source=source)
+
+
+def is_index_file(name: str) -> bool:
+    """An index of tensor names to shard files (the Hugging Face one or Mistral's consolidated one)."""
+    return name in (INDEX, MISTRAL_INDEX)
 
 
 def open_regular(path: Path, *, source: str, what: str = "file") -> tuple[int, int]:

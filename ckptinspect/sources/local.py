@@ -22,7 +22,7 @@ from ckptinspect.records import IndexSummary, RawCheckpoint
 from ckptinspect.sources import interface
 from ckptinspect.sources.subfolders import SubfolderChooser, chosen
 from ckptinspect.sources.interface import (
-    CONFIG, JSON_FILES, SINGLE_FILE, parse_json_bytes, read_file_bytes, read_header_file,
+    CONFIG, JSON_FILES, SINGLE_FILE, is_index_file, parse_json_bytes, read_file_bytes, read_header_file,
 )
 
 
@@ -81,7 +81,8 @@ def read_metadata(directory: Path, listing: Listing) -> Metadata:
     """Parse the JSON files present; summarize the index (its one parse and one summary per report): Mistral's
     consolidated.safetensors.index.json in that format (header/index.py is_mistral_format), else the Hugging
     Face one."""
-    json_files = {name: parse_json_bytes(read_file_bytes(directory / name), source=str(directory / name))
+    json_files = {name: parse_json_bytes(read_file_bytes(directory / name), source=str(directory / name),
+                                         files=listing.files if is_index_file(name) else None)
                   for name in JSON_FILES if name in listing.sizes}
     index = index_name(listing.files)
     summary = summarize_index(json_files[index], source=str(directory / index)) if index in json_files else None
