@@ -60,7 +60,9 @@ def test_sharded_repo_reads_exact_headers_with_one_request_per_shard(server, rep
     header_total = sum(8 + len(h) for h in headers.values())
     json_total = sum((root / n).stat().st_size for n in raw.json_files)
     header_gets = sum(e[4] for e in stats["log"] if e[1].startswith("/cdn/"))
-    assert header_total <= header_gets <= 1.30 * header_total  # calibration shard asks generously
+    # Every shard here is in the first wave (3 shards, 20 workers), asked for the first guess of 100 bytes per
+    # entry beyond the name (header_ranges.FIRST_ENTRY_GUESS): ~1.3x this tiny repo's short entries.
+    assert header_total <= header_gets <= 1.45 * header_total
     assert sum(e[4] for e in stats["log"] if "/resolve/" in e[1]) == json_total
 
 

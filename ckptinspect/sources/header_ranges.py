@@ -1,9 +1,11 @@
 """How many bytes to ask for first when reading a safetensors header over HTTP ranges (pure functions).
 
 From the index (the usual case): a header holds each tensor name of the shard once (the index lists them)
-plus a JSON entry of nearly constant size, so one shard is read first to measure that entry size and the
-rest are asked for exactly what they need plus a small margin. A prediction that falls short costs one
-more GET, for the remainder only. huggingface_hub's ``get_safetensors_metadata`` asks every shard for
+plus a JSON entry of nearly constant size. The first requests (one per worker) ask for a generous guess of
+that size; each header that arrives measures it, and every later request asks for what the largest
+measurement predicts plus a small margin. No shard is read ahead of the others to measure it first: that
+cost one round trip more before the rest could start. A prediction that falls short costs one more GET,
+for the remainder only. huggingface_hub's ``get_safetensors_metadata`` asks every shard for
 ``bytes=0-100000`` and needs a second GET for every header over 99,992 bytes (hf_api.py
 ``parse_safetensors_file_metadata``); per-expert NVFP4 / FP8 MoE shards are far above that.
 """
@@ -27,7 +29,7 @@ DEFAULT_FIRST_RANGE = 131_072
 # First-guess bytes per header entry beyond the tensor name. An entry is
 # `"<name>":{"dtype":"BF16","shape":[7168,2048],"data_offsets":[1234567890,1249247938]},`: 70-90 bytes
 # besides the name for 2-D tensors in multi-GB shards; 100 covers long dtypes and 4-D shapes, so the
-# calibration shard nearly always needs one request.
+# first requests nearly always need no second one.
 FIRST_ENTRY_GUESS = 100
 # Margin over the largest per-entry size measured so far: offsets grow by a digit between shards at most,
 # and shapes differ by a few digits. Measured on the 94-shard Qwen3.5-397B NVFP4 replica: BENCHMARKS.md
@@ -43,14 +45,6 @@ class RangeSizer:
         self.counts: Mapping[str, int] = summary.counts if summary is not None else {}
         self.name_bytes: Mapping[str, int] = summary.name_bytes if summary is not None else {}
         self.entry_size: float | None = None  # largest measured bytes per entry beyond the name
-
-    @property
-    def calibrated(self) -> bool:
-        return self.entry_size is not None or not self.counts
-
-    def calibration_shard(self, shards: list[str]) -> str:
-        """The shard to read first: the median tensor count."""
-        return sorted(shards, key=lambda s: self.counts.get(s, 0))[len(shards) // 2]
 
     def first_range(self, shard: str, size: int | None) -> int:
         """Bytes to ask for first, the 8-byte length prefix included (never past the file's end)."""

@@ -263,15 +263,11 @@ class _HubRead:
 async def read_headers(hub: HubClient, shards: list[str], sizes: Mapping[str, int | None],
                        url: Callable[[str], str], summary: IndexSummary | None,
                        workers: int) -> AsyncIterator[tuple[str, bytes]]:
-    """``(shard, header bytes)`` for every shard, in arrival order: one calibration shard first (its header
-    sizes the others' first ranges), then the rest with at most ``workers`` requests in flight.
+    """``(shard, header bytes)`` for every shard, in arrival order, with at most ``workers`` requests in
+    flight: the first ones sized by the first guess, each later one by the headers already in (RangeSizer).
     Fails fast: the first error cancels the requests still running."""
     sizer = RangeSizer(summary)
     rest = list(shards)
-    if not sizer.calibrated and len(rest) > 1:
-        first = sizer.calibration_shard(rest)
-        rest.remove(first)
-        yield first, await _read_header(hub, sizer, first, url(first), sizes.get(first))
     gate = asyncio.Semaphore(workers)
 
     async def one(shard: str) -> tuple[str, bytes]:
