@@ -241,3 +241,13 @@ def test_listed_shard_names_come_back_as_one_object_each():
     assert listed["a"] is listed["b"]
     unlisted = json_text.decode_index_json(data, source="f.json")["weight_map"]
     assert unlisted == listed and unlisted["a"] is not unlisted["b"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab,[{", max_size=400))
+def test_the_value_bound_counts_exactly_as_count_does(text):
+    """_value_bound finds rare bytes with find() and counts frequent ones (past 64) with count()."""
+    for data in (text, text.encode()):
+        for char in (",", "[", "{"):
+            needle = char if isinstance(data, str) else char.encode()
+            assert json_text._occurrences(data, needle) == data.count(needle)
