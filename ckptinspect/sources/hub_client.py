@@ -96,7 +96,7 @@ READ_BYTES = 1 << 20
 def _read_in_larger_pieces(httpx: Any) -> None:
     """Raise httpcore's per-read size to READ_BYTES (for every connection of the process: the only other
     HTTP client in it is huggingface_hub's, on the same library). Nothing is changed when the installed
-    httpcore has no such attribute (tests/test_hub_client.py checks that the locked one has it)."""
+    httpcore has no such attribute (tests/test_hub_transport.py checks that the locked one has it)."""
     core = {"httpx2": "httpcore2"}.get(httpx.__name__, "httpcore")
     try:
         connection = importlib.import_module(core).AsyncHTTP11Connection
