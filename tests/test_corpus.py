@@ -90,3 +90,42 @@ def test_every_real_list_entry_naming_a_stored_linear_is_bf16():
                 checked += 1
                 assert t.dtype != "F8_E4M3", (entry.repo, t.name)
     assert checked > 0
+
+
+def test_glm4_moe_qk_norm_follows_the_config():
+    """zai-org/GLM-4.5 sets use_qk_norm: its replica carries self_attn.q_norm / k_norm over head_dim in every
+    layer, the NextN layer included (vLLM 0.32.0 glm4_moe.py:296-298 builds them only then); without the flag
+    (GLM-4.5-Air's config) none is written."""
+    entry = _entry("zai-org/GLM-4.5")
+    config = reduced_config(entry)
+    n, hd = config["num_hidden_layers"], config["head_dim"]
+    assert config["use_qk_norm"] is True
+    got = {t.name: t for t in corpus_tensors(entry, config)}
+    for i in (0, n - 1, n):
+        assert got[f"model.layers.{i}.self_attn.q_norm.weight"].shape == (hd,)
+        assert got[f"model.layers.{i}.self_attn.k_norm.weight"].shape == (hd,)
+    assert got[f"model.layers.{n}.eh_proj.weight"].mtp and not got["model.layers.0.self_attn.q_proj.weight"].mtp
+    config["use_qk_norm"] = False
+    assert not any(".q_norm." in t.name or ".k_norm." in t.name for t in corpus_tensors(entry, config))
+
+
+def test_bailing_moe_layout_follows_the_config():
+    """inclusionAI/Ling-plus (BailingMoeForCausalLM): one fused query_key_value of (heads + 2 kv_heads) x
+    head_dim rows, head_dim = hidden / heads when the config has none, one shared MLP of moe_intermediate_size
+    x num_shared_experts, no dense layer (first_k_dense_replace 0), no qk norms, no router bias, no MTP."""
+    entry = _entry("inclusionAI/Ling-plus")
+    config = reduced_config(entry)
+    h, heads, kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    hd = h // heads
+    tensors = corpus_tensors(entry, config)
+    got = {t.name: t.shape for t in tensors}
+    assert got["model.layers.0.attention.query_key_value.weight"] == ((heads + 2 * kv) * hd, h)
+    assert got["model.layers.0.mlp.shared_experts.gate_proj.weight"] == (
+        config["moe_intermediate_size"] * config["num_shared_experts"], h)
+    assert "model.layers.0.mlp.experts.0.up_proj.weight" in got and "model.layers.0.mlp.gate_proj.weight" not in got
+    assert not any("layernorm" in n and ".attention." in n or n.endswith("expert_bias") for n in got)
+    assert not any(t.mtp for t in tensors)
+    config.update(first_k_dense_replace=1, use_qk_norm=True, moe_router_enable_expert_bias=True)
+    got = {t.name for t in corpus_tensors(entry, config)}
+    assert "model.layers.0.mlp.gate_proj.weight" in got and "model.layers.0.mlp.experts.0.up_proj.weight" not in got
+    assert {"model.layers.1.attention.query_layernorm.weight", "model.layers.1.mlp.gate.expert_bias"} <= got
