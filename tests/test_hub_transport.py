@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import importlib
 import shutil
 import ssl
 import subprocess
@@ -127,9 +126,9 @@ def test_no_proxy_bypasses_the_proxy(served, monkeypatch):
 
 
 class RangeFileServer:
-    """HTTPS on 127.0.0.1 with a self-signed certificate, answering single ranges of one blob."""
+    """HTTP on 127.0.0.1 answering single ranges of one blob; HTTPS with ``certfile`` / ``keyfile`` (self-signed)."""
 
-    def __init__(self, blob: bytes, certfile: Path, keyfile: Path) -> None:
+    def __init__(self, blob: bytes, certfile: Path | None = None, keyfile: Path | None = None) -> None:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
@@ -146,12 +145,14 @@ class RangeFileServer:
                 self.wfile.write(body)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(certfile, keyfile)
-        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        if certfile is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(certfile, keyfile)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"https://127.0.0.1:{self.httpd.server_address[1]}/blob"
+        scheme = "https" if certfile is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.httpd.server_address[1]}/blob"
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -287,30 +288,10 @@ def test_reads_take_up_to_a_mebibyte_per_socket_read_and_keep_every_byte():
     from ckptinspect.sources import hub_client
 
     body = b"".join(hashlib.sha256(i.to_bytes(4, "little")).digest() for i in range(160_000))  # 5 MB
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            first, last = (int(v) for v in self.headers["Range"].split("=", 1)[1].split("-"))
-            part = body[first:last + 1]
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {first}-{first + len(part) - 1}/{len(body)}")
-            self.send_header("Content-Length", str(len(part)))
-            self.end_headers()
-            self.wfile.write(part)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    server = RangeFileServer(body)
     try:
-        url = f"http://127.0.0.1:{httpd.server_address[1]}/blob"
-        assert _ours(url, 7, len(body) - 3) == body[7:len(body) - 2]
+        assert _ours(server.url, 7, len(body) - 3) == body[7:len(body) - 2]
     finally:
-        httpd.shutdown()
-        httpd.server_close()
-    core = importlib.import_module({"httpx2": "httpcore2"}.get(hub_client.httpx_module().__name__, "httpcore"))
-    assert core.AsyncHTTP11Connection.READ_NUM_BYTES == hub_client.READ_BYTES > 64 * 1024
+        server.close()
+    connection = hub_client.http11_connection(hub_client.httpx_module())
+    assert connection is not None and connection.READ_NUM_BYTES == hub_client.READ_BYTES > 64 * 1024

@@ -93,15 +93,19 @@ def httpx_module() -> Any:
 READ_BYTES = 1 << 20
 
 
+def http11_connection(httpx: Any) -> Any:
+    """The async HTTP/1.1 connection class of ``httpx``'s httpcore (``httpcore2`` under ``httpx2``), or None."""
+    try:
+        return importlib.import_module({"httpx2": "httpcore2"}.get(httpx.__name__, "httpcore")).AsyncHTTP11Connection
+    except (ImportError, AttributeError):  # pragma: no cover - another httpcore: its own read size
+        return None
+
+
 def _read_in_larger_pieces(httpx: Any) -> None:
     """Raise httpcore's per-read size to READ_BYTES (for every connection of the process: the only other
     HTTP client in it is huggingface_hub's, on the same library). Nothing is changed when the installed
     httpcore has no such attribute (tests/test_hub_transport.py checks that the locked one has it)."""
-    core = {"httpx2": "httpcore2"}.get(httpx.__name__, "httpcore")
-    try:
-        connection = importlib.import_module(core).AsyncHTTP11Connection
-    except (ImportError, AttributeError):  # pragma: no cover - another httpcore: its own read size
-        return
+    connection = http11_connection(httpx)
     if isinstance(getattr(connection, "READ_NUM_BYTES", None), int) and connection.READ_NUM_BYTES < READ_BYTES:
         connection.READ_NUM_BYTES = READ_BYTES
 
