@@ -66,9 +66,18 @@ def decode_json(data: bytes | str, *, source: str, error: type[CkptInspectError]
     """
     if what is not None:
         error = _prefixed(error, what)
+    _check_value_bound(data, source, error, max_items)
+    return _decode_bounded(data, source, error)
+
+
+def _check_value_bound(data: bytes | bytearray | memoryview | str, source: str, error: Any, max_items: int) -> None:
     items = _value_bound(data, max_items)
     if items > max_items:
         raise error(f"would build up to {items:,} JSON values, over the {max_items:,} cap", path=source)
+
+
+def _decode_bounded(data: bytes | bytearray | memoryview | str, source: str, error: Any) -> Any:
+    """decode_json once the document's value bound has been checked."""
     if isinstance(data, (bytearray, memoryview)):
         data = bytes(data)
     obj = _compiled(data)
@@ -109,11 +118,11 @@ def decode_index_json(data: bytes, *, source: str, shard_files: Iterable[str] = 
     Raises:
         ConfigError: as decode_json.
     """
-    items = _value_bound(data, max_items)
-    first = _INDEX_FIRST_KEY.match(data) if isinstance(data, bytes) and items <= max_items else None
+    _check_value_bound(data, source, ConfigError, max_items)  # counted once, for either decode
+    first = _INDEX_FIRST_KEY.match(data) if isinstance(data, bytes) else None
     decoded = _typed_index(data, shard_files) if first is not None else None
     if decoded is None:
-        return decode_json(data, source=source, max_items=max_items)
+        return _decode_bounded(data, source, ConfigError)
     weight_map, metadata = decoded.weight_map, decoded.metadata
     if metadata is msgspec.UNSET:
         return {"weight_map": weight_map}
@@ -121,7 +130,7 @@ def decode_index_json(data: bytes, *, source: str, shard_files: Iterable[str] = 
         try:
             check_structure(metadata, source=source, strings=False, max_depth=MAX_JSON_DEPTH - 1)
         except ConfigError:
-            return decode_json(data, source=source, max_items=max_items)  # which words the error
+            return _decode_bounded(data, source, ConfigError)  # decode_json's path, which words the error
     if first.group(1) == b"metadata":
         return {"metadata": metadata, "weight_map": weight_map}
     return {"weight_map": weight_map, "metadata": metadata}

@@ -221,7 +221,8 @@ def test_index_documents_decode_as_decode_json_does(text, files):
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=12), st.sampled_from([b'{"weight_map": {"%s": "model-00001-of-00002.safetensors"}}',
-                                                 b'{"weight_map": {"a": "%s"}}', b'{"metadata": "%s", "weight_map": {}}']))
+                                                 b'{"weight_map": {"a": "%s"}}',
+                                                 b'{"metadata": "%s", "weight_map": {}}']))
 def test_index_documents_of_arbitrary_bytes_decode_the_same(raw, frame):
     data = frame.replace(b"%s", raw)
     got = _outcome(json_text.decode_index_json, data, source="f.json", shard_files=SHARDS)
