@@ -130,9 +130,17 @@ def test_non_gated_fused_experts_expect_w1_alone():
     w13_weight (0.5.23 layers/moe/fused_moe_triton/layer.py:804-808): the slot check expects no w3 there."""
     import types
 
+    import torch
+
     common = _engine_common()
-    gated, plain = (types.SimpleNamespace(moe_runner_config=types.SimpleNamespace(is_gated=g)) for g in (True, False))
-    model = types.SimpleNamespace(get_submodule=lambda name: {"a.experts": gated, "b.experts": plain}[name])
+    # A real module tree, so an unresolved name fails as torch's own get_submodule fails (AttributeError).
+    model = torch.nn.Module()
+    for layer, is_gated in (("a", True), ("b", False)):
+        experts = torch.nn.Module()
+        experts.moe_runner_config = types.SimpleNamespace(is_gated=is_gated)
+        holder = torch.nn.Module()
+        holder.experts = experts
+        setattr(model, layer, holder)
     assert common.shard_names("a.experts.w13_weight", common._gated_experts(model, "a.experts.w13_weight")) == ("w1", "w3")
     assert common.shard_names("b.experts.w13_weight", common._gated_experts(model, "b.experts.w13_weight")) == ("w1",)
     assert common._gated_experts(model, "c.experts.w13_weight") is True  # not resolved: gated

@@ -315,7 +315,7 @@ def _gated_experts(model: Any, param_name: str) -> bool:
     any load (fused_moe/config.py:1399-1404), so it is not read here. Gated when the flag is not found."""
     try:
         module = model.get_submodule(param_name.rsplit(".", 1)[0])
-    except Exception:  # noqa: BLE001 - a name the module tree does not resolve: the common case, gated
+    except AttributeError:  # torch's get_submodule: a name the module tree does not resolve; gated, the default
         return True
     value = getattr(getattr(module, "moe_runner_config", None), "is_gated", None)
     return value if isinstance(value, bool) else True
